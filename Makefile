@@ -1,0 +1,39 @@
+# Two commands on a fresh machine:  `make demo`  (main job)  and  `make test`  (whole test suite).
+VENV ?= .venv
+PYTHON ?= python3
+PIP := $(VENV)/bin/pip
+FLEETCTL := $(VENV)/bin/fleetctl
+# torch: on a machine without an NVIDIA driver take the CPU build (2.13.0 lies on disk on our CPU
+# machines); TORCH_SPEC/TORCH_PIP_ARGS override it, e.g. to point pip at a CPU wheel index.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+DEMO_PROMPT ?= In two sentences, why do LLM prefill and decode stress hardware differently?
+
+.PHONY: demo test install lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	@if ! command -v nvidia-smi >/dev/null 2>&1; then \
+		echo "no NVIDIA GPU: installing the CPU build of torch ($(TORCH_SPEC))"; \
+		$(PIP) install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"; \
+	fi
+	$(PIP) install --quiet -e '.[dev]'
+	touch $@
+
+demo: install
+	$(FLEETCTL) models pull smollm2-135m
+	$(FLEETCTL) generate --chat --max-tokens 96 "$(DEMO_PROMPT)"
+
+test: install
+	$(FLEETCTL) models pull smollm2-135m
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q
+
+bench: install
+	$(VENV)/bin/python scripts/bench_decode.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

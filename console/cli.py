@@ -1,0 +1,20 @@
+"""The `fleetctl` command line (typer). Heavy imports (torch) happen inside commands, so that
+`fleetctl --help` stays fast."""
+
+import typer
+from fleetctl.console.generate_cmd import generate
+from fleetctl.console.models_cmd import models_app
+
+app = typer.Typer(
+    name="fleetctl",
+    help="Fleet console and serving engine for disaggregated LLM inference.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.command("generate")(generate)
+app.add_typer(models_app, name="models")
+
+
+def main() -> None:
+    app()

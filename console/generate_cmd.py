@@ -1,0 +1,78 @@
+"""`fleetctl generate`: one-shot generation on an embedded single engine."""
+
+import json
+import sys
+
+import typer
+from fleetctl.console.errors import fail, user_errors
+from fleetctl.console.models_cmd import resolve_model
+from fleetctl.engine.model.registry import DEFAULT_MODEL
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+def generate(
+    prompts: list[str] = typer.Argument(..., help="One or more prompts; several run as one batch."),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Store name or Hugging Face directory."),
+    max_tokens: int = typer.Option(64, "--max-tokens", "-n", help="New tokens per prompt, at most."),
+    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 is greedy."),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    top_k: int = typer.Option(0, "--top-k", help="0 disables top-k."),
+    seed: int | None = typer.Option(None, "--seed", help="Per-request seed: sampled output is reproducible."),
+    stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
+    chat: bool = typer.Option(False, "--chat", help="Wrap each prompt as a user message (chat template)."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto|float32|bfloat16|float16."),
+    device: str = typer.Option("", "--device", help="cpu or cuda:N (default: cuda:0 if present, else cpu)."),
+    deterministic: bool = typer.Option(
+        False, "--deterministic", help="Batch-invariant numerics: each output independent of its batch."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per prompt, one per line."),
+) -> None:
+    """Generate text for PROMPT(s); streams to the terminal for a single prompt."""
+    with user_errors():
+        from fleetctl.engine.config import EngineConfig
+        from fleetctl.engine.llm_engine import LLMEngine, result_of
+        from fleetctl.engine.sequence import SamplingParams
+
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=tuple(stop)
+        )
+        model_dir = resolve_model(model)
+        config = EngineConfig(
+            model_dir=model_dir, device=device or default_device(), dtype=dtype, deterministic=deterministic
+        )
+        engine = LLMEngine(config)
+        texts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) if chat else p for p in prompts]
+        seqs = [engine.add_request(t, params, request_id=f"prompt-{i}") for i, t in enumerate(texts)]
+        states = [engine.state_of(s.request_id) for s in seqs]
+        stream = len(prompts) == 1 and not as_json
+        while engine.has_unfinished():
+            for out in engine.step():
+                if stream and out.text_delta:
+                    sys.stdout.write(out.text_delta)
+                    sys.stdout.flush()
+    if stream:
+        sys.stdout.write("\n")
+    for i, state in enumerate(states):
+        if state is None:
+            raise fail("internal error: lost a request state")
+        result = result_of(state)
+        if as_json:
+            print(json.dumps({
+                "text": result.text,
+                "token_ids": result.token_ids,
+                "finish_reason": result.finish_reason,
+                "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": len(result.token_ids)},
+                "timing": {
+                    "load_s": round(engine.load_seconds, 4),
+                    "ttft_s": round(result.ttft_s, 4),
+                    "decode_tokens_per_s": round(result.decode_tokens_per_s, 2),
+                },
+            }))
+        elif not stream:
+            print(f"--- [{i}] {prompts[i]!r} ({result.finish_reason})")
+            print(result.text)

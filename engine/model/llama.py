@@ -1,0 +1,111 @@
+"""Llama-family decoder (GQA, RoPE, RMSNorm, SwiGLU) over a paged KV cache.
+
+Plain tensors rather than nn.Modules: decode on a CPU is dominated by per-op overhead, and the
+math goes through `fleetctl.kernels.ops` so the Triton kernels can replace it.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from fleetctl.engine.model.config import ModelConfig
+from fleetctl.kernels import ops
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # [D]
+    qkv: torch.Tensor  # [(H + 2*Hkv) * d, D]
+    qkv_bias: torch.Tensor | None  # [(H + 2*Hkv) * d]
+    o_proj: torch.Tensor  # [D, H * d]
+    post_norm: torch.Tensor  # [D]
+    gate_up: torch.Tensor  # [2 * I, D]
+    down: torch.Tensor  # [D, I]
+
+
+@dataclass
+class LlamaWeights:
+    embed: torch.Tensor  # [V, D]
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor  # [D]
+    lm_head: torch.Tensor  # [V, D]; the embedding itself when tied
+
+
+@dataclass
+class AttentionBatch:
+    """Where each new token's K/V goes and which keys each sequence attends to."""
+
+    is_prefill: bool
+    slots: torch.Tensor  # [T] int64 flat cache slot per new token
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    context_lens: torch.Tensor  # [B] int32: cached + new tokens per sequence
+    cu_seqlens_q: torch.Tensor  # [B + 1] int32: sequence i owns new-token rows [cu[i], cu[i+1])
+
+
+class LlamaModel:
+    def __init__(self, config: ModelConfig, weights: LlamaWeights, deterministic: bool = False) -> None:
+        self.config = config
+        self.weights = weights
+        self.deterministic = deterministic
+        self.scale = config.head_dim**-0.5
+        self._linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = (
+            ops.invariant_linear if deterministic else ops.linear
+        )
+        device = weights.embed.device
+        positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+        freqs = torch.outer(positions, config.inverse_frequencies())  # [P, d/2]
+        self.cos = freqs.cos().to(device)
+        self.sin = freqs.sin().to(device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.weights.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weights.embed.dtype
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, kv_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """input_ids, positions: [T]; kv_cache: [L, 2, blocks, block_size, Hkv, d].
+        Returns the final normed hidden states [T, D]."""
+        cfg = self.config
+        linear = self._linear
+        tokens = input_ids.shape[0]
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        cos, sin = self.cos[positions], self.sin[positions]
+        hidden = self.weights.embed[input_ids]
+        residual: torch.Tensor | None = None
+        for layer, kv_layer in zip(self.weights.layers, kv_cache, strict=True):
+            x, residual = ops.rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps, residual)
+            qkv = linear(x, layer.qkv)
+            if layer.qkv_bias is not None:
+                qkv = qkv + layer.qkv_bias
+            q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+            q = q.view(tokens, cfg.num_heads, cfg.head_dim)
+            k = k.view(tokens, cfg.num_kv_heads, cfg.head_dim)
+            v = v.view(tokens, cfg.num_kv_heads, cfg.head_dim)
+            q, k = ops.rotary(q, k, cos, sin)
+            ops.store_kv(k, v, kv_layer, batch.slots)
+            attn = self._attention(q, kv_layer, batch)
+            hidden = linear(attn.reshape(tokens, q_size), layer.o_proj)
+            x, residual = ops.rms_norm(hidden, layer.post_norm, cfg.rms_norm_eps, residual)
+            hidden = linear(ops.silu_mul(linear(x, layer.gate_up)), layer.down)
+        hidden, _ = ops.rms_norm(hidden, self.weights.final_norm, cfg.rms_norm_eps, residual)
+        return hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [S, D] -> float32 logits [S, V]."""
+        return self._linear(hidden, self.weights.lm_head).float()
+
+    def _attention(self, q: torch.Tensor, kv_layer: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        if self.deterministic:
+            return ops.invariant_attention(
+                q, kv_layer, batch.block_tables, batch.cu_seqlens_q, batch.context_lens, self.scale
+            )
+        if batch.is_prefill:
+            return ops.prefill_attention(
+                q, kv_layer, batch.block_tables, batch.cu_seqlens_q, batch.context_lens, self.scale
+            )
+        return ops.decode_attention(q, kv_layer, batch.block_tables, batch.context_lens, self.scale)

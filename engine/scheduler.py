@@ -1,0 +1,120 @@
+"""Continuous batching: decides which sequences run in the next step and owns their block tables.
+
+Each step is either a prefill batch (new or preempted sequences, whole context at once) or a decode
+batch (one token for every running sequence). When a decode step needs a block and none is free,
+the most recently admitted sequence is preempted: its blocks are freed and it is recomputed later.
+"""
+
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+
+from fleetctl.engine.kv_cache import BlockAllocator
+from fleetctl.engine.sequence import Sequence, SequenceStatus
+
+
+class StepKind(Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    block_size: int
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.block_size < 1:
+            raise ValueError("scheduler limits must be positive")
+
+
+@dataclass
+class ScheduledStep:
+    kind: StepKind
+    seqs: list[Sequence]
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, allocator: BlockAllocator) -> None:
+        self.config = config
+        self.allocator = allocator
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def fits_ever(self, num_tokens: int) -> bool:
+        return self._blocks_for(num_tokens) <= self.allocator.num_blocks
+
+    def schedule(self) -> ScheduledStep | None:
+        prefill = self._schedule_prefill()
+        if prefill:
+            return ScheduledStep(StepKind.PREFILL, prefill)
+        decode = self._schedule_decode()
+        return ScheduledStep(StepKind.DECODE, decode) if decode else None
+
+    def finish(self, seq: Sequence) -> None:
+        """Release a finished (or aborted) sequence's blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self._release(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    def _schedule_prefill(self) -> list[Sequence]:
+        batch: list[Sequence] = []
+        tokens = 0
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            needed = self._blocks_for(seq.num_tokens)
+            over_budget = batch and tokens + seq.num_tokens > self.config.max_num_batched_tokens
+            if over_budget or not self.allocator.can_allocate(needed):
+                break
+            self.waiting.popleft()
+            seq.block_table = self.allocator.allocate(needed)
+            seq.num_cached_tokens = 0
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.append(seq)
+            tokens += seq.num_tokens
+        return batch
+
+    def _schedule_decode(self) -> list[Sequence]:
+        batch: list[Sequence] = []
+        for seq in list(self.running):
+            if seq not in self.running:  # preempted below to make room for an earlier one
+                continue
+            while self._blocks_for(seq.num_tokens) > len(seq.block_table):
+                if self.allocator.can_allocate(1):
+                    seq.block_table += self.allocator.allocate(1)
+                    continue
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            if seq in self.running:
+                batch.append(seq)
+        return batch
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._release(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.block_table:
+            self.allocator.free(seq.block_table)
+        seq.block_table = []
+        seq.num_cached_tokens = 0
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.config.block_size)

@@ -1,0 +1,117 @@
+"""The model's math, behind one seam.
+
+Every function here has a torch reference (the fast path on CPU) and a Triton kernel behind the same
+signature. `FLEET_KERNELS` selects, once, when this module is first imported (see triton_support):
+
+- `auto` (default): Triton for CUDA tensors when triton is installed, the torch references otherwise;
+- `torch`: the references everywhere;
+- `interpret`: the Triton kernels for every tensor, CPU tensors through Triton's interpreter
+  (this module sets TRITON_INTERPRET=1 on import, so import it before anything imports triton;
+  slow: for tests and debugging).
+
+Importing this module does not import triton: that happens on the first kernel launch.
+"""
+
+import torch
+from fleetctl.kernels import triton_support
+from fleetctl.kernels.batch_invariant import invariant_attention, invariant_linear
+from fleetctl.kernels.paged_attention import (
+    paged_decode_attention_ref,
+    paged_decode_attention_triton,
+    prefill_attention_ref,
+    prefill_attention_triton,
+)
+from fleetctl.kernels.rms_norm import rms_norm_ref, rms_norm_triton
+from fleetctl.kernels.rotary import rotary_ref, rotary_triton
+from fleetctl.kernels.silu_mul import silu_mul_ref, silu_mul_triton
+from fleetctl.kernels.store_kv import store_kv_ref, store_kv_triton
+
+MODE = triton_support.kernel_mode()
+if MODE == "interpret" and not triton_support.triton_available():
+    raise triton_support.TritonUnavailableError(
+        "FLEET_KERNELS=interpret needs the `triton` package (pip install triton; Linux only)"
+    )
+if MODE == "interpret":
+    triton_support.use_interpreter()  # before anything imports triton
+_TRITON_ON_CUDA = MODE == "auto" and triton_support.triton_available()
+_TRITON_EVERYWHERE = MODE == "interpret"
+
+linear = torch.nn.functional.linear
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    return _TRITON_EVERYWHERE or (_TRITON_ON_CUDA and x.is_cuda)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual: [T, D]; weight: [D] -> (normed [T, D], new residual [T, D])."""
+    if _use_triton(x):
+        return rms_norm_triton(x, weight, eps, residual)
+    return rms_norm_ref(x, weight, eps, residual)
+
+
+def rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [T, H, d]; k: [T, Hkv, d]; cos, sin: [T, d/2] float32. The Triton path rotates in place."""
+    if _use_triton(q):
+        return rotary_triton(q, k, cos, sin)
+    return rotary_ref(q, k, cos, sin)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up: [T, 2I] -> [T, I]."""
+    if _use_triton(gate_up):
+        return silu_mul_triton(gate_up)
+    return silu_mul_ref(gate_up)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor, slots: torch.Tensor) -> None:
+    """k, v: [T, Hkv, d] into kv_layer [2, blocks, block_size, Hkv, d] at slots [T] int64."""
+    if _use_triton(k):
+        store_kv_triton(k, v, kv_layer, slots)
+    else:
+        store_kv_ref(k, v, kv_layer, slots)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    kv_layer: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """q: [B, H, d]; block_tables: [B, max_blocks] int32; context_lens: [B] int32 -> [B, H, d]."""
+    if _use_triton(q):
+        return paged_decode_attention_triton(q, kv_layer, block_tables, context_lens, scale)
+    return paged_decode_attention_ref(q, kv_layer, block_tables, context_lens, scale)
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    kv_layer: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """q: [T, H, d] packed by cu_seqlens_q [B + 1]; context_lens: [B] (cached + new) -> [T, H, d]."""
+    if _use_triton(q):
+        return prefill_attention_triton(q, kv_layer, block_tables, cu_seqlens_q, context_lens, scale)
+    return prefill_attention_ref(q, kv_layer, block_tables, cu_seqlens_q, context_lens, scale)
+
+
+__all__ = [
+    "MODE",
+    "decode_attention",
+    "invariant_attention",
+    "invariant_linear",
+    "linear",
+    "prefill_attention",
+    "rms_norm",
+    "rotary",
+    "silu_mul",
+    "store_kv",
+]

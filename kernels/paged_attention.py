@@ -1,0 +1,320 @@
+"""Attention over a paged KV cache: decode (one query per sequence) and prefill (packed queries,
+possibly after an already-cached prefix). Torch references (the fast CPU path) and Triton kernels.
+
+The Triton kernels read K/V straight from the paged pool: a tile of BLOCK_N keys looks up its pages in
+the block table. Decode gives each program one (sequence, KV head) pair with the whole query-head
+group as the rows of one dot; long contexts are split over several programs (split-K) whose partial
+softmax states are merged by a second kernel. Prefill gives each program BLOCK_M query rows of one
+sequence and one head; the tile a program owns is found from cu_seqlens_q without a host sync.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from fleetctl.kernels.triton_support import interpreting, kernel, next_pow2, sm_count
+
+if TYPE_CHECKING:
+    import triton.language as tl
+
+
+def gather_kv(
+    kv_layer: torch.Tensor, block_table: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """kv_layer: [2, blocks, bs, Hkv, d]; block_table: [>= ceil(length/bs)] -> k, v: [length, Hkv, d]."""
+    block_size = kv_layer.shape[2]
+    num_blocks = -(-length // block_size)
+    kv = kv_layer[:, block_table[:num_blocks].long()]  # [2, nb, bs, Hkv, d]
+    kv = kv.flatten(1, 2)[:, :length]
+    return kv[0], kv[1]
+
+
+def paged_decode_attention_ref(
+    q: torch.Tensor,
+    kv_layer: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """q: [B, H, d]; block_tables: [B, max_blocks] int32; context_lens: [B] int32 (keys per sequence,
+    including the current token). Returns [B, H, d]."""
+    batch, _, head_dim = q.shape
+    block_size = kv_layer.shape[2]
+    max_len = int(context_lens.max())
+    num_blocks = -(-max_len // block_size)
+    kv = kv_layer[:, block_tables[:, :num_blocks].long()]  # [2, B, nb, bs, Hkv, d]
+    kv = kv.flatten(2, 3)[:, :, :max_len].transpose(2, 3)  # [2, B, Hkv, L, d]
+    positions = torch.arange(max_len, device=q.device)
+    mask = (positions[None, :] < context_lens[:, None].to(q.device))[:, None, None, :]
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2), kv[0], kv[1], attn_mask=mask, scale=scale, enable_gqa=True
+    )
+    return out.view(batch, -1, head_dim)
+
+
+def prefill_attention_ref(
+    q: torch.Tensor,
+    kv_layer: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention for packed queries. q: [T, H, d] (sequence i owns rows
+    cu_seqlens_q[i]:cu_seqlens_q[i+1], the last tokens of its context); block_tables: [B, max_blocks];
+    context_lens: [B] (cached prefix + new tokens). K/V for the new tokens are already in the cache.
+    Returns [T, H, d]."""
+    out = torch.empty_like(q)
+    bounds = cu_seqlens_q.tolist()
+    for i, length in enumerate(context_lens.tolist()):
+        start, end = bounds[i], bounds[i + 1]
+        k, v = gather_kv(kv_layer, block_tables[i], length)
+        new = end - start
+        prefix = length - new
+        mask = None
+        if prefix:
+            rows = torch.arange(new, device=q.device)[:, None] + prefix
+            mask = torch.arange(length, device=q.device)[None, :] <= rows
+        out[start:end] = F.scaled_dot_product_attention(
+            q[start:end].transpose(0, 1),
+            k.transpose(0, 1),
+            v.transpose(0, 1),
+            attn_mask=mask,
+            is_causal=not prefix,
+            scale=scale,
+            enable_gqa=True,
+        ).transpose(0, 1)
+    return out
+
+
+@kernel
+def _attend(q, k, v, valid, m, lsum, acc, scale, MASKED: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """One online-softmax step. q: [M, D]; k, v: [N, D]; valid: [M, N] (when MASKED); m, lsum: [M]
+    running max (log2 units) and sum; acc: [M, D] float32. Returns the new (m, lsum, acc)."""
+    if UPCAST:  # the interpreter has no 16-bit dot: compute on float32 copies
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision=PRECISION)
+    else:
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    s = s * scale
+    if MASKED:
+        s = tl.where(valid, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    lsum = lsum * alpha + tl.sum(p, axis=1)
+    p = p.to(v.dtype)
+    if UPCAST:
+        pv = tl.dot(p.to(tl.float32), v.to(tl.float32), input_precision=PRECISION)
+    else:
+        pv = tl.dot(p, v, input_precision=PRECISION)
+    return m_new, lsum, acc * alpha[:, None] + pv
+
+
+@kernel
+def _decode_kernel(
+    q_ptr, kv_ptr, tables_ptr, lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr, qk_scale,
+    stride_qb, stride_qh, stride_ob, stride_oh, stride_table, stride_kv, stride_blk, stride_pos, stride_kvh,
+    num_heads, head_dim, num_splits, partition,
+    GROUP: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    SPLIT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    context = tl.load(lens_ptr + seq)
+    start = split * partition
+    end = tl.minimum(start + partition, context)
+    if start < end:
+        rows = tl.arange(0, BLOCK_G)
+        heads = kv_head * GROUP + rows
+        dims = tl.arange(0, BLOCK_D)
+        row_mask = (rows[:, None] < GROUP) & (dims[None, :] < head_dim)
+        q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :], mask=row_mask, other=0.0)
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        lsum = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        k_base = kv_ptr + kv_head * stride_kvh + dims[None, :]
+        for first in range(start, end, BLOCK_N):
+            keys = first + tl.arange(0, BLOCK_N)
+            key_mask = keys < end
+            page = tl.load(tables_ptr + seq * stride_table + keys // PAGE, mask=key_mask, other=0).to(tl.int64)
+            k_ptrs = k_base + (page * stride_blk + (keys % PAGE) * stride_pos)[:, None]
+            load_mask = key_mask[:, None] & (dims[None, :] < head_dim)
+            k = tl.load(k_ptrs, mask=load_mask, other=0.0)
+            v = tl.load(k_ptrs + stride_kv, mask=load_mask, other=0.0)
+            m, lsum, acc = _attend(q, k, v, key_mask[None, :], m, lsum, acc, qk_scale, True, UPCAST, PRECISION)
+        if SPLIT:  # partial state of this split: [B, H, S, d] unnormalized acc, [B, H, S, 2] (max, sum)
+            part = (seq * num_heads + heads) * num_splits + split
+            tl.store(part_acc_ptr + part[:, None] * head_dim + dims[None, :], acc, mask=row_mask)
+            tl.store(part_ml_ptr + part * 2, m, mask=rows < GROUP)
+            tl.store(part_ml_ptr + part * 2 + 1, lsum, mask=rows < GROUP)
+        else:
+            out = (acc / lsum[:, None]).to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :], out, mask=row_mask)
+
+
+@kernel
+def _decode_reduce_kernel(
+    lens_ptr, part_acc_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh, num_heads, head_dim, num_splits, partition,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    splits = tl.arange(0, BLOCK_S)
+    used = splits < tl.cdiv(tl.load(lens_ptr + seq), partition)  # splits past the context wrote nothing
+    dims = tl.arange(0, BLOCK_D)
+    part = (seq * num_heads + head) * num_splits + splits
+    m = tl.load(part_ml_ptr + part * 2, mask=used, other=float("-inf"))
+    lsum = tl.load(part_ml_ptr + part * 2 + 1, mask=used, other=0.0)
+    acc_mask = used[:, None] & (dims[None, :] < head_dim)
+    acc = tl.load(part_acc_ptr + part[:, None] * head_dim + dims[None, :], mask=acc_mask, other=0.0)
+    weight = tl.exp2(m - tl.max(m, axis=0))
+    out = (tl.sum(acc * weight[:, None], axis=0) / tl.sum(lsum * weight, axis=0)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims, out, mask=dims < head_dim)
+
+
+@kernel
+def _prefill_kernel(
+    q_ptr, kv_ptr, tables_ptr, lens_ptr, cu_ptr, out_ptr, qk_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_table, stride_kv, stride_blk, stride_pos, stride_kvh,
+    num_seqs, head_dim,
+    GROUP: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    # Sequence i owns programs [cu[i] // BLOCK_M + i, cu[i + 1] // BLOCK_M + i + 1): enough for its
+    # tiles, found by binary search; the spare last program of a sequence has no rows and exits.
+    tile_id = tl.program_id(0)
+    head = tl.program_id(1)
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(cu_ptr + mid) // BLOCK_M + mid <= tile_id:
+            lo = mid + 1
+        else:
+            hi = mid
+    seq = lo - 1
+    q_start = tl.load(cu_ptr + seq)
+    new = tl.load(cu_ptr + seq + 1) - q_start
+    tile = tile_id - (q_start // BLOCK_M + seq)
+    if tile * BLOCK_M < new:
+        context = tl.load(lens_ptr + seq)
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        positions = context - new + rows  # each query row's position in its sequence
+        dims = tl.arange(0, BLOCK_D)
+        row_mask = (rows[:, None] < new) & (dims[None, :] < head_dim)
+        tokens = (q_start + rows).to(tl.int64)
+        q = tl.load(q_ptr + tokens[:, None] * stride_qt + head * stride_qh + dims[None, :], mask=row_mask, other=0.0)
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        lsum = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        table = tables_ptr + seq.to(tl.int64) * stride_table
+        k_base = kv_ptr + (head // GROUP) * stride_kvh + dims[None, :]
+        first_pos = context - new + tile * BLOCK_M
+        full_end = first_pos // BLOCK_N * BLOCK_N  # keys below are visible to every row: no mask
+        for first in range(0, full_end, BLOCK_N):
+            keys = first + tl.arange(0, BLOCK_N)
+            page = tl.load(table + keys // PAGE).to(tl.int64)
+            k_ptrs = k_base + (page * stride_blk + (keys % PAGE) * stride_pos)[:, None]
+            k = tl.load(k_ptrs, mask=dims[None, :] < head_dim, other=0.0)
+            v = tl.load(k_ptrs + stride_kv, mask=dims[None, :] < head_dim, other=0.0)
+            m, lsum, acc = _attend(q, k, v, 0, m, lsum, acc, qk_scale, False, UPCAST, PRECISION)
+        end = tl.minimum(first_pos + BLOCK_M, context)
+        for first in range(full_end, end, BLOCK_N):  # the diagonal: causal mask
+            keys = first + tl.arange(0, BLOCK_N)
+            key_mask = keys < end
+            page = tl.load(table + keys // PAGE, mask=key_mask, other=0).to(tl.int64)
+            k_ptrs = k_base + (page * stride_blk + (keys % PAGE) * stride_pos)[:, None]
+            load_mask = key_mask[:, None] & (dims[None, :] < head_dim)
+            k = tl.load(k_ptrs, mask=load_mask, other=0.0)
+            v = tl.load(k_ptrs + stride_kv, mask=load_mask, other=0.0)
+            valid = key_mask[None, :] & (keys[None, :] <= positions[:, None])
+            m, lsum, acc = _attend(q, k, v, valid, m, lsum, acc, qk_scale, True, UPCAST, PRECISION)
+        out = (acc / lsum[:, None]).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :], out, mask=row_mask)
+
+
+def _numerics(dtype: torch.dtype) -> tuple[bool, str]:
+    """(UPCAST, PRECISION): the interpreter computes 16-bit dots in float32; fp32 dots stay exact (no TF32)."""
+    interpret = interpreting()
+    return interpret and dtype != torch.float32, "ieee" if interpret or dtype == torch.float32 else "tf32"
+
+
+def paged_decode_attention_triton(
+    q: torch.Tensor,
+    kv_layer: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    partition: int | None = None,
+) -> torch.Tensor:
+    """Same contract as paged_decode_attention_ref: q [B, H, d] -> [B, H, d]. `partition` (keys per
+    split-K program) is chosen from the device's size when None; no host sync either way."""
+    batch, num_heads, head_dim = q.shape
+    _, _, page, num_kv_heads, _ = kv_layer.shape
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    max_len = block_tables.shape[1] * page  # an upper bound on context_lens, known without a sync
+    block_n = 32 if q.dtype == torch.float32 else 64 if head_dim > 64 else 128
+    if partition is None:
+        partition = max_len
+        if q.is_cuda:  # enough programs to fill the GPU twice over, each with >= 256 keys
+            splits = min(-(-2 * sm_count(q.device.index or 0) // (batch * num_kv_heads)), -(-max_len // 256))
+            partition = -(-max_len // max(splits, 1) // block_n) * block_n
+    num_splits = max(1, -(-max_len // partition))
+    split = num_splits > 1
+    part_acc = q.new_empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32) if split else out
+    part_ml = q.new_empty(batch, num_heads, num_splits, 2, dtype=torch.float32) if split else out
+    upcast, precision = _numerics(q.dtype)
+    block_d = max(16, next_pow2(head_dim))
+    if batch:
+        _decode_kernel[(batch, num_kv_heads, num_splits)](
+            q, kv_layer, block_tables, context_lens, out, part_acc, part_ml, scale * math.log2(math.e),
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+            kv_layer.stride(0), kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3),
+            num_heads, head_dim, num_splits, partition,
+            GROUP=group, PAGE=page, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
+            SPLIT=split, UPCAST=upcast, PRECISION=precision, num_warps=4, num_stages=3,
+        )  # fmt: skip
+    if batch and split:
+        _decode_reduce_kernel[(batch, num_heads)](
+            context_lens, part_acc, part_ml, out, out.stride(0), out.stride(1), num_heads, head_dim, num_splits,
+            partition, BLOCK_S=next_pow2(num_splits), BLOCK_D=block_d, num_warps=4,
+        )  # fmt: skip
+    return out
+
+
+def prefill_attention_triton(
+    q: torch.Tensor,
+    kv_layer: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Same contract as prefill_attention_ref: packed q [T, H, d] -> [T, H, d]; K/V of the new tokens
+    are already in kv_layer. block_m, block_n override the tile sizes (tests)."""
+    tokens, num_heads, head_dim = q.shape
+    _, _, page, num_kv_heads, _ = kv_layer.shape
+    num_seqs = context_lens.shape[0]
+    fp32 = q.dtype == torch.float32
+    block_m = block_m or (64 if fp32 else 128)
+    block_n = block_n or (32 if fp32 else 64)
+    out = torch.empty_like(q)
+    upcast, precision = _numerics(q.dtype)
+    if tokens:
+        _prefill_kernel[(tokens // block_m + num_seqs, num_heads)](
+            q, kv_layer, block_tables, context_lens, cu_seqlens_q, out, scale * math.log2(math.e),
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+            kv_layer.stride(0), kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3),
+            num_seqs, head_dim,
+            GROUP=num_heads // num_kv_heads, PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_D=max(16, next_pow2(head_dim)), UPCAST=upcast, PRECISION=precision,
+            num_warps=4 if fp32 or head_dim <= 64 else 8, num_stages=2 if fp32 else 3,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,96 @@
+"""Rotary position embedding (Hugging Face "rotate half" layout): torch reference and Triton kernel."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from fleetctl.kernels.triton_support import kernel, next_pow2
+
+if TYPE_CHECKING:
+    import triton.language as tl
+
+
+def rotary_ref(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [T, H, d]; k: [T, Hkv, d]; cos, sin: [T, d/2] for each token's position.
+
+    Returns rotated (q, k), same shapes and dtype.
+    """
+    cos = cos.unsqueeze(1)
+    sin = sin.unsqueeze(1)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1 = x[..., :half].float()
+    x2 = x[..., half:].float()
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+@kernel
+def _rotary_kernel(
+    q_ptr,  # [T, H, d], last dim contiguous; rotated in place
+    k_ptr,  # [T, Hkv, d], likewise
+    cos_ptr,  # [T, d/2] float32
+    sin_ptr,  # [T, d/2] float32
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_cos,
+    stride_sin,
+    num_heads,
+    num_kv_heads,
+    half,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    dims = tl.arange(0, BLOCK_HALF)
+    dmask = dims < half
+    cos = tl.load(cos_ptr + tok * stride_cos + dims, mask=dmask, other=0.0).to(tl.float32)[None, :]
+    sin = tl.load(sin_ptr + tok * stride_sin + dims, mask=dmask, other=0.0).to(tl.float32)[None, :]
+
+    heads = tl.arange(0, BLOCK_HQ)
+    mask = (heads[:, None] < num_heads) & dmask[None, :]
+    first = q_ptr + tok * stride_qt + heads[:, None] * stride_qh + dims[None, :]
+    x1 = tl.load(first, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(first + half, mask=mask, other=0.0).to(tl.float32)
+    tl.store(first, (x1 * cos - x2 * sin).to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(first + half, (x2 * cos + x1 * sin).to(q_ptr.dtype.element_ty), mask=mask)
+
+    heads = tl.arange(0, BLOCK_HK)
+    mask = (heads[:, None] < num_kv_heads) & dmask[None, :]
+    first = k_ptr + tok * stride_kt + heads[:, None] * stride_kh + dims[None, :]
+    x1 = tl.load(first, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(first + half, mask=mask, other=0.0).to(tl.float32)
+    tl.store(first, (x1 * cos - x2 * sin).to(k_ptr.dtype.element_ty), mask=mask)
+    tl.store(first + half, (x2 * cos + x1 * sin).to(k_ptr.dtype.element_ty), mask=mask)
+
+
+def rotary_triton(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as rotary_ref, rotating q [T, H, d] and k [T, Hkv, d] in place (views of a fused
+    qkv projection are fine) with cos, sin [T, d/2]; returns (q, k)."""
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    cos = cos if cos.stride(-1) == 1 else cos.contiguous()
+    sin = sin if sin.stride(-1) == 1 else sin.contiguous()
+    tokens, num_heads, head_dim = q.shape
+    half = head_dim // 2
+    if tokens:
+        _rotary_kernel[(tokens,)](
+            q, k, cos, sin,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
+            num_heads, k.shape[1], half,
+            BLOCK_HQ=next_pow2(num_heads), BLOCK_HK=next_pow2(k.shape[1]), BLOCK_HALF=next_pow2(half),
+            num_warps=4,
+        )  # fmt: skip
+    return q, k

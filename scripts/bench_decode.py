@@ -1,0 +1,104 @@
+"""Decode throughput of the engine vs Hugging Face transformers `generate` and vs the machine's
+ceiling (one pass of every weight matrix through F.linear), same model, dtype, batch and run.
+Also model load time vs transformers' from_pretrained. Prints ratios, not absolute claims.
+
+    python scripts/bench_decode.py [--model smollm2-135m] [--dtypes bfloat16,float32] [--batches 1,16]
+"""
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from fleetctl.console.models_cmd import resolve_model
+from fleetctl.engine.config import EngineConfig
+from fleetctl.engine.llm_engine import LLMEngine
+from fleetctl.engine.sequence import SamplingParams
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def best_of(repeats: int, fn) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def ceiling_tokens_per_s(engine: LLMEngine, batch: int, repeats: int) -> float:
+    weights = engine.model.weights
+    matrices = [w for layer in weights.layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    matrices.append(weights.lm_head)
+    inputs = {m.shape[1]: torch.randn(batch, m.shape[1], dtype=m.dtype) for m in matrices}
+
+    def one_pass() -> None:
+        for m in matrices:
+            F.linear(inputs[m.shape[1]], m)
+
+    one_pass()
+    return batch / best_of(repeats, one_pass)
+
+
+def engine_decode_tokens_per_s(engine: LLMEngine, batch: int, new_tokens: int, repeats: int) -> float:
+    def run(n: int) -> float:
+        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        return best_of(repeats, lambda: engine.generate([PROMPT] * batch, params))
+
+    run(2)
+    return batch * (new_tokens - 1) / (run(new_tokens) - run(1))
+
+
+def hf_decode_tokens_per_s(hf, ids: list[int], batch: int, new_tokens: int, repeats: int) -> float:
+    inputs = torch.tensor([ids] * batch)
+
+    def run(n: int) -> float:
+        def gen() -> None:
+            with torch.inference_mode():
+                hf.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=n, min_new_tokens=n,
+                            do_sample=False, pad_token_id=0)
+        return best_of(repeats, gen)
+
+    run(2)
+    return batch * (new_tokens - 1) / (run(new_tokens) - run(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtypes", default="bfloat16,float32")
+    parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    import transformers
+
+    model_dir: Path = resolve_model(args.model)
+    print(f"model {model_dir}  torch threads {torch.get_num_threads()}  transformers {transformers.__version__}")
+
+    load_ours = statistics.median(
+        LLMEngine(EngineConfig(model_dir=model_dir, dtype="float32", num_kv_blocks=64)).load_seconds for _ in range(3)
+    )
+    load_hf = best_of(3, lambda: transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
+    print(f"load fp32: engine {load_ours:.3f} s, transformers {load_hf:.3f} s, ratio {load_hf / load_ours:.2f}x faster")
+
+    header = ("dtype", "batch", "engine tok/s", "hf tok/s", "ceiling", "vs hf", "of ceiling")
+    print(f"{header[0]:<9} " + " ".join(f"{h:>12}" for h in header[1:]))
+    for dtype_name in args.dtypes.split(","):
+        dtype = getattr(torch, dtype_name)
+        engine = LLMEngine(EngineConfig(model_dir=model_dir, dtype=dtype_name, num_kv_blocks=2048))
+        hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        ids = engine.tokenizer.encode(PROMPT)
+        for batch in (int(b) for b in args.batches.split(",")):
+            ours = engine_decode_tokens_per_s(engine, batch, args.new_tokens, args.repeats)
+            theirs = hf_decode_tokens_per_s(hf, ids, batch, args.new_tokens, args.repeats)
+            ceiling = ceiling_tokens_per_s(engine, batch, args.repeats * 3)
+            print(f"{dtype_name:<9} {batch:>12} {ours:>12.1f} {theirs:>12.1f} {ceiling:>12.1f} "
+                  f"{ours / theirs:>11.2f}x {ours / ceiling:>12.0%}")
+
+
+if __name__ == "__main__":
+    main()

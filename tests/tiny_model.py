@@ -1,0 +1,98 @@
+"""Writes a tiny random Llama as a normal Hugging Face directory, with a small real byte-level BPE
+tokenizer trained on a fixed text, so the engine's loader, tokenizer and chat template all run."""
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
+    "+ '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. " * 4,
+    "Prefill reads the prompt in one pass; decode writes the answer a token at a time.",
+    "def add(a, b):\n    return a + b\n",
+    "Numbers 0 1 2 3 4 5 6 7 8 9 and symbols !?.,;:()[]{} appear here too.",
+    "Once upon a time there was a small model that served many requests on one node.",
+]
+TINY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "float32",
+}
+
+
+def _tokenizer(vocab_size: int) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer=trainer)
+    return tok
+
+
+def write_tiny_llama(out_dir: Path, seed: int = 0, vocab_size: int = 384) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = _tokenizer(vocab_size)
+    tok.save(str(out_dir / "tokenizer.json"))
+    config = dict(TINY_CONFIG, vocab_size=tok.get_vocab_size())
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<|im_start|>",
+                "eos_token": "<|im_end|>",
+                "add_bos_token": False,
+                "chat_template": CHAT_TEMPLATE,
+                "model_max_length": config["max_position_embeddings"],
+                "tokenizer_class": "PreTrainedTokenizerFast",
+            }
+        )
+    )
+    gen = torch.Generator().manual_seed(seed)
+    d, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    q_rows = config["num_attention_heads"] * config["head_dim"]
+    kv_rows = config["num_key_value_heads"] * config["head_dim"]
+
+    def rand(*shape: int, std: float = 0.15) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * std
+
+    tensors = {"model.embed_tokens.weight": rand(vocab, d, std=1.0), "model.norm.weight": 1 + rand(d, std=0.1)}
+    tensors["lm_head.weight"] = rand(vocab, d, std=0.3)
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        tensors |= {
+            p + "input_layernorm.weight": 1 + rand(d, std=0.1),
+            p + "post_attention_layernorm.weight": 1 + rand(d, std=0.1),
+            p + "self_attn.q_proj.weight": rand(q_rows, d),
+            p + "self_attn.k_proj.weight": rand(kv_rows, d),
+            p + "self_attn.v_proj.weight": rand(kv_rows, d),
+            p + "self_attn.o_proj.weight": rand(d, q_rows),
+            p + "mlp.gate_proj.weight": rand(inter, d),
+            p + "mlp.up_proj.weight": rand(inter, d),
+            p + "mlp.down_proj.weight": rand(d, inter),
+        }
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    return out_dir
