@@ -2,6 +2,7 @@
 `fleetctl --help` stays fast."""
 
 import typer
+from fleetctl.console.fleet_cmds import serve, status, workers
 from fleetctl.console.generate_cmd import generate
 from fleetctl.console.models_cmd import models_app
 
@@ -13,6 +14,9 @@ app = typer.Typer(
     add_completion=False,
 )
 app.command("generate")(generate)
+app.command("serve")(serve)
+app.command("status")(status)
+app.command("workers")(workers)
 app.add_typer(models_app, name="models")
 
 

@@ -4,7 +4,7 @@ import json
 import sys
 
 import typer
-from fleetctl.console.errors import fail, user_errors
+from fleetctl.console.errors import user_errors
 from fleetctl.console.models_cmd import resolve_model
 from fleetctl.engine.model.registry import DEFAULT_MODEL
 
@@ -48,7 +48,7 @@ def generate(
         engine = LLMEngine(config)
         texts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) if chat else p for p in prompts]
         seqs = [engine.add_request(t, params, request_id=f"prompt-{i}") for i, t in enumerate(texts)]
-        states = [engine.state_of(s.request_id) for s in seqs]
+        streams = [engine.text_stream(s.request_id) for s in seqs]
         stream = len(prompts) == 1 and not as_json
         while engine.has_unfinished():
             for out in engine.step():
@@ -57,10 +57,8 @@ def generate(
                     sys.stdout.flush()
     if stream:
         sys.stdout.write("\n")
-    for i, state in enumerate(states):
-        if state is None:
-            raise fail("internal error: lost a request state")
-        result = result_of(state)
+    for i, (seq, stream) in enumerate(zip(seqs, streams, strict=True)):
+        result = result_of(seq, stream)
         if as_json:
             print(json.dumps({
                 "text": result.text,

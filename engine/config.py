@@ -20,6 +20,8 @@ class EngineConfig:
     kv_memory_bytes: int | None = None  # cap for the KV pool; None sizes it from free memory
     num_kv_blocks: int | None = None  # exact pool size (tests); overrides kv_memory_bytes
     max_model_len: int | None = None  # None: the model's max_position_embeddings
+    detokenize: bool = True  # False in fleet workers: the controller owns text and stop strings
+    prefill_only: bool = False  # park sequences after their prefill step (a prefill worker)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:

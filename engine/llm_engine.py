@@ -4,6 +4,7 @@
 import time
 from dataclasses import dataclass
 
+import torch
 from fleetctl.engine.config import DEFAULT_CPU_KV_BYTES, GPU_KV_FRACTION, EngineConfig
 from fleetctl.engine.devices import available_memory, parse_device, resolve_dtype
 from fleetctl.engine.kv_cache import KVCache, KVCacheSpec
@@ -11,10 +12,10 @@ from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.llama import LlamaModel
 from fleetctl.engine.model.loader import load_weights
 from fleetctl.engine.model.tokenizer import Tokenizer
-from fleetctl.engine.output import RequestOutput, RequestState
+from fleetctl.engine.output import RequestOutput, TextStream, token_finish_reason
 from fleetctl.engine.runner import ModelRunner, StepStats
-from fleetctl.engine.scheduler import Scheduler, SchedulerConfig
-from fleetctl.engine.sequence import SamplingParams, Sequence
+from fleetctl.engine.scheduler import Scheduler, SchedulerConfig, StepKind
+from fleetctl.engine.sequence import FinishReason, SamplingParams, Sequence
 
 
 class PromptError(ValueError):
@@ -53,7 +54,8 @@ class LLMEngine:
             config.max_model_len or self.model_config.max_position_embeddings,
             self.model_config.max_position_embeddings,
         )
-        self._states: dict[str, RequestState] = {}
+        self._seqs: dict[str, Sequence] = {}
+        self._streams: dict[str, TextStream] = {}
         self.last_step: StepStats | None = None
         self.load_seconds = time.perf_counter() - start
 
@@ -68,80 +70,139 @@ class LLMEngine:
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise PromptError("the prompt is empty")
-        if any(not 0 <= t < self.model_config.vocab_size for t in ids):
-            raise PromptError(f"prompt token ids must be in [0, {self.model_config.vocab_size})")
-        if len(ids) >= self.max_model_len:
-            raise PromptError(
-                f"the prompt is {len(ids)} tokens; this model's context is {self.max_model_len} tokens"
-            )
+        check_prompt(ids, self.model_config.vocab_size, self.max_model_len)
         if not self.scheduler.fits_ever(len(ids) + 1):
             raise PromptError(f"the prompt is {len(ids)} tokens; the KV cache holds fewer")
         return ids
 
     def add_request(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str = ""
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str = "",
+        output_token_ids: list[int] | None = None,
+        seed: int = -1,
     ) -> Sequence:
-        seq = Sequence(self.encode_prompt(prompt), params, request_id=request_id)
-        if seq.request_id in self._states:
-            raise PromptError(f"request id {seq.request_id!r} is already running")
-        self._states[seq.request_id] = RequestState(
-            seq, self.tokenizer, self.tokenizer.eos_token_ids, self.max_model_len
+        """Queue a request. With `output_token_ids` it is a recompute: prompt and earlier output are
+        prefilled together and generation continues after them."""
+        seq = Sequence(
+            self.encode_prompt(prompt), params, request_id=request_id,
+            output_token_ids=list(output_token_ids or []), seed=seed,
         )
+        self._register(seq)
         self.scheduler.add(seq)
         return seq
 
-    def abort(self, request_id: str) -> None:
-        state = self._states.pop(request_id, None)
-        if state is not None:
-            self.scheduler.finish(state.seq)
+    def import_sequence(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        output_token_ids: list[int],
+        params: SamplingParams,
+        seed: int,
+        kv: torch.Tensor,
+    ) -> Sequence:
+        """Adopt a sequence prefilled elsewhere. kv: [layers, 2, n_blocks, block_size, Hkv, d] holding
+        the K/V of every token but the last. Raises OutOfBlocks when it does not fit now."""
+        seq = Sequence(list(prompt_token_ids), params, request_id=request_id,
+                       output_token_ids=list(output_token_ids), seed=seed)
+        if request_id in self._seqs:
+            raise PromptError(f"request id {request_id!r} is already running")
+        self.scheduler.admit_prefilled(seq)
+        blocks = torch.tensor(seq.block_table[: kv.shape[2]], device=self.device)
+        self.kv_cache.tensor.index_copy_(2, blocks, kv.to(self.device, non_blocking=True))
+        self._register(seq)
+        return seq
+
+    def export_kv(self, request_id: str) -> torch.Tensor:
+        """The K/V of a parked sequence's cached tokens: [layers, 2, n_blocks, block_size, Hkv, d]."""
+        seq = self.scheduler.parked[request_id]
+        used = -(-seq.num_cached_tokens // self.kv_cache.spec.block_size)
+        blocks = torch.tensor(seq.block_table[:used], device=self.device)
+        return self.kv_cache.tensor.index_select(2, blocks)
+
+    def release(self, request_id: str) -> None:
+        """Forget a request (finished elsewhere, handed off, or aborted) and free its blocks."""
+        seq = self._seqs.pop(request_id, None)
+        self._streams.pop(request_id, None)
+        if seq is not None:
+            self.scheduler.finish(seq)
+
+    def _register(self, seq: Sequence) -> None:
+        if seq.request_id in self._seqs:
+            raise PromptError(f"request id {seq.request_id!r} is already running")
+        self._seqs[seq.request_id] = seq
+        if self.config.detokenize:
+            eos = frozenset() if seq.params.ignore_eos else self.tokenizer.eos_token_ids
+            stream = TextStream(self.tokenizer, seq.params.stop, eos)
+            for token in seq.output_token_ids:
+                stream.push(token)
+            stream.flush()
+            self._streams[seq.request_id] = stream
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    def sequence(self, request_id: str) -> Sequence | None:
+        return self._seqs.get(request_id)
+
+    def text_stream(self, request_id: str) -> TextStream | None:
+        return self._streams.get(request_id)
 
     def step(self) -> list[RequestOutput]:
         scheduled = self.scheduler.schedule()
         if scheduled is None:
             return []
         tokens, self.last_step = self.runner.run(scheduled)
+        park = self.config.prefill_only and scheduled.kind is StepKind.PREFILL
         outputs = []
         for seq, token in zip(scheduled.seqs, tokens, strict=True):
             seq.append_token(token)
-            state = self._states[seq.request_id]
-            out = state.on_token(token)
-            if out.finished:
-                seq.finish_reason = out.finish_reason
+            reason = token_finish_reason(seq, self.tokenizer.eos_token_ids, self.max_model_len)
+            delta = ""
+            stream = self._streams.get(seq.request_id)
+            if stream is not None:
+                delta = stream.push(token)
+                if stream.stopped:
+                    reason = reason or FinishReason.STOP
+                if reason:
+                    delta += stream.flush()
+            seq.finish_reason = reason
+            if reason:
                 self.scheduler.finish(seq)
-                del self._states[seq.request_id]
-            outputs.append(out)
+                del self._seqs[seq.request_id]
+            elif park:
+                self.scheduler.park(seq)
+            outputs.append(RequestOutput(seq.request_id, token, delta, reason is not None, reason))
         return outputs
-
-    def state_of(self, request_id: str) -> RequestState | None:
-        return self._states.get(request_id)
 
     def generate(self, prompts: list[str | list[int]], params: SamplingParams) -> list[GenerationResult]:
         """Run a batch of prompts to completion."""
         seqs = [self.add_request(p, params) for p in prompts]
-        states = {s.request_id: self._states[s.request_id] for s in seqs}
+        streams = {s.request_id: self.text_stream(s.request_id) for s in seqs}
         while self.has_unfinished():
             self.step()
-        return [result_of(states[s.request_id]) for s in seqs]
+        return [result_of(s, streams[s.request_id]) for s in seqs]
 
 
-def result_of(state: RequestState) -> GenerationResult:
-    seq = state.seq
+def check_prompt(ids: list[int], vocab_size: int, max_model_len: int) -> None:
+    if not ids:
+        raise PromptError("the prompt is empty")
+    if any(not 0 <= t < vocab_size for t in ids):
+        raise PromptError(f"prompt token ids must be in [0, {vocab_size})")
+    if len(ids) >= max_model_len:
+        raise PromptError(f"the prompt is {len(ids)} tokens; this model's context is {max_model_len} tokens")
+
+
+def result_of(seq: Sequence, stream: TextStream | None) -> GenerationResult:
     first, last = seq.first_token_time or seq.arrival_time, seq.last_token_time or seq.arrival_time
     decoded = len(seq.output_token_ids) - 1
     return GenerationResult(
         request_id=seq.request_id,
-        text=state.text,
+        text=stream.text if stream else "",
         token_ids=list(seq.output_token_ids),
         finish_reason=seq.finish_reason.value if seq.finish_reason else "abort",
         prompt_tokens=len(seq.prompt_token_ids),
         ttft_s=first - seq.arrival_time,
         decode_tokens_per_s=decoded / (last - first) if decoded > 0 and last > first else 0.0,
     )
-
-
-

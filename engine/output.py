@@ -1,4 +1,4 @@
-"""Per-request output bookkeeping: incremental text, stop conditions, streamed deltas."""
+"""What a request's client sees: token-level finish conditions, and the streamed text."""
 
 from dataclasses import dataclass
 
@@ -10,47 +10,59 @@ from fleetctl.engine.sequence import FinishReason, Sequence
 class RequestOutput:
     request_id: str
     token_id: int
-    text_delta: str  # new text safe to show; never contains (part of) a stop string
+    text_delta: str  # new text safe to show; never (part of) a stop string; "" when not detokenizing
     finished: bool
     finish_reason: FinishReason | None
 
 
-class RequestState:
-    """Decides when a sequence is done, and what text a client may see so far.
+def token_finish_reason(seq: Sequence, eos_token_ids: frozenset[int], max_len: int) -> FinishReason | None:
+    """Finish conditions that need only token ids (checked where the sequence runs)."""
+    if not seq.params.ignore_eos and seq.output_token_ids[-1] in eos_token_ids:
+        return FinishReason.STOP
+    if len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= max_len:
+        return FinishReason.LENGTH
+    return None
+
+
+class TextStream:
+    """Incremental text of one request, with stop strings.
 
     Text that could still turn out to be the start of a stop string is held back until it cannot.
+    EOS tokens add no text.
     """
 
-    def __init__(self, seq: Sequence, tokenizer: Tokenizer, eos_token_ids: frozenset[int], max_len: int) -> None:
-        self.seq = seq
+    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...], eos_token_ids: frozenset[int]) -> None:
         self._detok = IncrementalDetokenizer(tokenizer)
-        self._eos = frozenset() if seq.params.ignore_eos else eos_token_ids
-        self._max_len = max_len
-        self._holdback = max((len(s) for s in seq.params.stop), default=1) - 1
+        self._stop = stop
+        self._eos = eos_token_ids
+        self._holdback = max((len(s) for s in stop), default=1) - 1
         self._sent = 0
         self.text = ""
+        self.stopped = False
 
-    def on_token(self, token_id: int) -> RequestOutput:
-        seq = self.seq
-        reason: FinishReason | None = None
-        if token_id in self._eos:
-            reason = FinishReason.STOP
-        else:
-            self._detok.push(token_id)
-            self.text = self._detok.text
-            stop_at = self._find_stop()
-            if stop_at is not None:
-                self.text = self.text[:stop_at]
-                reason = FinishReason.STOP
-        if reason is None and (len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= self._max_len):
-            reason = FinishReason.LENGTH
-        visible = len(self.text) if reason else max(self._sent, len(self.text) - self._holdback)
+    def push(self, token_id: int) -> str:
+        """Adds a token; returns the text delta now safe to show. Sets `stopped` on a stop string."""
+        if self.stopped or token_id in self._eos:
+            return ""
+        self._detok.push(token_id)
+        self.text = self._detok.text
+        stop_at = self._find_stop()
+        if stop_at is not None:
+            self.text = self.text[:stop_at]
+            self.stopped = True
+            return self.flush()
+        visible = max(self._sent, len(self.text) - self._holdback)
         delta = self.text[self._sent : visible]
         self._sent = visible
-        return RequestOutput(seq.request_id, token_id, delta, reason is not None, reason)
+        return delta
+
+    def flush(self) -> str:
+        """The held-back rest, once the request has finished."""
+        delta = self.text[self._sent :]
+        self._sent = len(self.text)
+        return delta
 
     def _find_stop(self) -> int | None:
-        # only the tail can hold a stop string that the newest token completed
-        window_start = max(0, self._sent - self._holdback - 1)
-        hits = [i for s in self.seq.params.stop if (i := self.text.find(s, window_start)) >= 0]
+        # a stop string completed by the newest token starts at or after the text already sent
+        hits = [i for s in self._stop if (i := self.text.find(s, self._sent)) >= 0]
         return min(hits) if hits else None

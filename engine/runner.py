@@ -37,7 +37,7 @@ class ModelRunner:
         if is_prefill:
             hidden = hidden[batch.cu_seqlens_q[1:].long() - 1]
         logits = self.model.logits(hidden)
-        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        tokens = sample(logits, seqs)
         for seq in seqs:
             seq.num_cached_tokens = seq.num_tokens
         stats = StepStats(

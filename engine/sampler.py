@@ -1,23 +1,32 @@
-"""Next-token choice per sequence: greedy, or temperature / top-k / top-p with the sequence's own
-generator, so a seeded request draws the same tokens whatever it is batched with."""
+"""Next-token choice per sequence: greedy, or temperature / top-k / top-p drawn from a generator
+seeded with (the sequence's seed, the output position). A seeded request therefore draws the same
+tokens whatever it is batched with, and continues identically after a handoff or a recompute."""
 
 import torch
-from fleetctl.engine.sequence import SamplingParams
+from fleetctl.engine.sequence import Sequence
+
+_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, position) over the seed space
 
 
-def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-) -> list[int]:
-    """logits: [B, V] float32 -> one token id per row."""
+def position_seed(seed: int, position: int) -> int:
+    return (seed * _MIX + position) % (1 << 63)
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+    """logits: [B, V] float32, row i for seqs[i] -> one token id per row."""
     choices = logits.argmax(dim=-1).tolist()
-    for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
-        if not p.greedy:
-            choices[row] = _sample_row(logits[row], p, gen)
+    generator: torch.Generator | None = None
+    for row, seq in enumerate(seqs):
+        if not seq.params.greedy:
+            generator = generator or torch.Generator()
+            generator.manual_seed(position_seed(seq.seed, len(seq.output_token_ids)))
+            choices[row] = _sample_row(logits[row], seq, generator)
     return choices
 
 
-def _sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+def _sample_row(logits: torch.Tensor, seq: Sequence, generator: torch.Generator) -> int:
     """logits: [V] float32."""
+    params = seq.params
     logits = logits.cpu() / params.temperature
     if 0 < params.top_k < logits.shape[0]:
         kth = torch.topk(logits, params.top_k).values[-1]

@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass
 from enum import Enum
 
-from fleetctl.engine.kv_cache import BlockAllocator
+from fleetctl.engine.kv_cache import BlockAllocator, OutOfBlocks
 from fleetctl.engine.sequence import Sequence, SequenceStatus
 
 
@@ -41,6 +41,7 @@ class Scheduler:
         self.allocator = allocator
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.parked: dict[str, Sequence] = {}
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
@@ -65,8 +66,26 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        self.parked.pop(seq.request_id, None)
         self._release(seq)
         seq.status = SequenceStatus.FINISHED
+
+    def park(self, seq: Sequence) -> None:
+        """Stop scheduling a prefilled sequence but keep its blocks (its KV awaits a handoff)."""
+        self.running.remove(seq)
+        seq.status = SequenceStatus.PARKED
+        self.parked[seq.request_id] = seq
+
+    def admit_prefilled(self, seq: Sequence) -> None:
+        """Take a sequence whose KV for all but its last token arrives from elsewhere: allocate its blocks
+        and schedule it straight into decode."""
+        needed = self._blocks_for(seq.num_tokens)
+        if len(self.running) >= self.config.max_num_seqs:
+            raise OutOfBlocks(f"decode batch is full ({self.config.max_num_seqs} sequences)")
+        seq.block_table = self.allocator.allocate(needed)
+        seq.num_cached_tokens = seq.num_tokens - 1
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
 
     def _schedule_prefill(self) -> list[Sequence]:
         batch: list[Sequence] = []

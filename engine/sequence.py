@@ -1,16 +1,16 @@
 """A request's tokens, sampling parameters and lifecycle inside one engine."""
 
 import itertools
+import random
 import time
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
-
-import torch
 
 
 class SequenceStatus(Enum):
     WAITING = "waiting"  # queued for prefill (new, or preempted and to be recomputed)
     RUNNING = "running"  # KV cache resident, decoding
+    PARKED = "parked"  # prefilled on a prefill-only engine; KV held until handed off
     FINISHED = "finished"
 
 
@@ -68,17 +68,15 @@ class Sequence:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     last_token_time: float | None = None
-    generator: torch.Generator | None = None
+    # Sampling draws for output position i come from a generator seeded with (seed, i): no RNG state
+    # to carry through a handoff, a recompute or a checkpoint.
+    seed: int = -1
 
     def __post_init__(self) -> None:
         if not self.request_id:
             self.request_id = f"seq-{self.seq_id}"
-        if not self.params.greedy:
-            self.generator = torch.Generator()
-            if self.params.seed is None:
-                self.generator.seed()
-            else:
-                self.generator.manual_seed(self.params.seed)
+        if self.seed < 0:
+            self.seed = self.params.seed if self.params.seed is not None else random.getrandbits(63)
 
     @property
     def num_tokens(self) -> int:

@@ -47,7 +47,7 @@ def test_last_step_logits_match_transformers(tiny_model_dir: Path) -> None:
         hidden = engine.model.forward(input_ids, positions, batch, engine.kv_cache.tensor)
         ours = engine.model.logits(hidden)
         ref = hf(torch.tensor([ids])).logits[0]
-    engine.abort(seq.request_id)
+    engine.release(seq.request_id)
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
 
 
@@ -68,7 +68,7 @@ def test_abort_frees_blocks(tiny_model_dir: Path) -> None:
     seq = engine.add_request(PROMPTS[0], GREEDY)
     engine.step()
     assert engine.kv_cache.allocator.num_used > 0
-    engine.abort(seq.request_id)
+    engine.release(seq.request_id)
     assert engine.kv_cache.allocator.num_used == 0
     assert not engine.has_unfinished()
 

@@ -1,0 +1,391 @@
+"""The fleet controller: starts workers, routes each request through prefill → KV handoff → decode,
+streams tokens to clients, and recomputes a dead worker's sequences on a survivor. It holds no
+tensors; it runs on one asyncio loop, with a reader and a writer thread per worker pipe."""
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections import deque
+
+from fleetctl.engine import messages as m
+from fleetctl.engine.fleet_config import FleetConfig, worker_specs
+from fleetctl.engine.fleet_stats import FleetStats
+from fleetctl.engine.launcher import LaunchedWorker, Launcher, LocalLauncher
+from fleetctl.engine.llm_engine import check_prompt
+from fleetctl.engine.model.config import ModelConfig
+from fleetctl.engine.model.tokenizer import Tokenizer
+from fleetctl.engine.output import TextStream
+from fleetctl.engine.router import Router, WorkerState, WorkerView
+from fleetctl.engine.sequence import SamplingParams, Sequence
+from fleetctl.engine.tracked_request import Phase, StreamEvent, TrackedRequest
+from fleetctl.engine.transport import KVTransport
+from fleetctl.engine.worker import WorkerRole
+
+log = logging.getLogger(__name__)
+
+
+class FleetBusy(RuntimeError):
+    """The controller's queue is full (HTTP 429)."""
+
+
+class NoWorkers(RuntimeError):
+    """No live worker is left for a role the request needs (HTTP 503)."""
+
+
+class Fleet:
+    def __init__(self, config: FleetConfig, launcher: Launcher | None = None) -> None:
+        self.config = config
+        self.model_config = ModelConfig.from_file(config.model_dir / "config.json")
+        self.tokenizer = Tokenizer(config.model_dir, self.model_config.eos_token_ids)
+        self.max_model_len = self.model_config.max_position_embeddings
+        self.model_name = config.model_dir.name
+        self.url = ""
+        self.router = Router()
+        self.stats = FleetStats()
+        self._launcher = launcher or LocalLauncher()
+        self._specs = {s.worker_id: s for s in worker_specs(config)}
+        self.views = {wid: WorkerView(wid, s.role, s.device) for wid, s in self._specs.items()}
+        self._workers: dict[str, LaunchedWorker] = {}
+        self._outboxes: dict[str, queue.SimpleQueue] = {}
+        self.requests: dict[str, TrackedRequest] = {}
+        self._queued: deque[TrackedRequest] = deque()
+        self._pending_handoffs: deque[TrackedRequest] = deque()
+        self._transport = KVTransport()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = asyncio.Event()
+        self._stopping = False
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        for wid, spec in self._specs.items():
+            self._spawn(wid, spec)
+        deadline = time.monotonic() + self.config.ready_timeout_s
+        while not all(v.state is not WorkerState.STARTING for v in self.views.values()):
+            if time.monotonic() > deadline:
+                raise RuntimeError("workers did not become ready in time")
+            await asyncio.sleep(0.05)
+        dead = [v.worker_id for v in self.views.values() if v.state is WorkerState.DEAD]
+        if dead:
+            await self.stop()
+            raise RuntimeError(f"workers failed to start: {', '.join(dead)}")
+
+    def _spawn(self, wid: str, spec) -> None:
+        launched = self._launcher.launch(spec)
+        self._workers[wid] = launched
+        self.views[wid].pid = launched.pid
+        outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._outboxes[wid] = outbox
+        threading.Thread(target=self._read_loop, args=(wid, launched), daemon=True, name=f"read-{wid}").start()
+        threading.Thread(target=self._write_loop, args=(launched, outbox), daemon=True, name=f"write-{wid}").start()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for wid in self._workers:
+            self._send(wid, m.Shutdown())
+        for launched in self._workers.values():
+            await asyncio.to_thread(launched.join, 10.0)
+        for req in list(self.requests.values()):
+            self._fail(req, "the fleet is shutting down")
+
+    def kill_worker(self, worker_id: str) -> None:
+        """Test and operator hook: SIGKILL a worker (it is then handled as a failure)."""
+        self._workers[worker_id].kill()
+
+    # ---- worker I/O (threads) --------------------------------------------------------------
+
+    def _read_loop(self, wid: str, launched: LaunchedWorker) -> None:
+        assert self._loop is not None
+        while True:
+            try:
+                msg = launched.conn.recv()
+            except (EOFError, OSError):
+                break
+            self._loop.call_soon_threadsafe(self._on_message, wid, msg)
+        self._loop.call_soon_threadsafe(self._on_worker_exit, wid)
+
+    @staticmethod
+    def _write_loop(launched: LaunchedWorker, outbox: queue.SimpleQueue) -> None:
+        while True:
+            msg = outbox.get()
+            try:
+                launched.conn.send(msg)
+            except (OSError, ValueError):
+                return
+            if isinstance(msg, m.Shutdown):
+                return
+
+    def _send(self, wid: str, msg: object) -> None:
+        self._outboxes[wid].put(msg)
+
+    # ---- requests ----------------------------------------------------------------------------
+
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "") -> TrackedRequest:
+        """Admit a request (raises PromptError, NoWorkers, FleetBusy); read its events with `stream`."""
+        check_prompt(prompt_token_ids, self.model_config.vocab_size, self.max_model_len)
+        for role in self.needed_roles():
+            if not self.has_role(role):
+                raise NoWorkers(f"no {role.value} worker is available")
+        if len(self._queued) >= self.config.max_queue:
+            raise FleetBusy(f"{len(self._queued)} requests are already queued")
+        request_id = request_id or f"req-{uuid.uuid4().hex[:16]}"
+        eos = frozenset() if params.ignore_eos else self.tokenizer.eos_token_ids
+        req = TrackedRequest(
+            request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
+            seed=Sequence(prompt_token_ids, params).seed, stream=TextStream(self.tokenizer, params.stop, eos),
+        )
+        self.requests[request_id] = req
+        self._queued.append(req)
+        self._dispatch_queued()
+        return req
+
+    async def stream(self, req: TrackedRequest):
+        while True:
+            event = await req.events.get()
+            yield event
+            if event.final:
+                return
+
+    def cancel(self, req: TrackedRequest) -> None:
+        """The client went away: stop the work wherever it is."""
+        if not req.done:
+            self._release_everywhere(req)
+            self._finish(req, "abort")
+
+    def needed_roles(self) -> tuple[WorkerRole, ...]:
+        return (WorkerRole.MIXED,) if self.config.colocated else (WorkerRole.PREFILL, WorkerRole.DECODE)
+
+    def has_role(self, role: WorkerRole) -> bool:
+        return Router.has_role(list(self.views.values()), role)
+
+    def queue_length(self, role: WorkerRole) -> int:
+        """Requests waiting for a worker of `role` in the controller (prompts, or handoffs for decode)."""
+        if role is WorkerRole.DECODE:
+            return sum(1 for r in self._pending_handoffs if not r.done)
+        return sum(1 for r in self._queued if not r.done)
+
+    def _prompt_role(self) -> WorkerRole:
+        return WorkerRole.MIXED if self.config.colocated else WorkerRole.PREFILL
+
+    def _dispatch_queued(self) -> None:
+        while self._queued:
+            req = self._queued[0]
+            if req.done:
+                self._queued.popleft()
+                continue
+            view = self.router.pick_prompt_worker(list(self.views.values()), self._prompt_role())
+            if view is None:
+                return
+            self._queued.popleft()
+            self._run_on(req, view)
+
+    def _run_on(self, req: TrackedRequest, view: WorkerView) -> None:
+        req.phase = Phase.PREFILL
+        req.prompt_worker = view.worker_id
+        req.times.dispatched = req.times.dispatched or time.time()
+        view.requests.add(req.request_id)
+        self._send(view.worker_id, m.RunRequest(req.request_id, req.prompt_token_ids, req.params, req.seed,
+                                                list(req.output_token_ids)))
+
+    def _dispatch_handoffs(self) -> None:
+        for _ in range(len(self._pending_handoffs)):
+            req = self._pending_handoffs.popleft()
+            if req.done or req.handle is None:
+                continue
+            needed = -(-(len(req.prompt_token_ids) + len(req.output_token_ids)) // 16)
+            view = self.router.pick_decode_worker(list(self.views.values()), needed)
+            if view is None:
+                self._pending_handoffs.append(req)
+                continue
+            view.free_blocks -= needed  # reserved until the worker reports again
+            view.requests.add(req.request_id)
+            req.decode_worker = view.worker_id
+            req.times.handoff_start = req.times.handoff_start or time.time()
+            self._send(view.worker_id, m.Adopt(req.request_id, req.prompt_token_ids, list(req.output_token_ids),
+                                               req.params, req.seed, req.handle))
+
+    # ---- messages from workers (event loop) -------------------------------------------------
+
+    def _on_message(self, wid: str, msg: object) -> None:
+        view = self.views[wid]
+        match msg:
+            case m.WorkerReady():
+                view.state, view.pid = WorkerState.READY, msg.pid
+                view.num_kv_blocks, view.block_size = msg.num_kv_blocks, msg.block_size
+                view.free_blocks = msg.num_kv_blocks
+                self._dispatch_queued()
+            case m.StepReport():
+                view.free_blocks, view.running, view.waiting = msg.free_blocks, msg.running, msg.waiting
+                self.stats.on_step(view, msg)
+                for event in msg.tokens:
+                    self._on_token(wid, event)
+                self._dispatch_handoffs()
+            case m.Prefilled():
+                self._on_prefilled(wid, msg)
+            case m.Adopted():
+                self._on_adopted(wid, msg)
+            case m.AdoptFailed():
+                self._on_adopt_failed(wid, msg)
+            case m.RequestFailed():
+                req = self.requests.get(msg.request_id)
+                view.requests.discard(msg.request_id)
+                if req:
+                    self._fail(req, msg.message)
+            case m.Capacity():
+                view.free_blocks = msg.free_blocks
+                self._dispatch_handoffs()
+                self._dispatch_queued()
+
+    def _on_token(self, wid: str, event: m.TokenEvent) -> None:
+        req = self.requests.get(event.request_id)
+        if req is None or req.done or req.holder() != wid:
+            return
+        req.output_token_ids.append(event.token_id)
+        req.times.first_token = req.times.first_token or time.time()
+        delta = req.stream.push(event.token_id)
+        if req.stream.stopped:
+            self._release_everywhere(req)
+            self._finish(req, "stop", StreamEvent(event.token_id, delta, finish_reason="stop"))
+        elif event.finished:
+            self.views[wid].requests.discard(req.request_id)
+            reason = event.finish_reason or "stop"
+            self._finish(req, reason, StreamEvent(event.token_id, delta + req.stream.flush(), finish_reason=reason))
+        else:
+            if req.phase is Phase.PREFILL and self.views[wid].role is WorkerRole.PREFILL:
+                req.phase = Phase.HANDOFF
+            req.events.put_nowait(StreamEvent(token_id=event.token_id, text=delta))
+
+    def _on_prefilled(self, wid: str, msg: m.Prefilled) -> None:
+        req = self.requests.get(msg.request_id)
+        if req is None or req.done or req.prompt_worker != wid:
+            self._transport.release(msg.handle)
+            self._send(wid, m.ReleaseKV(msg.request_id))
+            return
+        req.handle = msg.handle
+        req.times.handoff_seconds += msg.publish_seconds
+        self._pending_handoffs.append(req)
+        self._dispatch_handoffs()
+
+    def _on_adopted(self, wid: str, msg: m.Adopted) -> None:
+        req = self.requests.get(msg.request_id)
+        self.views[wid].free_blocks = msg.free_blocks
+        if req is None or req.done:
+            self._send(wid, m.Abort(msg.request_id))
+            return
+        req.phase = Phase.DECODE
+        req.times.handoff_end = time.time()
+        req.times.handoff_bytes += msg.nbytes
+        req.times.handoff_seconds += msg.seconds
+        self.stats.on_handoff(msg.nbytes, msg.seconds)
+        self._release_prefill_copy(req)
+
+    def _on_adopt_failed(self, wid: str, msg: m.AdoptFailed) -> None:
+        req = self.requests.get(msg.request_id)
+        view = self.views[wid]
+        view.requests.discard(msg.request_id)
+        if req is None or req.done:
+            return
+        req.decode_worker = None
+        if msg.retryable:
+            view.free_blocks = 0  # full until it reports again
+            self._pending_handoffs.append(req)
+        else:
+            self._release_prefill_copy(req)
+            self._recompute(req, WorkerRole.DECODE)
+
+    def _release_prefill_copy(self, req: TrackedRequest) -> None:
+        if req.prompt_worker is not None:
+            self.views[req.prompt_worker].requests.discard(req.request_id)
+            if self.views[req.prompt_worker].state is WorkerState.DEAD and req.handle is not None:
+                self._transport.release(req.handle)  # its producer is gone: clean up its buffer here
+            else:
+                self._send(req.prompt_worker, m.ReleaseKV(req.request_id))
+        req.handle = None
+
+    def _release_everywhere(self, req: TrackedRequest) -> None:
+        for wid in {req.prompt_worker, req.decode_worker} - {None}:
+            if self.views[wid].state is not WorkerState.DEAD and req.request_id in self.views[wid].requests:
+                self._send(wid, m.Abort(req.request_id))
+            self.views[wid].requests.discard(req.request_id)
+        if req.handle is not None and self.views[req.prompt_worker].state is WorkerState.DEAD:
+            self._transport.release(req.handle)
+        req.handle = None
+
+    # ---- failures ------------------------------------------------------------------------------
+
+    def _on_worker_exit(self, wid: str) -> None:
+        view = self.views[wid]
+        if view.state in (WorkerState.DEAD, WorkerState.STOPPED):
+            return
+        view.state = WorkerState.STOPPED if self._stopping else WorkerState.DEAD
+        if self._stopping:
+            return
+        log.warning("worker %s died; recomputing its %d request(s)", wid, len(view.requests))
+        self.stats.on_failure(view.role)
+        for rid in list(view.requests):
+            req = self.requests.get(rid)
+            view.requests.discard(rid)
+            if req is None or req.done:
+                continue
+            if req.decode_worker == wid:  # decoding here, or its handoff was on the way here
+                req.decode_worker = None
+                if req.phase is Phase.HANDOFF and req.handle is not None:
+                    self._pending_handoffs.append(req)
+                else:
+                    self._recompute(req, WorkerRole.DECODE)
+            elif req.prompt_worker == wid and req.phase is Phase.PREFILL:
+                self._recompute(req, view.role)
+            elif req.prompt_worker == wid and req.handle is not None and req.handle.kind != "shm":
+                self._recompute(req, WorkerRole.DECODE)  # device memory died with its producer
+            # a shm handle outlives its producer: the pending handoff proceeds
+        self._dispatch_handoffs()
+        self._dispatch_queued()
+
+    def _recompute(self, req: TrackedRequest, role: WorkerRole) -> None:
+        """Re-run the request from its tokens on a surviving worker of `role`."""
+        req.recomputes += 1
+        if role is WorkerRole.DECODE:
+            view = self.router.pick_decode_worker(list(self.views.values()), 0)
+        else:
+            view = self.router.pick_prompt_worker(list(self.views.values()), role)
+        if view is None:
+            if not Router.has_role(list(self.views.values()), role):
+                self._fail(req, f"no {role.value} worker is left to continue this request")
+            else:
+                req.phase = Phase.QUEUED
+                self._queued.appendleft(req)
+            return
+        if role is WorkerRole.DECODE:
+            req.phase, req.decode_worker = Phase.DECODE, view.worker_id
+            view.requests.add(req.request_id)
+            self._send(view.worker_id, m.RunRequest(req.request_id, req.prompt_token_ids, req.params, req.seed,
+                                                    list(req.output_token_ids)))
+        else:
+            self._run_on(req, view)
+
+    # ---- endings ---------------------------------------------------------------------------------
+
+    def _finish(self, req: TrackedRequest, reason: str, last: StreamEvent | None = None) -> None:
+        req.phase, req.finish_reason = Phase.DONE, reason
+        req.times.finished = time.time()
+        if req.handle is not None:
+            self._release_prefill_copy(req)
+        req.events.put_nowait(last or StreamEvent(finish_reason=reason))
+        self._retire(req)
+
+    def _fail(self, req: TrackedRequest, message: str) -> None:
+        if req.done:
+            return
+        req.phase, req.error = Phase.DONE, message
+        req.times.finished = time.time()
+        req.events.put_nowait(StreamEvent(error=message))
+        self._retire(req)
+
+    def _retire(self, req: TrackedRequest) -> None:
+        self.requests.pop(req.request_id, None)
+        self.stats.on_request_done(req)
+        self._dispatch_queued()

@@ -1,0 +1,92 @@
+"""The controller's live numbers: per-worker busy time over a sliding window, handoffs, failures,
+finished-request records, and the Prometheus collectors behind GET /metrics (names: DESIGN §6)."""
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from fleetctl.engine.messages import StepReport
+from fleetctl.engine.router import WorkerView
+from fleetctl.engine.tracked_request import TrackedRequest
+from fleetctl.engine.worker import WorkerRole
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+BUSY_WINDOW_S = 5.0
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+@dataclass(frozen=True)
+class Utilization:
+    busy: float  # share of wall time in model steps
+    mfu: float  # achieved model FLOP/s over the device's peak
+    mbu: float  # achieved bytes/s over the device's peak bandwidth
+
+
+class FleetStats:
+    def __init__(self, max_records: int = 10_000) -> None:
+        self._steps: dict[str, deque[tuple[float, float]]] = {}  # worker -> (ended_at, busy seconds)
+        self.records: deque[dict] = deque(maxlen=max_records)
+        self.handoffs = 0
+        self.handoff_bytes = 0
+        self.handoff_seconds = 0.0
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram("fleet_time_to_first_token_seconds", "Time to first token", registry=r,
+                              buckets=LATENCY_BUCKETS)
+        self.itl = Histogram("fleet_inter_token_latency_seconds", "Mean time per output token after the first",
+                             registry=r, buckets=LATENCY_BUCKETS)
+        self.e2e = Histogram("fleet_e2e_request_latency_seconds", "End-to-end request latency", registry=r,
+                             buckets=LATENCY_BUCKETS)
+        self.handoff_hist = Histogram("fleet_kv_handoff_seconds", "KV handoff time (publish + copy)",
+                                      registry=r, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 1))
+        self.handoff_bytes_total = Counter("fleet_kv_handoff_bytes", "KV bytes handed off", registry=r)
+        self.running = Gauge("fleet_requests_running", "Sequences running on a worker", ["worker"], registry=r)
+        self.waiting = Gauge("fleet_requests_waiting", "Sequences waiting on a worker", ["worker"], registry=r)
+        self.kv_usage = Gauge("fleet_kv_cache_usage_ratio", "KV blocks in use", ["worker"], registry=r)
+        self.busy = Gauge("fleet_worker_busy_ratio", "Share of wall time in model steps", ["worker", "role"],
+                          registry=r)
+        self.mfu = Gauge("fleet_worker_mfu", "Model FLOP/s over device peak", ["worker", "role"], registry=r)
+        self.mbu = Gauge("fleet_worker_mbu", "Bytes/s over device peak bandwidth", ["worker", "role"], registry=r)
+        self.migrations = Counter("fleet_migrations", "Worker migrations", ["mode"], registry=r)
+        self.failures = Counter("fleet_worker_failures", "Workers that died", ["role"], registry=r)
+
+    def on_step(self, view: WorkerView, report: StepReport) -> None:
+        window = self._steps.setdefault(view.worker_id, deque())
+        window.append((report.ended_at, report.seconds))
+
+    def busy_ratio(self, worker_id: str, now: float | None = None) -> float:
+        now = now or time.time()
+        window = self._steps.get(worker_id, deque())
+        while window and window[0][0] < now - BUSY_WINDOW_S:
+            window.popleft()
+        return min(1.0, sum(s for _, s in window) / BUSY_WINDOW_S)
+
+    def utilization(self, worker_id: str) -> Utilization:
+        return Utilization(busy=self.busy_ratio(worker_id), mfu=0.0, mbu=0.0)
+
+    def on_handoff(self, nbytes: int, seconds: float) -> None:
+        self.handoffs += 1
+        self.handoff_bytes += nbytes
+        self.handoff_seconds += seconds
+        self.handoff_hist.observe(seconds)
+        self.handoff_bytes_total.inc(nbytes)
+
+    def on_failure(self, role: WorkerRole) -> None:
+        self.failures.labels(role=role.value).inc()
+
+    def on_request_done(self, req: TrackedRequest) -> None:
+        record = req.record()
+        self.records.append(record)
+        if req.error or not req.output_token_ids:
+            return
+        self.ttft.observe(record["ttft_s"])
+        self.e2e.observe(record["e2e_s"])
+        if record["output_tokens"] > 1:
+            self.itl.observe(record["decode_s"] / (record["output_tokens"] - 1))
+
+    def refresh_gauges(self, views: list[WorkerView]) -> None:
+        for v in views:
+            self.running.labels(worker=v.worker_id).set(v.running)
+            self.waiting.labels(worker=v.worker_id).set(v.waiting)
+            self.kv_usage.labels(worker=v.worker_id).set(v.kv_usage)
+            self.busy.labels(worker=v.worker_id, role=v.role.value).set(self.busy_ratio(v.worker_id))

@@ -1,0 +1,45 @@
+"""The JSON shapes of /fleet/status and /fleet/workers (DESIGN §2), built from the controller's view."""
+
+from typing import TYPE_CHECKING
+
+from fleetctl.engine.router import WorkerState
+from fleetctl.engine.worker import WorkerRole
+
+if TYPE_CHECKING:
+    from fleetctl.engine.fleet import Fleet
+
+
+def workers_status(fleet: "Fleet") -> list[dict]:
+    rows = []
+    for view in fleet.views.values():
+        util = fleet.stats.utilization(view.worker_id)
+        rows.append({
+            "id": view.worker_id,
+            "role": view.role.value,
+            "device": view.device,
+            "state": view.state.value,
+            "pid": view.pid,
+            "sessions": len(view.requests),
+            "kv_usage": round(view.kv_usage, 4),
+            "busy": round(util.busy, 4),
+            "mfu": round(util.mfu, 6),
+            "mbu": round(util.mbu, 6),
+        })
+    return rows
+
+
+def fleet_status(fleet: "Fleet", url: str) -> dict:
+    workers = workers_status(fleet)
+    pools = {}
+    roles = [WorkerRole.MIXED] if fleet.config.colocated else [WorkerRole.PREFILL, WorkerRole.DECODE]
+    for role in roles:
+        members = [w for w in workers if w["role"] == role.value and w["state"] == WorkerState.READY.value]
+        count = len(members) or 1
+        pools[role.value] = {
+            "workers": len(members),
+            "busy": round(sum(w["busy"] for w in members) / count, 4),
+            "mfu": round(sum(w["mfu"] for w in members) / count, 6),
+            "mbu": round(sum(w["mbu"] for w in members) / count, 6),
+            "queue": fleet.queue_length(role),
+        }
+    return {"model": fleet.model_name, "url": url, "workers": workers, "pools": pools}

@@ -1,0 +1,124 @@
+"""Typed messages between the fleet controller and its worker processes (pickled over a pipe).
+Plain data only: token ids, parameters, KV handles, statistics; never tensors."""
+
+from dataclasses import dataclass, field
+
+from fleetctl.engine.sequence import SamplingParams
+from fleetctl.engine.transport import KVHandle
+
+# controller -> worker
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """Prefill (and, on decode/mixed workers, decode) a request. With output ids it is a recompute."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    output_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Adopt:
+    """Decode worker: take a sequence prefilled elsewhere, its KV behind `handle`."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    handle: KVHandle
+
+
+@dataclass(frozen=True)
+class ReleaseKV:
+    """Prefill worker: the handoff is acknowledged (or abandoned); free the blocks and the buffer."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+# worker -> controller
+
+
+@dataclass(frozen=True)
+class WorkerReady:
+    worker_id: str
+    pid: int
+    num_kv_blocks: int
+    block_size: int
+    load_seconds: float
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    request_id: str
+    token_id: int
+    finished: bool
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One engine step: its tokens and what the worker looks like after it."""
+
+    worker_id: str
+    phase: str  # "prefill" | "decode"
+    tokens: list[TokenEvent]
+    num_seqs: int
+    num_tokens: int
+    context_tokens: int
+    seconds: float
+    free_blocks: int
+    running: int
+    waiting: int
+    ended_at: float  # time.time()
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """Prefill worker: a request's KV is published and waits for a decode worker."""
+
+    request_id: str
+    handle: KVHandle
+    publish_seconds: float
+
+
+@dataclass(frozen=True)
+class Adopted:
+    request_id: str
+    nbytes: int
+    seconds: float
+    free_blocks: int
+
+
+@dataclass(frozen=True)
+class AdoptFailed:
+    request_id: str
+    reason: str
+    retryable: bool  # False when the KV itself is gone: recompute instead
+
+
+@dataclass(frozen=True)
+class RequestFailed:
+    request_id: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Sent after blocks are freed outside a step (release, abort), so the router sees the room."""
+
+    worker_id: str
+    free_blocks: int

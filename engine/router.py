@@ -1,0 +1,65 @@
+"""Routing decisions only: which worker gets a prompt, which takes a handoff. No I/O."""
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from fleetctl.engine.worker import WorkerRole
+
+
+class WorkerState(Enum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    DEAD = "dead"
+    STOPPED = "stopped"
+
+
+@dataclass
+class WorkerView:
+    """The controller's picture of one worker, from its reports."""
+
+    worker_id: str
+    role: WorkerRole
+    device: str
+    state: WorkerState = WorkerState.STARTING
+    pid: int | None = None
+    num_kv_blocks: int = 0
+    block_size: int = 16
+    free_blocks: int = 0
+    running: int = 0
+    waiting: int = 0
+    requests: set[str] = field(default_factory=set)  # request ids this worker holds
+
+    @property
+    def accepting(self) -> bool:
+        return self.state is WorkerState.READY
+
+    @property
+    def kv_usage(self) -> float:
+        return 1 - self.free_blocks / self.num_kv_blocks if self.num_kv_blocks else 0.0
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    max_requests_per_worker: int = 128  # beyond this, prompts wait in the controller's queue
+
+
+class Router:
+    def __init__(self, config: RouterConfig = RouterConfig()) -> None:
+        self.config = config
+
+    def pick_prompt_worker(self, views: list[WorkerView], role: WorkerRole) -> WorkerView | None:
+        """The accepting worker of `role` holding the fewest requests, if any has room."""
+        candidates = [v for v in views if v.role is role and v.accepting
+                      and len(v.requests) < self.config.max_requests_per_worker]
+        return min(candidates, key=lambda v: (len(v.requests), v.worker_id), default=None)
+
+    def pick_decode_worker(self, views: list[WorkerView], blocks_needed: int) -> WorkerView | None:
+        """The accepting decode worker with room for `blocks_needed` blocks, least loaded first."""
+        candidates = [v for v in views if v.role is WorkerRole.DECODE and v.accepting
+                      and v.free_blocks >= blocks_needed]
+        return min(candidates, key=lambda v: (len(v.requests), -v.free_blocks, v.worker_id), default=None)
+
+    @staticmethod
+    def has_role(views: list[WorkerView], role: WorkerRole) -> bool:
+        return any(v.role is role and v.state in (WorkerState.READY, WorkerState.STARTING) for v in views)

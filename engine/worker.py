@@ -1,0 +1,151 @@
+"""A worker process: one engine, one device, one role. It only loops and talks: messages in,
+engine steps, reports out. The controller decides everything else."""
+
+import os
+import time
+from dataclasses import dataclass
+from enum import Enum
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from fleetctl.engine import messages as m
+
+
+class WorkerRole(Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    MIXED = "mixed"  # the colocated baseline: prefill and decode on one worker, no handoff
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    worker_id: str
+    role: WorkerRole
+    device: str  # "cpu:N" or "cuda:N"
+    model_dir: Path
+    dtype: str = "auto"
+    deterministic: bool = False
+    cores: tuple[int, ...] = ()  # CPU cores to pin to (cpu:N slots); () leaves affinity alone
+    num_kv_blocks: int | None = None
+    kv_memory_bytes: int | None = None
+    max_num_seqs: int = 64
+
+
+IDLE_POLL_SECONDS = 0.02
+
+
+def worker_main(spec: WorkerSpec, conn: Connection) -> None:
+    """Process entry point (multiprocessing spawn)."""
+    if spec.cores:
+        os.sched_setaffinity(0, spec.cores)
+    import torch
+
+    torch.set_num_threads(max(1, len(spec.cores) or torch.get_num_threads()))
+    Worker(spec, conn).run()
+
+
+class Worker:
+    def __init__(self, spec: WorkerSpec, conn: Connection) -> None:
+        from fleetctl.engine.config import EngineConfig
+        from fleetctl.engine.llm_engine import LLMEngine
+        from fleetctl.engine.transport import KVTransport
+
+        self.spec = spec
+        self.conn = conn
+        self.engine = LLMEngine(
+            EngineConfig(
+                model_dir=spec.model_dir,
+                device=spec.device if spec.device.startswith("cuda") else "cpu",
+                dtype=spec.dtype,
+                deterministic=spec.deterministic,
+                num_kv_blocks=spec.num_kv_blocks,
+                kv_memory_bytes=spec.kv_memory_bytes,
+                max_num_seqs=spec.max_num_seqs,
+                detokenize=False,
+                prefill_only=spec.role is WorkerRole.PREFILL,
+            )
+        )
+        self.transport = KVTransport()
+        self.handles: dict[str, m.KVHandle] = {}
+        self.running = True
+
+    def run(self) -> None:
+        allocator = self.engine.kv_cache.allocator
+        self.conn.send(m.WorkerReady(self.spec.worker_id, os.getpid(), allocator.num_blocks,
+                                     self.engine.kv_cache.spec.block_size, self.engine.load_seconds))
+        while self.running:
+            timeout = 0.0 if self.engine.has_unfinished() else IDLE_POLL_SECONDS
+            while self.running and self.conn.poll(timeout):
+                self.handle(self.conn.recv())
+                timeout = 0.0
+            if self.running and self.engine.has_unfinished():
+                self.step()
+        for handle in self.handles.values():
+            self.transport.release(handle)
+
+    def handle(self, msg: object) -> None:
+        match msg:
+            case m.RunRequest():
+                self._run_request(msg)
+            case m.Adopt():
+                self._adopt(msg)
+            case m.ReleaseKV(request_id=rid) | m.Abort(request_id=rid):
+                handle = self.handles.pop(rid, None)
+                if handle is not None:
+                    self.transport.release(handle)
+                self.engine.release(rid)
+                self.conn.send(m.Capacity(self.spec.worker_id, self.engine.kv_cache.allocator.num_free))
+            case m.Shutdown():
+                self.running = False
+            case _:
+                raise TypeError(f"unknown message {msg!r}")
+
+    def _run_request(self, msg: m.RunRequest) -> None:
+        from fleetctl.engine.llm_engine import PromptError
+
+        try:
+            self.engine.add_request(msg.prompt_token_ids, msg.params, request_id=msg.request_id,
+                                    output_token_ids=msg.output_token_ids, seed=msg.seed)
+        except PromptError as exc:
+            self.conn.send(m.RequestFailed(msg.request_id, str(exc)))
+
+    def _adopt(self, msg: m.Adopt) -> None:
+        from fleetctl.engine.kv_cache import OutOfBlocks
+        from fleetctl.engine.transport import HandoffError, timed_fetch
+
+        try:
+            kv, seconds = timed_fetch(self.transport, msg.handle, self.engine.device)
+        except HandoffError as exc:
+            self.conn.send(m.AdoptFailed(msg.request_id, str(exc), retryable=False))
+            return
+        try:
+            start = time.perf_counter()
+            self.engine.import_sequence(msg.request_id, msg.prompt_token_ids, msg.output_token_ids,
+                                        msg.params, msg.seed, kv)
+            seconds += time.perf_counter() - start
+        except OutOfBlocks as exc:
+            self.conn.send(m.AdoptFailed(msg.request_id, str(exc), retryable=True))
+            return
+        free = self.engine.kv_cache.allocator.num_free
+        self.conn.send(m.Adopted(msg.request_id, msg.handle.nbytes, seconds, free))
+
+    def step(self) -> None:
+        outputs = self.engine.step()
+        stats = self.engine.last_step
+        if stats is None:
+            return
+        tokens = [m.TokenEvent(o.request_id, o.token_id, o.finished,
+                               o.finish_reason.value if o.finish_reason else None) for o in outputs]
+        scheduler = self.engine.scheduler
+        self.conn.send(m.StepReport(
+            worker_id=self.spec.worker_id, phase=stats.kind.value, tokens=tokens, num_seqs=stats.num_seqs,
+            num_tokens=stats.num_tokens, context_tokens=stats.context_tokens, seconds=stats.seconds,
+            free_blocks=self.engine.kv_cache.allocator.num_free, running=len(scheduler.running),
+            waiting=len(scheduler.waiting), ended_at=time.time(),
+        ))
+        for out in outputs:
+            if not out.finished and out.request_id in scheduler.parked:
+                start = time.perf_counter()
+                handle = self.transport.publish(self.engine.export_kv(out.request_id))
+                self.handles[out.request_id] = handle
+                self.conn.send(m.Prefilled(out.request_id, handle, time.perf_counter() - start))

@@ -1,0 +1,193 @@
+"""Read side of the store: per-worker and per-pool utilization over a window, request latency
+percentiles, and the console's dashboard (everything its main screen shows, in one call).
+
+A window is [now - window_s, now) on the samples' start times; rates are per second of the time
+each worker was covered by samples, so a worker started 10 s ago is not diluted by a 60 s window.
+"""
+
+import math
+import time
+from dataclasses import dataclass
+
+from sqlite_utils import Database
+
+from fleetctl.store.records import WorkerRole, WorkerSample, WorkerState, columns
+
+
+@dataclass(frozen=True)
+class Utilization:
+    seconds: float  # worker-seconds covered by samples
+    steps: int
+    busy: float  # 0..1
+    mfu: float
+    mbu: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    queue: float  # mean requests waiting (summed over a pool's workers)
+    batch_size: float  # mean sequences per step
+    kv_usage: float  # mean fraction of the KV pool in use
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.prefill_tokens_per_s + self.decode_tokens_per_s
+
+
+@dataclass(frozen=True)
+class WorkerUtilization:
+    worker_id: str
+    role: WorkerRole
+    window: Utilization
+
+
+@dataclass(frozen=True)
+class PoolUtilization:
+    role: WorkerRole
+    workers: int
+    window: Utilization
+
+    def as_json(self) -> dict[str, float | int]:
+        """The `pools.<role>` object of `fleetctl status --json`."""
+        w = self.window
+        return {"workers": self.workers, "busy": w.busy, "mfu": w.mfu, "mbu": w.mbu, "queue": w.queue}
+
+
+_UTILIZATION_SQL = """
+SELECT worker_id, role, TOTAL(interval_s), TOTAL(steps), TOTAL(busy * interval_s), TOTAL(mfu * interval_s),
+       TOTAL(mbu * interval_s), TOTAL(prefill_tokens), TOTAL(decode_tokens), TOTAL(queue * interval_s),
+       TOTAL(batch_size * steps), TOTAL(kv_usage * interval_s)
+FROM worker_samples WHERE ts >= ? AND ts < ? GROUP BY worker_id ORDER BY worker_id
+"""
+
+
+def worker_utilization(db: Database, window_s: float, now: float | None = None) -> list[WorkerUtilization]:
+    now = time.time() if now is None else now
+    result = []
+    for worker_id, role, secs, steps, busy, mfu, mbu, ptok, dtok, queue, batch, kv in db.execute(
+        _UTILIZATION_SQL, [now - window_s, now]
+    ):
+        window = Utilization(secs, int(steps), busy / secs, mfu / secs, mbu / secs, ptok / secs, dtok / secs,
+                             queue / secs, batch / steps if steps else 0.0, kv / secs)
+        result.append(WorkerUtilization(worker_id, WorkerRole(role), window))
+    return result
+
+
+def pool_utilization(db: Database, window_s: float, now: float | None = None) -> dict[WorkerRole, PoolUtilization]:
+    return _pools(worker_utilization(db, window_s, now))
+
+
+def _pools(workers: list[WorkerUtilization]) -> dict[WorkerRole, PoolUtilization]:
+    """Fractions are means weighted by covered seconds (batch size by steps); rates and queues add."""
+    pools = {}
+    for role in WorkerRole:
+        members = [w.window for w in workers if w.role is role]
+        if not members:
+            continue
+        secs = sum(m.seconds for m in members)
+        steps = sum(m.steps for m in members)
+
+        def mean(attr: str, members: list[Utilization] = members, secs: float = secs) -> float:
+            return sum(getattr(m, attr) * m.seconds for m in members) / secs
+
+        window = Utilization(
+            seconds=secs,
+            steps=steps,
+            busy=mean("busy"),
+            mfu=mean("mfu"),
+            mbu=mean("mbu"),
+            prefill_tokens_per_s=sum(m.prefill_tokens_per_s for m in members),
+            decode_tokens_per_s=sum(m.decode_tokens_per_s for m in members),
+            queue=sum(m.queue for m in members),
+            batch_size=sum(m.batch_size * m.steps for m in members) / steps if steps else 0.0,
+            kv_usage=mean("kv_usage"),
+        )
+        pools[role] = PoolUtilization(role, len(members), window)
+    return pools
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    p50: float | None  # None when the window holds no request
+    p90: float | None
+    p99: float | None
+
+
+@dataclass(frozen=True)
+class RequestLatency:
+    requests: int  # successful requests that arrived in the window
+    ttft: Percentiles
+    tpot: Percentiles  # (e2e - ttft) / (output_tokens - 1), over requests with two or more tokens
+    e2e: Percentiles
+
+
+def percentiles(values: list[float]) -> Percentiles:
+    """Linear interpolation between the closest ranks (numpy's default)."""
+    if not values:
+        return Percentiles(None, None, None)
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        pos = q * (len(ordered) - 1)
+        lo, hi = math.floor(pos), math.ceil(pos)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+    return Percentiles(at(0.5), at(0.9), at(0.99))
+
+
+def request_latency(db: Database, window_s: float, now: float | None = None) -> RequestLatency:
+    now = time.time() if now is None else now
+    rows = db.execute(
+        "SELECT ttft_s, e2e_s, output_tokens FROM requests WHERE ts >= ? AND ts < ? AND outcome = 'ok'",
+        [now - window_s, now],
+    ).fetchall()
+    tpot = [(e2e - ttft) / (out - 1) for ttft, e2e, out in rows if out > 1]
+    return RequestLatency(len(rows), percentiles([r[0] for r in rows]), percentiles(tpot),
+                          percentiles([r[1] for r in rows]))
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    id: str
+    role: WorkerRole
+    device: str
+    state: WorkerState
+    pid: int | None
+    latest: WorkerSample | None  # the newest row in the window
+    window: Utilization | None  # None when the worker has no row in the window
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    now: float
+    window_s: float
+    workers: list[WorkerView]
+    pools: dict[WorkerRole, PoolUtilization]
+
+
+_SAMPLE_COLUMNS = columns(WorkerSample)
+_LATEST_SQL = f"""
+SELECT {", ".join("s." + c for c in _SAMPLE_COLUMNS)} FROM worker_samples s
+JOIN (SELECT worker_id, MAX(ts) AS ts FROM worker_samples WHERE ts >= ? AND ts < ? GROUP BY worker_id) m
+  ON s.worker_id = m.worker_id AND s.ts = m.ts
+"""
+
+
+def dashboard(db: Database, window_s: float = 60.0, now: float | None = None) -> Dashboard:
+    """Workers that were running at any point in the window, each with its latest row and its
+    utilization over the window, plus the per-pool aggregates."""
+    now = time.time() if now is None else now
+    since = now - window_s
+    latest = {}
+    for row in db.execute(_LATEST_SQL, [since, now]):
+        sample = WorkerSample(**dict(zip(_SAMPLE_COLUMNS, row, strict=True)))
+        latest[sample.worker_id] = sample
+    utilization = worker_utilization(db, window_s, now)
+    windows = {w.worker_id: w.window for w in utilization}
+    views = [
+        WorkerView(wid, WorkerRole(role), device, WorkerState(state), pid, latest.get(wid), windows.get(wid))
+        for wid, role, device, state, pid in db.execute(
+            "SELECT id, role, device, state, pid FROM workers WHERE stopped_at IS NULL OR stopped_at >= ? "
+            "ORDER BY role, id",
+            [since],
+        )
+    ]
+    return Dashboard(now, window_s, views, _pools(utilization))
