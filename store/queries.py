@@ -9,9 +9,8 @@ import math
 import time
 from dataclasses import dataclass
 
-from sqlite_utils import Database
-
 from fleetctl.store.records import WorkerRole, WorkerSample, WorkerState, columns
+from sqlite_utils import Database
 
 
 @dataclass(frozen=True)
@@ -82,26 +81,25 @@ def _pools(workers: list[WorkerUtilization]) -> dict[WorkerRole, PoolUtilization
         members = [w.window for w in workers if w.role is role]
         if not members:
             continue
-        secs = sum(m.seconds for m in members)
         steps = sum(m.steps for m in members)
-
-        def mean(attr: str, members: list[Utilization] = members, secs: float = secs) -> float:
-            return sum(getattr(m, attr) * m.seconds for m in members) / secs
-
         window = Utilization(
-            seconds=secs,
+            seconds=sum(m.seconds for m in members),
             steps=steps,
-            busy=mean("busy"),
-            mfu=mean("mfu"),
-            mbu=mean("mbu"),
+            busy=_time_weighted(members, "busy"),
+            mfu=_time_weighted(members, "mfu"),
+            mbu=_time_weighted(members, "mbu"),
             prefill_tokens_per_s=sum(m.prefill_tokens_per_s for m in members),
             decode_tokens_per_s=sum(m.decode_tokens_per_s for m in members),
             queue=sum(m.queue for m in members),
             batch_size=sum(m.batch_size * m.steps for m in members) / steps if steps else 0.0,
-            kv_usage=mean("kv_usage"),
+            kv_usage=_time_weighted(members, "kv_usage"),
         )
         pools[role] = PoolUtilization(role, len(members), window)
     return pools
+
+
+def _time_weighted(members: list[Utilization], attr: str) -> float:
+    return sum(getattr(m, attr) * m.seconds for m in members) / sum(m.seconds for m in members)
 
 
 @dataclass(frozen=True)
@@ -178,8 +176,9 @@ def dashboard(db: Database, window_s: float = 60.0, now: float | None = None) ->
     since = now - window_s
     latest = {}
     for row in db.execute(_LATEST_SQL, [since, now]):
-        sample = WorkerSample(**dict(zip(_SAMPLE_COLUMNS, row, strict=True)))
-        latest[sample.worker_id] = sample
+        values = dict(zip(_SAMPLE_COLUMNS, row, strict=True))
+        values["role"] = WorkerRole(values["role"])
+        latest[values["worker_id"]] = WorkerSample(**values)
     utilization = worker_utilization(db, window_s, now)
     windows = {w.worker_id: w.window for w in utilization}
     views = [

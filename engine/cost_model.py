@@ -1,0 +1,91 @@
+"""Model FLOPs and bytes moved by one step, from the model's shape alone (the MFU/MBU numerators).
+
+FLOPs, counting a multiply-add as 2:
+- matmuls: 2 · (per-layer matmul params) · (new tokens), plus 2 · vocab · hidden for each row that
+  produces logits. The runner computes logits for one row per sequence (the last prompt position in
+  prefill, the new token in decode), so the lm_head is charged per sequence, not per token.
+- attention: QKᵀ and PV, each 2 · heads · head_dim per key attended, per new token, per layer. A new
+  token at position p attends p + 1 keys (causal), so a sequence with c tokens after the step, q of
+  them new, attends q·(c − q) + q·(q + 1)/2 keys in all.
+Norms, RoPE, SiLU, softmax and the embedding lookup are O(hidden) per token and are left out, as in
+the usual 2·N·D estimate.
+
+Bytes:
+- every matmul weight is read once per step (params × weight element size); the embedding rows
+  looked up are a few KB and are left out, except that with tied embeddings the lm_head read is
+  that same matrix, counted once;
+- KV read: each sequence's whole context, once (paged attention streams each block once per step);
+- KV written: the new tokens' keys and values.
+- activations are left out: for decode they are a few KB per sequence against megabytes of weights;
+  for a long prefill they are not negligible, but prefill is compute-bound and its MBU is not the
+  number anyone steers by.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fleetctl.engine.model.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class StepCost:
+    flops: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class CostModel:
+    config: ModelConfig
+    weight_bytes: int  # bytes per weight element: 4 fp32, 2 bf16/fp16
+    kv_bytes: int  # bytes per KV-cache element
+
+    def __post_init__(self) -> None:
+        if self.weight_bytes <= 0 or self.kv_bytes <= 0:
+            raise ValueError("element sizes must be positive")
+
+    @property
+    def layer_params(self) -> int:
+        """Matmul weights of all decoder layers: q, k, v, o projections and the gated MLP."""
+        c = self.config
+        attention = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
+        mlp = 3 * c.hidden_size * c.intermediate_size
+        return c.num_layers * (attention + mlp)
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.config.vocab_size * self.config.hidden_size
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        c = self.config
+        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.kv_bytes
+
+    def step(self, new_tokens: Sequence[int], context_lens: Sequence[int]) -> StepCost:
+        """One step over several sequences: sequence i runs new_tokens[i] tokens through the model
+        and holds context_lens[i] tokens once the step is done (decode: new_tokens[i] == 1; a
+        prefill without cached prefix: new_tokens[i] == context_lens[i])."""
+        if len(new_tokens) != len(context_lens):
+            raise ValueError("new_tokens and context_lens must have one entry per sequence")
+        if any(q < 1 or c < q for q, c in zip(new_tokens, context_lens, strict=True)):
+            raise ValueError("each sequence needs 1 <= new tokens <= context length")
+        c = self.config
+        tokens = sum(new_tokens)
+        keys = sum(q * (ctx - q) + q * (q + 1) // 2 for q, ctx in zip(new_tokens, context_lens, strict=True))
+        flops = (
+            2 * self.layer_params * tokens
+            + 2 * self.lm_head_params * len(new_tokens)
+            + 4 * c.num_layers * c.num_heads * c.head_dim * keys
+        )
+        nbytes = (
+            (self.layer_params + self.lm_head_params) * self.weight_bytes
+            + sum(context_lens) * self.kv_bytes_per_token
+            + tokens * self.kv_bytes_per_token
+        )
+        return StepCost(flops, nbytes)
+
+    def decode_step(self, context_lens: Sequence[int]) -> StepCost:
+        return self.step([1] * len(context_lens), context_lens)
+
+    def prefill_step(self, prompt_lens: Sequence[int]) -> StepCost:
+        """Prompts with nothing cached: every prompt token is new."""
+        return self.step(prompt_lens, prompt_lens)

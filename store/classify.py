@@ -1,0 +1,68 @@
+"""Traffic classification: the share of model time spent in prefill vs decode over a window,
+overall and by prompt-length × output-length bucket (`fleetctl classify`).
+
+Model time is each request's attributed share of its workers' busy time (`prefill_model_s`,
+`decode_model_s` on the request row), not its wall-clock phase latency: that is what tells an
+operator how much device each phase consumes. Every request that arrived in the window counts,
+whatever its outcome, since its steps ran either way.
+"""
+
+import time
+from dataclasses import asdict, dataclass
+
+from sqlite_utils import Database
+
+LENGTH_EDGES = (0, 128, 512, 2048)  # bucket i holds lengths in [edge i, edge i+1); the last is open
+
+
+def bucket_labels(edges: tuple[int, ...] = LENGTH_EDGES) -> list[str]:
+    """["0-128", "128-512", "512-2048", "2048+"] for the default edges."""
+    return [f"{lo}-{hi}" for lo, hi in zip(edges, edges[1:], strict=False)] + [f"{edges[-1]}+"]
+
+
+@dataclass(frozen=True)
+class ClassifyBucket:
+    prompt_tokens: str  # bucket label, e.g. "128-512"
+    output_tokens: str
+    requests: int
+    prefill_share: float
+
+
+@dataclass(frozen=True)
+class Classification:
+    window_s: float
+    requests: int
+    prefill_share: float  # prefill_share + decode_share == 1 (both 0 when no model time was spent)
+    decode_share: float
+    buckets: list[ClassifyBucket]  # non-empty buckets only, by prompt bucket then output bucket
+
+    def as_json(self) -> dict[str, object]:
+        """Exactly the `fleetctl classify --json` object."""
+        return asdict(self)
+
+
+def _bucket_case(column: str, edges: tuple[int, ...]) -> str:
+    whens = " ".join(f"WHEN {column} < {hi} THEN {i}" for i, hi in enumerate(edges[1:]))
+    return f"CASE {whens} ELSE {len(edges) - 1} END"
+
+
+def _share(prefill_s: float, decode_s: float) -> float:
+    total = prefill_s + decode_s
+    return prefill_s / total if total > 0 else 0.0
+
+
+def classify(db: Database, window_s: float, now: float | None = None) -> Classification:
+    now = time.time() if now is None else now
+    labels = bucket_labels()
+    rows = db.execute(
+        f"SELECT {_bucket_case('prompt_tokens', LENGTH_EDGES)} AS pb, {_bucket_case('output_tokens', LENGTH_EDGES)} "
+        "AS ob, COUNT(*), TOTAL(prefill_model_s), TOTAL(decode_model_s) FROM requests "
+        "WHERE ts >= ? AND ts < ? GROUP BY pb, ob ORDER BY pb, ob",
+        [now - window_s, now],
+    ).fetchall()
+    buckets = [ClassifyBucket(labels[pb], labels[ob], count, _share(pre, dec)) for pb, ob, count, pre, dec in rows]
+    prefill = sum(r[3] for r in rows)
+    decode = sum(r[4] for r in rows)
+    prefill_share = _share(prefill, decode)
+    decode_share = 1.0 - prefill_share if prefill + decode > 0 else 0.0
+    return Classification(window_s, sum(r[2] for r in rows), prefill_share, decode_share, buckets)

@@ -1,0 +1,29 @@
+"""The device-peak cache: one row per device identity and dtype, so that a device is calibrated
+once and every later worker on it starts instantly. Written directly (not through the batched
+writer): the next lookup, possibly from another process, must find it."""
+
+from sqlite_utils import Database
+
+from fleetctl.store.records import DeviceKind, DeviceRecord, PeakSource, columns
+from fleetctl.store.validate import problem
+
+_COLUMNS = columns(DeviceRecord)
+
+
+def cached_device(db: Database, identity: str, dtype: str) -> DeviceRecord | None:
+    row = db.execute(
+        f"SELECT {', '.join(_COLUMNS)} FROM devices WHERE identity = ? AND dtype = ?", [identity, dtype]
+    ).fetchone()
+    if row is None:
+        return None
+    values = dict(zip(_COLUMNS, row, strict=True))
+    values["kind"] = DeviceKind(values["kind"])
+    values["how_measured"] = PeakSource(values["how_measured"])
+    return DeviceRecord(**values)
+
+
+def save_device(db: Database, record: DeviceRecord) -> None:
+    reason = problem(record)
+    if reason is not None:
+        raise ValueError(f"device record for {record.identity}: {reason}")
+    db["devices"].insert({name: getattr(record, name) for name in _COLUMNS}, replace=True)
