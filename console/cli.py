@@ -2,7 +2,7 @@
 `fleetctl --help` stays fast."""
 
 import typer
-from fleetctl.console.fleet_cmds import serve, status, workers
+from fleetctl.console.fleet_cmds import bench, serve, status, workers
 from fleetctl.console.generate_cmd import generate
 from fleetctl.console.models_cmd import models_app
 
@@ -17,6 +17,7 @@ app.command("generate")(generate)
 app.command("serve")(serve)
 app.command("status")(status)
 app.command("workers")(workers)
+app.command("bench")(bench)
 app.add_typer(models_app, name="models")
 
 

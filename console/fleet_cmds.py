@@ -108,3 +108,38 @@ def workers(
     _show("/fleet/workers", url, as_json, lambda data: _worker_table(data["workers"]))
 
 
+
+
+def bench(
+    url: str = typer.Option(None, "--url", help="Fleet URL (default $FLEET_URL or http://127.0.0.1:8700)."),
+    trace: str = typer.Option("chat", "--trace", help="chat | rag | agent."),
+    requests: int = typer.Option(32, "--requests", help="Requests to send."),
+    rate: float = typer.Option(4.0, "--rate", help="Poisson arrivals per second (0: all at once)."),
+    slo_ttft: float = typer.Option(2.0, "--slo-ttft", help="TTFT objective, seconds."),
+    slo_tpot: float = typer.Option(0.2, "--slo-tpot", help="Time-per-output-token objective, seconds."),
+    seed: int = typer.Option(0, "--seed"),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+) -> None:
+    """Load generator against a running fleet: throughput, goodput, TTFT/TPOT/E2E, handoff share."""
+    import asyncio
+
+    from fleetctl.console.bench import run_bench
+    from fleetctl.console.client import fleet_url
+    from fleetctl.console.traces import TraceKind, make_trace
+
+    try:
+        kind = TraceKind(trace)
+    except ValueError:
+        raise fail(f"unknown trace {trace!r}: choose chat, rag or agent") from None
+    if requests < 1:
+        raise fail("--requests must be at least 1")
+    try:
+        result = asyncio.run(run_bench(fleet_url(url), make_trace(kind, requests, rate, seed), kind.value,
+                                       slo_ttft, slo_tpot))
+    except (OSError, ValueError, KeyError) as exc:
+        raise fail(f"bench failed against {fleet_url(url)}: {exc}") from None
+    if as_json:
+        print(json.dumps(result))
+        return
+    for key, value in result.items():
+        print(f"{key:<24} {value}")

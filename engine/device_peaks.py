@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from functools import cache
 
 import torch
-from sqlite_utils import Database
-
 from fleetctl.engine.gpu_sampler import driver_version
 from fleetctl.store.devices import cached_device, save_device
 from fleetctl.store.records import DeviceKind, DeviceRecord, PeakSource
+from sqlite_utils import Database
 
 TERA = 1e12
 
@@ -121,7 +120,7 @@ def calibrate(device: torch.device, dtype: torch.dtype, budget_s: float = 0.5) -
     size = (1 << 30) if on_gpu else (64 << 20)
     src = torch.ones(size, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    bandwidth = _best_rate(lambda: dst.copy_(src), sync, 2.0 * size, start + budget_s)
+    bandwidth = _best_rate(lambda: dst.copy_(src), sync, 2.0 * size, start + 0.95 * budget_s)
     return flops, bandwidth
 
 

@@ -9,7 +9,6 @@ import logging
 import time
 
 import pynvml
-
 from fleetctl.store.records import GpuSample
 
 log = logging.getLogger(__name__)

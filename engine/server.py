@@ -163,6 +163,12 @@ def create_app(fleet: Fleet, admin_token: str | None = None) -> FastAPI:
     async def workers() -> dict:
         return {"workers": workers_status(fleet)}
 
+    @app.get("/fleet/requests")
+    async def recent_requests(limit: int = 100) -> dict:
+        """Timing breakdowns of the most recently finished requests (newest last)."""
+        records = list(fleet.stats.records)
+        return {"requests": records[-max(0, limit):] if limit else []}
+
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         fleet.stats.refresh_gauges(list(fleet.views.values()))

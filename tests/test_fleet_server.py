@@ -122,6 +122,16 @@ def test_metrics_parse_and_carry_design_names(fleet_url: str) -> None:
     assert {w["id"] for w in status["workers"]} == {"prefill-0", "decode-0", "decode-1"}
 
 
+def test_workers_are_pinned_to_their_cpu_slots(fleet_url: str) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    pinned = {wid: os.sched_getaffinity(pid) for wid, pid in worker_pids(fleet_url).items()}
+    assert all(len(c) >= 1 for c in pinned.values())
+    if len(cores) >= 3:  # enough cores: the three slots do not overlap
+        assert not (pinned["prefill-0"] & pinned["decode-0"]) and not (pinned["decode-0"] & pinned["decode-1"])
+    records = httpx.get(f"{fleet_url}/fleet/requests", timeout=10).json()["requests"]
+    assert records and all(r["handoff_bytes"] > 0 for r in records if r["output_tokens"] > 1)
+
+
 def test_killed_decode_worker_loses_no_stream(tiny_model_dir: Path, reference: list[dict]) -> None:
     """SIGKILL a decode worker mid-stream: its sequences are recomputed on the other decode worker
     (deterministic numerics) and every client stream completes with the unchanged greedy output."""

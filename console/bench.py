@@ -1,0 +1,96 @@
+"""`fleetctl bench`: a load generator against a running fleet. Streams every request (SSE) to
+measure TTFT / TPOT / E2E at the client, and reads the fleet's own KV-handoff time from /metrics."""
+
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import dataclass
+
+import httpx
+from fleetctl.console.traces import TraceRequest
+
+
+@dataclass
+class Outcome:
+    ttft_s: float = 0.0
+    e2e_s: float = 0.0
+    completion_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def tpot_s(self) -> float:
+        return (self.e2e_s - self.ttft_s) / (self.completion_tokens - 1) if self.completion_tokens > 1 else 0.0
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": 0.0, "p90": 0.0, "p99": 0.0}
+    if len(values) == 1:
+        return {"p50": values[0], "p90": values[0], "p99": values[0]}
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {"p50": round(cuts[49], 5), "p90": round(cuts[89], 5), "p99": round(cuts[98], 5)}
+
+
+async def _one(http: httpx.AsyncClient, model: str, req: TraceRequest, start: float) -> Outcome:
+    await asyncio.sleep(max(0.0, start + req.arrival_s - time.perf_counter()))
+    sent = time.perf_counter()
+    out = Outcome()
+    body = {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    try:
+        async with http.stream("POST", "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                await response.aread()
+                out.error = f"HTTP {response.status_code}: {response.text[:200]}"
+                return out
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    out.error = chunk["error"]["message"]
+                elif chunk.get("choices") and not out.ttft_s:
+                    out.ttft_s = time.perf_counter() - sent
+                if chunk.get("usage"):
+                    out.completion_tokens = chunk["usage"]["completion_tokens"]
+    except httpx.HTTPError as exc:
+        out.error = f"{exc.__class__.__name__}: {exc}"
+    out.e2e_s = time.perf_counter() - sent
+    return out
+
+
+def _metric_sums(text: str) -> dict[str, float]:
+    sums = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("fleet_kv_handoff_seconds_sum", "fleet_e2e_request_latency_seconds_sum"):
+            sums[name] = float(value)
+    return sums
+
+
+async def run_bench(url: str, trace: list[TraceRequest], trace_name: str, slo_ttft: float, slo_tpot: float) -> dict:
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0)) as http:
+        model = (await http.get("/v1/models")).json()["data"][0]["id"]
+        before = _metric_sums((await http.get("/metrics")).text)
+        start = time.perf_counter()
+        outcomes = await asyncio.gather(*[_one(http, model, r, start) for r in trace])
+        duration = time.perf_counter() - start
+        after = _metric_sums((await http.get("/metrics")).text)
+    ok = [o for o in outcomes if not o.error]
+    good = [o for o in ok if o.ttft_s <= slo_ttft and o.tpot_s <= slo_tpot]
+    e2e_total = after.get("fleet_e2e_request_latency_seconds_sum", 0) - before.get(
+        "fleet_e2e_request_latency_seconds_sum", 0)
+    handoff_total = after.get("fleet_kv_handoff_seconds_sum", 0) - before.get("fleet_kv_handoff_seconds_sum", 0)
+    return {
+        "trace": trace_name,
+        "requests": len(trace),
+        "duration_s": round(duration, 3),
+        "throughput_tokens_per_s": round(sum(o.completion_tokens for o in ok) / duration, 2),
+        "goodput_rps": round(len(good) / duration, 4),
+        "ttft_s": percentiles([o.ttft_s for o in ok]),
+        "tpot_s": percentiles([o.tpot_s for o in ok]),
+        "e2e_s": percentiles([o.e2e_s for o in ok]),
+        "handoff_share_of_e2e": round(handoff_total / e2e_total, 6) if e2e_total else 0.0,
+        "errors": len(outcomes) - len(ok),
+    }
