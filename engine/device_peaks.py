@@ -7,17 +7,19 @@ A CPU's identity holds its model name and the thread count the worker computes w
 slot pinned to 2 of 16 cores has a different peak from the whole socket.
 """
 
+import platform
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 import torch
 from fleetctl.engine.gpu_sampler import driver_version
+from fleetctl.store.db import open_db
 from fleetctl.store.devices import cached_device, save_device
 from fleetctl.store.records import DeviceKind, DeviceRecord, PeakSource
-from sqlite_utils import Database
 
 TERA = 1e12
 
@@ -73,8 +75,6 @@ def cpu_model_name() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
-
     return platform.processor() or platform.machine() or "unknown"
 
 
@@ -124,31 +124,37 @@ def calibrate(device: torch.device, dtype: torch.dtype, budget_s: float = 0.5) -
     return flops, bandwidth
 
 
-def device_peaks(device: torch.device, dtype: torch.dtype, db: Database | None = None,
+def device_peaks(device: torch.device, dtype: torch.dtype, store_path: Path | str | None = None,
                  budget_s: float = 0.5) -> DeviceRecord:
     """The device's peaks at `dtype`: from the store's cache when present, else from the spec
-    table or a calibration, then cached (when a store is given)."""
+    table or a calibration, then cached (when a store is given). Call it in the process that
+    computes on the device: a CPU identity counts that process's threads."""
     identity, name = device_identity(device)
     dtype_name = str(dtype).removeprefix("torch.")
-    if db is not None and (cached := cached_device(db, identity, dtype_name)) is not None:
-        return cached
-    on_gpu = device.type == "cuda"
-    peaks = spec_peaks(name, dtype) if on_gpu else None
-    if peaks is None:
-        peaks, source = calibrate(device, dtype, budget_s), PeakSource.CALIBRATED
-    else:
-        source = PeakSource.SPEC_TABLE
-    record = DeviceRecord(
-        identity=identity,
-        dtype=dtype_name,
-        kind=DeviceKind.CUDA if on_gpu else DeviceKind.CPU,
-        name=name,
-        driver=driver_version() if on_gpu else None,
-        peak_flops=peaks[0],
-        peak_bytes_per_s=peaks[1],
-        how_measured=source,
-        measured_at=time.time(),
-    )
-    if db is not None:
-        save_device(db, record)
-    return record
+    db = open_db(store_path) if store_path is not None else None
+    try:
+        if db is not None and (cached := cached_device(db, identity, dtype_name)) is not None:
+            return cached
+        on_gpu = device.type == "cuda"
+        peaks = spec_peaks(name, dtype) if on_gpu else None
+        if peaks is None:
+            peaks, source = calibrate(device, dtype, budget_s), PeakSource.CALIBRATED
+        else:
+            source = PeakSource.SPEC_TABLE
+        record = DeviceRecord(
+            identity=identity,
+            dtype=dtype_name,
+            kind=DeviceKind.CUDA if on_gpu else DeviceKind.CPU,
+            name=name,
+            driver=driver_version() if on_gpu else None,
+            peak_flops=peaks[0],
+            peak_bytes_per_s=peaks[1],
+            how_measured=source,
+            measured_at=time.time(),
+        )
+        if db is not None:
+            save_device(db, record)
+        return record
+    finally:
+        if db is not None:
+            db.close()

@@ -5,6 +5,7 @@ Where there is no NVIDIA driver (a CPU box) the sampler has no GPUs and returns 
 errors never escape it.
 """
 
+import contextlib
 import logging
 import time
 
@@ -66,10 +67,8 @@ class GpuSampler:
         if not self._nvml:
             return
         self._nvml = False
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
 
 
 def driver_version() -> str | None:

@@ -102,17 +102,23 @@ class LLMEngine:
         seed: int,
         kv: torch.Tensor,
     ) -> Sequence:
-        """Adopt a sequence prefilled elsewhere. kv: [layers, 2, n_blocks, block_size, Hkv, d] holding
-        the K/V of every token but the last. Raises OutOfBlocks when it does not fit now."""
+        """Adopt a sequence prefilled elsewhere (a KV handoff). Raises OutOfBlocks when it does not fit now."""
         seq = Sequence(list(prompt_token_ids), params, request_id=request_id,
                        output_token_ids=list(output_token_ids), seed=seed)
-        if request_id in self._seqs:
-            raise PromptError(f"request id {request_id!r} is already running")
+        self.adopt(seq, kv)
+        return seq
+
+    def adopt(self, seq: Sequence, kv: torch.Tensor, parked: bool = False) -> None:
+        """Take `seq` with kv [layers, 2, n_blocks, block_size, Hkv, d]: the K/V of every token but its
+        last. `parked` keeps it out of decode (a restored prefill worker's sequence awaiting handoff)."""
+        if seq.request_id in self._seqs:
+            raise PromptError(f"request id {seq.request_id!r} is already running")
         self.scheduler.admit_prefilled(seq)
         blocks = torch.tensor(seq.block_table[: kv.shape[2]], device=self.device)
         self.kv_cache.tensor.index_copy_(2, blocks, kv.to(self.device, non_blocking=True))
+        if parked:
+            self.scheduler.park(seq)
         self._register(seq)
-        return seq
 
     def export_kv(self, request_id: str) -> torch.Tensor:
         """The K/V of a parked sequence's cached tokens: [layers, 2, n_blocks, block_size, Hkv, d]."""

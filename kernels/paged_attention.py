@@ -114,6 +114,15 @@ def _attend(q, k, v, valid, m, lsum, acc, scale, MASKED: tl.constexpr, UPCAST: t
 
 
 @kernel
+def _load_kv(table, k_base, keys, key_mask, dim_mask, stride_kv, stride_blk, stride_pos, PAGE: tl.constexpr):
+    """K and V rows for `keys` [N] through a block table row; masked rows read 0. Returns k, v: [N, D]."""
+    page = tl.load(table + keys // PAGE, mask=key_mask, other=0).to(tl.int64)
+    k_ptrs = k_base + (page * stride_blk + (keys % PAGE) * stride_pos)[:, None]
+    mask = key_mask[:, None] & dim_mask
+    return tl.load(k_ptrs, mask=mask, other=0.0), tl.load(k_ptrs + stride_kv, mask=mask, other=0.0)
+
+
+@kernel
 def _decode_kernel(
     q_ptr, kv_ptr, tables_ptr, lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr, qk_scale,
     stride_qb, stride_qh, stride_ob, stride_oh, stride_table, stride_kv, stride_blk, stride_pos, stride_kvh,
@@ -136,15 +145,11 @@ def _decode_kernel(
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         lsum = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        k_base = kv_ptr + kv_head * stride_kvh + dims[None, :]
+        table, k_base = tables_ptr + seq * stride_table, kv_ptr + kv_head * stride_kvh + dims[None, :]
         for first in range(start, end, BLOCK_N):
             keys = first + tl.arange(0, BLOCK_N)
             key_mask = keys < end
-            page = tl.load(tables_ptr + seq * stride_table + keys // PAGE, mask=key_mask, other=0).to(tl.int64)
-            k_ptrs = k_base + (page * stride_blk + (keys % PAGE) * stride_pos)[:, None]
-            load_mask = key_mask[:, None] & (dims[None, :] < head_dim)
-            k = tl.load(k_ptrs, mask=load_mask, other=0.0)
-            v = tl.load(k_ptrs + stride_kv, mask=load_mask, other=0.0)
+            k, v = _load_kv(table, k_base, keys, key_mask, dims[None, :] < head_dim, stride_kv, stride_blk, stride_pos, PAGE)
             m, lsum, acc = _attend(q, k, v, key_mask[None, :], m, lsum, acc, qk_scale, True, UPCAST, PRECISION)
         if SPLIT:  # partial state of this split: [B, H, S, d] unnormalized acc, [B, H, S, 2] (max, sum)
             part = (seq * num_heads + heads) * num_splits + split
@@ -211,27 +216,19 @@ def _prefill_kernel(
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         lsum = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        table = tables_ptr + seq.to(tl.int64) * stride_table
-        k_base = kv_ptr + (head // GROUP) * stride_kvh + dims[None, :]
+        table, k_base = tables_ptr + seq.to(tl.int64) * stride_table, kv_ptr + (head // GROUP) * stride_kvh + dims[None, :]
+        dim_mask = dims[None, :] < head_dim
         first_pos = context - new + tile * BLOCK_M
-        full_end = first_pos // BLOCK_N * BLOCK_N  # keys below are visible to every row: no mask
+        full_end = first_pos // BLOCK_N * BLOCK_N  # keys below are visible to every row: no causal mask
         for first in range(0, full_end, BLOCK_N):
             keys = first + tl.arange(0, BLOCK_N)
-            page = tl.load(table + keys // PAGE).to(tl.int64)
-            k_ptrs = k_base + (page * stride_blk + (keys % PAGE) * stride_pos)[:, None]
-            k = tl.load(k_ptrs, mask=dims[None, :] < head_dim, other=0.0)
-            v = tl.load(k_ptrs + stride_kv, mask=dims[None, :] < head_dim, other=0.0)
+            k, v = _load_kv(table, k_base, keys, keys < full_end, dim_mask, stride_kv, stride_blk, stride_pos, PAGE)
             m, lsum, acc = _attend(q, k, v, 0, m, lsum, acc, qk_scale, False, UPCAST, PRECISION)
         end = tl.minimum(first_pos + BLOCK_M, context)
-        for first in range(full_end, end, BLOCK_N):  # the diagonal: causal mask
+        for first in range(full_end, end, BLOCK_N):  # the diagonal
             keys = first + tl.arange(0, BLOCK_N)
-            key_mask = keys < end
-            page = tl.load(table + keys // PAGE, mask=key_mask, other=0).to(tl.int64)
-            k_ptrs = k_base + (page * stride_blk + (keys % PAGE) * stride_pos)[:, None]
-            load_mask = key_mask[:, None] & (dims[None, :] < head_dim)
-            k = tl.load(k_ptrs, mask=load_mask, other=0.0)
-            v = tl.load(k_ptrs + stride_kv, mask=load_mask, other=0.0)
-            valid = key_mask[None, :] & (keys[None, :] <= positions[:, None])
+            k, v = _load_kv(table, k_base, keys, keys < end, dim_mask, stride_kv, stride_blk, stride_pos, PAGE)
+            valid = (keys[None, :] < end) & (keys[None, :] <= positions[:, None])
             m, lsum, acc = _attend(q, k, v, valid, m, lsum, acc, qk_scale, True, UPCAST, PRECISION)
         out = (acc / lsum[:, None]).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :], out, mask=row_mask)
@@ -241,6 +238,23 @@ def _numerics(dtype: torch.dtype) -> tuple[bool, str]:
     """(UPCAST, PRECISION): the interpreter computes 16-bit dots in float32; fp32 dots stay exact (no TF32)."""
     interpret = interpreting()
     return interpret and dtype != torch.float32, "ieee" if interpret or dtype == torch.float32 else "tf32"
+
+
+# Tiles chosen for no register spills on sm_90 (ptxas -v); the interpreter prefers few, large tiles.
+def _decode_tiles(dtype: torch.dtype, head_dim: int) -> tuple[int, int]:
+    """(BLOCK_N, num_warps)."""
+    if interpreting():
+        return 64, 4
+    if dtype == torch.float32:
+        return 32, 8
+    return (128, 4) if head_dim <= 64 else (64, 8)
+
+
+def _prefill_tiles(dtype: torch.dtype) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps)."""
+    if interpreting():
+        return 64, 64, 4
+    return (32, 16, 8) if dtype == torch.float32 else (128, 64, 8)
 
 
 def paged_decode_attention_triton(
@@ -253,23 +267,24 @@ def paged_decode_attention_triton(
 ) -> torch.Tensor:
     """Same contract as paged_decode_attention_ref: q [B, H, d] -> [B, H, d]. `partition` (keys per
     split-K program) is chosen from the device's size when None; no host sync either way."""
+    q = q if q.stride(-1) == 1 else q.contiguous()
     batch, num_heads, head_dim = q.shape
     _, _, page, num_kv_heads, _ = kv_layer.shape
-    group = num_heads // num_kv_heads
     out = torch.empty_like(q)
-    max_len = block_tables.shape[1] * page  # an upper bound on context_lens, known without a sync
-    block_n = 32 if q.dtype == torch.float32 else 64 if head_dim > 64 else 128
+    max_len = max(1, block_tables.shape[1] * page)  # bounds context_lens, known without a sync
+    block_n, warps = _decode_tiles(q.dtype, head_dim)
     if partition is None:
         partition = max_len
         if q.is_cuda:  # enough programs to fill the GPU twice over, each with >= 256 keys
-            splits = min(-(-2 * sm_count(q.device.index or 0) // (batch * num_kv_heads)), -(-max_len // 256))
+            splits = min(-(-2 * sm_count(q.device.index or 0) // max(1, batch * num_kv_heads)), -(-max_len // 256))
             partition = -(-max_len // max(splits, 1) // block_n) * block_n
-    num_splits = max(1, -(-max_len // partition))
+    num_splits = -(-max_len // partition)
     split = num_splits > 1
     part_acc = q.new_empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32) if split else out
     part_ml = q.new_empty(batch, num_heads, num_splits, 2, dtype=torch.float32) if split else out
     upcast, precision = _numerics(q.dtype)
     block_d = max(16, next_pow2(head_dim))
+    group = num_heads // num_kv_heads
     if batch:
         _decode_kernel[(batch, num_kv_heads, num_splits)](
             q, kv_layer, block_tables, context_lens, out, part_acc, part_ml, scale * math.log2(math.e),
@@ -277,7 +292,7 @@ def paged_decode_attention_triton(
             kv_layer.stride(0), kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3),
             num_heads, head_dim, num_splits, partition,
             GROUP=group, PAGE=page, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
-            SPLIT=split, UPCAST=upcast, PRECISION=precision, num_warps=4, num_stages=3,
+            SPLIT=split, UPCAST=upcast, PRECISION=precision, num_warps=warps, num_stages=2,
         )  # fmt: skip
     if batch and split:
         _decode_reduce_kernel[(batch, num_heads)](
@@ -298,13 +313,13 @@ def prefill_attention_triton(
     block_n: int | None = None,
 ) -> torch.Tensor:
     """Same contract as prefill_attention_ref: packed q [T, H, d] -> [T, H, d]; K/V of the new tokens
-    are already in kv_layer. block_m, block_n override the tile sizes (tests)."""
+    are already in kv_layer. block_m, block_n override the tile sizes (tests, tuning)."""
+    q = q if q.stride(-1) == 1 else q.contiguous()
     tokens, num_heads, head_dim = q.shape
     _, _, page, num_kv_heads, _ = kv_layer.shape
     num_seqs = context_lens.shape[0]
-    fp32 = q.dtype == torch.float32
-    block_m = block_m or (64 if fp32 else 128)
-    block_n = block_n or (32 if fp32 else 64)
+    default_m, default_n, warps = _prefill_tiles(q.dtype)
+    block_m, block_n = block_m or default_m, block_n or default_n
     out = torch.empty_like(q)
     upcast, precision = _numerics(q.dtype)
     if tokens:
@@ -314,7 +329,6 @@ def prefill_attention_triton(
             kv_layer.stride(0), kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3),
             num_seqs, head_dim,
             GROUP=num_heads // num_kv_heads, PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_D=max(16, next_pow2(head_dim)), UPCAST=upcast, PRECISION=precision,
-            num_warps=4 if fp32 or head_dim <= 64 else 8, num_stages=2 if fp32 else 3,
+            BLOCK_D=max(16, next_pow2(head_dim)), UPCAST=upcast, PRECISION=precision, num_warps=warps, num_stages=2,
         )  # fmt: skip
     return out

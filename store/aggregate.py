@@ -84,7 +84,7 @@ class StepAggregator:
     def __init__(self, config: AggregatorConfig | None = None) -> None:
         self.config = config or AggregatorConfig()
         self._workers: dict[str, _Worker] = {}
-        self.dropped_steps = 0  # steps from workers never added (or already stopped)
+        self.dropped_steps = 0  # from workers never added (or already stopped), or with bad times
 
     def add_worker(self, worker_id: str, role: WorkerRole, peak_flops: float, peak_bytes_per_s: float,
                    since: float) -> None:
@@ -98,11 +98,11 @@ class StepAggregator:
 
     def add_step(self, step: StepRecord) -> None:
         worker = self._workers.get(step.worker_id)
-        if worker is None or (worker.stopped_at is not None and step.ts > worker.stopped_at):
+        if (worker is None or (worker.stopped_at is not None and step.ts > worker.stopped_at)
+                or not (math.isfinite(step.ts) and 0 <= step.busy_s < math.inf)):
             self.dropped_steps += 1
             if self.dropped_steps & (self.dropped_steps - 1) == 0:
-                log.warning("step from unknown or stopped worker %r dropped (%d so far)",
-                            step.worker_id, self.dropped_steps)
+                log.warning("step dropped (%d so far): %r", self.dropped_steps, step)
             return
         start = step.ts - step.busy_s
         first, last = self._bucket(start), self._bucket(step.ts)
@@ -123,7 +123,7 @@ class StepAggregator:
             bucket.bytes += nbytes
             bucket.steps += 1
             bucket.batch_sum += step.batch_size
-            if step.phase is Phase.PREFILL:
+            if step.phase == Phase.PREFILL:  # a plain "prefill" from a worker message is fine
                 bucket.prefill_tokens += step.tokens
             else:
                 bucket.decode_tokens += step.tokens

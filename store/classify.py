@@ -7,6 +7,7 @@ operator how much device each phase consumes. Every request that arrived in the 
 whatever its outcome, since its steps ran either way.
 """
 
+import itertools
 import time
 from dataclasses import asdict, dataclass
 
@@ -17,7 +18,7 @@ LENGTH_EDGES = (0, 128, 512, 2048)  # bucket i holds lengths in [edge i, edge i+
 
 def bucket_labels(edges: tuple[int, ...] = LENGTH_EDGES) -> list[str]:
     """["0-128", "128-512", "512-2048", "2048+"] for the default edges."""
-    return [f"{lo}-{hi}" for lo, hi in zip(edges, edges[1:], strict=False)] + [f"{edges[-1]}+"]
+    return [f"{lo}-{hi}" for lo, hi in itertools.pairwise(edges)] + [f"{edges[-1]}+"]
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,25 @@
-"""Opening the metrics store: one SQLite file in WAL mode, created or upgraded on open."""
+"""The store's file: opened in WAL mode, created at the current schema version from `schema.py` or
+stepped up from an older one. `PRAGMA user_version` holds the file's version.
+
+Version history:
+  1. the first layout: every table, samples always 1 s long.
+  2. retention: `interval_s` on worker_samples and gpu_samples (1 s raw, 10 s downsampled rows);
+     the (worker_id, ts) index extended to cover the columns the utilization queries sum.
+"""
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
-from fleetctl.store.migrations import BUSY_TIMEOUT_S, upgrade
-from fleetctl.store.schema import SCHEMA_VERSION
+from fleetctl.store.schema import SCHEMA_VERSION, TABLES
 from sqlite_utils import Database
+from sqlmodel import SQLModel, create_engine
+
+BUSY_TIMEOUT_S = 10.0
+
+
+class StoreVersionError(RuntimeError):
+    """The file was written by a newer fleetctl than this one."""
 
 
 def open_db(path: Path | str, *, check_same_thread: bool = True) -> Database:
@@ -13,8 +27,8 @@ def open_db(path: Path | str, *, check_same_thread: bool = True) -> Database:
 
     WAL lets the console read while the fleet writes; synchronous=NORMAL is durable across a
     process crash (not a power cut) at a fraction of FULL's fsyncs; the busy timeout makes a second
-    writer (retention, device cache) wait instead of failing. The connection is in autocommit mode:
-    writes that must be atomic open their own transaction.
+    writer (retention, the device cache) wait instead of failing. The connection is in autocommit
+    mode: writes that must be atomic open their own transaction.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -27,3 +41,48 @@ def open_db(path: Path | str, *, check_same_thread: bool = True) -> Database:
 
 def schema_version(conn: sqlite3.Connection) -> int:
     return conn.execute("PRAGMA user_version").fetchone()[0]
+
+
+def _v1_to_v2(conn: sqlite3.Connection) -> None:
+    for table in ("worker_samples", "gpu_samples"):
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN interval_s FLOAT DEFAULT '1.0' NOT NULL")
+    conn.execute("DROP INDEX ix_worker_samples_worker_ts")
+    conn.execute(
+        "CREATE INDEX ix_worker_samples_worker_ts ON worker_samples (worker_id, ts, interval_s, steps, busy, mfu, "
+        "mbu, prefill_tokens, decode_tokens, queue, batch_size, kv_usage)"
+    )
+
+
+# MIGRATIONS[n - 1] takes a file from version n to n + 1.
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_to_v2]
+
+
+def upgrade(path: Path) -> int:
+    """Create or upgrade the file at `path` to SCHEMA_VERSION in one write transaction, so that two
+    processes opening a fresh store at once cannot both create it. Returns the version found."""
+    # Driver-level autocommit: the BEGIN IMMEDIATE below is the only transaction.
+    engine = create_engine(f"sqlite:///{path}", connect_args={"isolation_level": None, "timeout": BUSY_TIMEOUT_S})
+    try:
+        with engine.connect() as conn:
+            raw: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
+            raw.execute("PRAGMA journal_mode=WAL")  # persistent in the file; cannot run in a transaction
+            raw.execute("BEGIN IMMEDIATE")
+            try:
+                found = schema_version(raw)
+                if found > SCHEMA_VERSION:
+                    raise StoreVersionError(
+                        f"{path} has schema version {found}; this fleetctl reads up to {SCHEMA_VERSION}"
+                    )
+                if found == 0:
+                    SQLModel.metadata.create_all(conn, tables=TABLES)
+                else:
+                    for step in MIGRATIONS[found - 1 :]:
+                        step(raw)
+                raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                raw.execute("COMMIT")
+            except BaseException:
+                raw.execute("ROLLBACK")
+                raise
+    finally:
+        engine.dispose()
+    return found

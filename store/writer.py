@@ -3,7 +3,7 @@ background thread writes whatever is queued once a second (or sooner when a batc
 transaction per flush, with sqlite-utils' `insert_all`. It also runs retention every minute.
 
 A record that fails validation, or a worker sample for a worker the store has never seen, is
-rejected: counted, logged (the first few of each table, then at powers of two), and dropped. A
+rejected: counted, logged (the 1st, 2nd, 4th, 8th, … of each table), and dropped. A
 failing write loses that table's rows of that flush and is logged; the thread carries on.
 """
 

@@ -4,8 +4,7 @@ import sqlite3
 from dataclasses import fields
 
 import pytest
-from fleetctl.store.db import open_db, schema_version
-from fleetctl.store.migrations import StoreVersionError
+from fleetctl.store.db import MIGRATIONS, StoreVersionError, open_db, schema_version
 from fleetctl.store.records import RECORD_TYPES
 from fleetctl.store.schema import SCHEMA_VERSION, TABLES
 
@@ -77,6 +76,7 @@ def test_record_types_match_tables(tmp_path):
 
 
 def test_v1_file_is_upgraded_in_place(tmp_path):
+    assert len(MIGRATIONS) == SCHEMA_VERSION - 1  # one step per version after the first
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
     conn.executescript(V1_DDL)
@@ -85,7 +85,9 @@ def test_v1_file_is_upgraded_in_place(tmp_path):
         "mfu, mbu, batch_size, kv_usage, queue) VALUES (100, 'decode-0', 'decode', 0.5, 3, 0, 24, 7, 9, 0.1, 0.2, "
         "8, 0.3, 1)"
     )
-    conn.execute("INSERT INTO gpu_samples (ts, device_index, sm_util, mem_util, mem_used_bytes) VALUES (1, 0, .5, .4, 9)")
+    conn.execute(
+        "INSERT INTO gpu_samples (ts, device_index, sm_util, mem_util, mem_used_bytes) VALUES (1, 0, 0.5, 0.4, 9)"
+    )
     conn.commit()
     conn.close()
 

@@ -173,11 +173,12 @@ def test_concurrent_readers_never_see_a_locked_database(tmp_path):
 
     reader = threading.Thread(target=read_loop)
     reader.start()
-    total = 6000
-    for i in range(total):
-        writer.add(sample(float(i // 8), wid=workers[i % 8]))
-        if i % 1000 == 0:
-            time.sleep(0.05)  # let several flushes interleave with the reads
+    total = 0
+    for second in range(750):  # 6000 rows in ~1.5 s: dozens of flushes interleave with the reads
+        writer.add_all(sample(float(second), wid=wid) for wid in workers)
+        total += len(workers)
+        if second % 25 == 0:
+            time.sleep(0.05)
     writer.close()
     out, err = process.communicate(timeout=30)
     stop.set()

@@ -1,0 +1,160 @@
+"""Checkpoint format v1: a worker's complete state on disk.
+
+    <root>/<worker>-<utc>/
+        kv.safetensors   one tensor "kv" [layers, 2, n_blocks, block_size, Hkv, d]: only blocks in use
+        sequences.json   per sequence: tokens, sampling params, seed, stop criteria, logical block table
+        manifest.json    written last: format version, worker, role, compat fields, sha256 + size per file
+
+Written into `<name>.partial/` (fsynced), then renamed; a directory without a manifest, or any
+`.partial`, is never listed or accepted. Directory 0700, files 0600. Weights are not copied: the
+manifest pins the model's sha256.
+"""
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+FORMAT_VERSION = 1
+PARTIAL_SUFFIX = ".partial"
+MANIFEST = "manifest.json"
+SEQUENCES = "sequences.json"
+KV_FILE = "kv.safetensors"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: missing, corrupt, truncated, or not a v1 checkpoint."""
+
+
+@dataclass(frozen=True)
+class Compat:
+    """Everything that must match for a checkpoint's KV to be loaded as-is (else: cold start)."""
+
+    device_kind: str
+    device_name: str
+    driver: str
+    torch: str
+    engine: str
+    model_id: str
+    model_sha256: str
+    dtype: str
+    kv_layout: int
+    block_size: int
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    worker_id: str
+    role: str
+    compat: Compat
+    sequences: list[dict]
+    created: str
+
+    def load_kv(self) -> torch.Tensor:
+        """[layers, 2, n_blocks, block_size, Hkv, d] on the CPU."""
+        return load_file(str(self.path / KV_FILE))["kv"]
+
+
+def first_difference(saved: Compat, current: Compat) -> str | None:
+    """The first compat field that differs, as 'field: saved != current', or None."""
+    for name, value in asdict(saved).items():
+        if getattr(current, name) != value:
+            return f"{name}: checkpoint has {value!r}, destination has {getattr(current, name)!r}"
+    return None
+
+
+def checkpoint_name(worker_id: str) -> str:
+    return f"{worker_id}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid() % 10000:04d}"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(root: Path, name: str, worker_id: str, role: str, compat: Compat,
+                     sequences: list[dict], kv: torch.Tensor) -> Path:
+    """kv: [layers, 2, n_blocks, block_size, Hkv, d] (CPU). Returns the final directory."""
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    final = root / name
+    partial = root / (name + PARTIAL_SUFFIX)
+    partial.mkdir(mode=0o700)
+    kv_path = partial / KV_FILE
+    save_file({"kv": kv.contiguous()}, str(kv_path), metadata={"format": "fleetctl-kv-v1"})
+    os.chmod(kv_path, 0o600)
+    with kv_path.open("rb+") as f:
+        os.fsync(f.fileno())
+    _write_file(partial / SEQUENCES, json.dumps({"sequences": sequences}).encode())
+    files = {n: {"sha256": _sha256(partial / n), "size": (partial / n).stat().st_size} for n in (KV_FILE, SEQUENCES)}
+    manifest = {"format_version": FORMAT_VERSION, "worker": worker_id, "role": role, "compat": asdict(compat),
+                "files": files, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    _write_file(partial / MANIFEST, json.dumps(manifest, indent=2).encode())
+    _fsync_dir(partial)
+    os.rename(partial, final)
+    _fsync_dir(root)
+    return final
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    """Verify every file's size and sha256 against the manifest, then parse. Raises CheckpointError."""
+    if path.name.endswith(PARTIAL_SUFFIX):
+        raise CheckpointError(f"{path} is an unfinished checkpoint")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: {MANIFEST} is missing (not a finished checkpoint)") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path / MANIFEST} is corrupt: {exc}") from None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: format version {manifest.get('format_version')!r} is not {FORMAT_VERSION}")
+    try:
+        for name, expected in manifest["files"].items():
+            file = path / name
+            if not file.is_file():
+                raise CheckpointError(f"{file} is missing")
+            if file.stat().st_size != expected["size"]:
+                raise CheckpointError(f"{file} is truncated or padded ({file.stat().st_size} bytes, "
+                                      f"manifest says {expected['size']})")
+            if _sha256(file) != expected["sha256"]:
+                raise CheckpointError(f"{file} is corrupt (sha256 mismatch)")
+        sequences = json.loads((path / SEQUENCES).read_text())["sequences"]
+        return Checkpoint(path=path, worker_id=manifest["worker"], role=manifest["role"],
+                          compat=Compat(**manifest["compat"]), sequences=sequences, created=manifest["created"])
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"{path}: manifest or sequences malformed ({exc})") from None
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Finished checkpoints (a manifest present, no .partial suffix), oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and not p.name.endswith(PARTIAL_SUFFIX)
+             and (p / MANIFEST).is_file()]
+    return sorted(found, key=lambda p: p.stat().st_mtime)
