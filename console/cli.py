@@ -2,7 +2,7 @@
 `fleetctl --help` stays fast."""
 
 import typer
-from fleetctl.console.fleet_cmds import bench, serve, status, workers
+from fleetctl.console.fleet_cmds import bench, classify, serve, status, workers
 from fleetctl.console.generate_cmd import generate
 from fleetctl.console.models_cmd import models_app
 
@@ -18,6 +18,7 @@ app.command("serve")(serve)
 app.command("status")(status)
 app.command("workers")(workers)
 app.command("bench")(bench)
+app.command("classify")(classify)
 app.add_typer(models_app, name="models")
 
 

@@ -1,6 +1,8 @@
 """`fleetctl serve`, `status`, `workers`."""
 
 import json
+import re
+from pathlib import Path
 
 import typer
 from fleetctl.console.client import FleetClient, FleetClientError
@@ -21,6 +23,9 @@ def serve(
     deterministic: bool = typer.Option(False, "--deterministic", help="Batch-invariant numerics in every worker."),
     kv_memory: int = typer.Option(0, "--kv-memory", help="Cap each worker's KV pool (MiB); 0 sizes it from memory."),
     kv_blocks: int = typer.Option(0, "--kv-blocks", help="Exact KV blocks per worker (overrides --kv-memory)."),
+    store: str = typer.Option("", "--store", help="SQLite metrics store (default $FLEET_HOME/fleet.db)."),
+    max_queue: int = typer.Option(256, "--max-queue", help="Prompts waiting beyond this get HTTP 429."),
+    max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Sequences per worker batch."),
 ) -> None:
     """Run a fleet and its HTTP server in the foreground."""
     import uvicorn
@@ -35,7 +40,8 @@ def serve(
                 model_dir=resolve_model(model), prefill=prefill, decode=decode, colocated=colocated,
                 devices=tuple(d.strip() for d in devices.split(",") if d.strip()), dtype=dtype,
                 deterministic=deterministic, kv_memory_bytes=kv_memory * 2**20 or None,
-                num_kv_blocks=kv_blocks or None,
+                num_kv_blocks=kv_blocks or None, store_path=store_path(store), max_queue=max_queue,
+                max_num_seqs=max_num_seqs,
             )
             fleet = Fleet(config)
         except FleetConfigError as exc:
@@ -48,6 +54,12 @@ def serve(
         server.run()
     except RuntimeError as exc:
         raise fail(str(exc)) from None
+
+
+def store_path(option: str) -> Path:
+    from fleetctl.engine.model.store import fleet_home
+
+    return Path(option).expanduser() if option else fleet_home() / "fleet.db"
 
 
 def announce(server, fleet, host: str) -> None:
@@ -143,3 +155,38 @@ def bench(
         return
     for key, value in result.items():
         print(f"{key:<24} {value}")
+
+
+def parse_window(text: str) -> float:
+    """'90s', '10m', '2h', '1d' or plain seconds -> seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not match:
+        raise fail(f"bad --since {text!r}: use e.g. 90s, 10m, 2h, 1d")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+
+
+def classify(
+    since: str = typer.Option("10m", "--since", help="Window: 90s, 10m, 2h, 1d."),
+    store: str = typer.Option("", "--store", help="SQLite metrics store (default $FLEET_HOME/fleet.db)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+) -> None:
+    """Traffic by phase: share of model time in prefill vs decode, by prompt/output length bucket."""
+    from fleetctl.store.classify import classify as classify_window
+    from fleetctl.store.db import open_db
+
+    path = store_path(store)
+    if not path.exists():
+        raise fail(f"no metrics store at {path} (run a fleet with `fleetctl serve` first, or pass --store)")
+    db = open_db(path)
+    try:
+        result = classify_window(db, parse_window(since)).as_json()
+    finally:
+        db.close()
+    if as_json:
+        print(json.dumps(result))
+        return
+    print(f"window {result['window_s']:.0f}s  requests {result['requests']}  prefill {result['prefill_share']:.1%}"
+          f"  decode {result['decode_share']:.1%}")
+    print(f"{'prompt tokens':<14} {'output tokens':<14} {'requests':>8} {'prefill share':>14}")
+    for b in result["buckets"]:
+        print(f"{b['prompt_tokens']:<14} {b['output_tokens']:<14} {b['requests']:>8} {b['prefill_share']:>14.1%}")

@@ -12,6 +12,7 @@ from collections import deque
 
 from fleetctl.engine import messages as m
 from fleetctl.engine.fleet_config import FleetConfig, worker_specs
+from fleetctl.engine.fleet_recorder import FleetRecorder
 from fleetctl.engine.fleet_stats import FleetStats
 from fleetctl.engine.launcher import LaunchedWorker, Launcher, LocalLauncher
 from fleetctl.engine.llm_engine import check_prompt
@@ -22,7 +23,7 @@ from fleetctl.engine.router import Router, WorkerState, WorkerView
 from fleetctl.engine.sequence import SamplingParams, Sequence
 from fleetctl.engine.tracked_request import Phase, StreamEvent, TrackedRequest
 from fleetctl.engine.transport import KVTransport
-from fleetctl.engine.worker import WorkerRole
+from fleetctl.store.records import WorkerRole
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,9 @@ class Fleet:
         self._pending_handoffs: deque[TrackedRequest] = deque()
         self._transport = KVTransport()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ready = asyncio.Event()
         self._stopping = False
+        self.recorder = FleetRecorder(config.store_path) if config.store_path else None
+        self._ticker: asyncio.Task | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -69,10 +71,17 @@ class Fleet:
             if time.monotonic() > deadline:
                 raise RuntimeError("workers did not become ready in time")
             await asyncio.sleep(0.05)
-        dead = [v.worker_id for v in self.views.values() if v.state is WorkerState.DEAD]
+        dead = [v.worker_id for v in self.views.values() if v.state is WorkerState.FAILED]
         if dead:
             await self.stop()
             raise RuntimeError(f"workers failed to start: {', '.join(dead)}")
+        if self.recorder:
+            self._ticker = asyncio.create_task(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.recorder.tick()
 
     def _spawn(self, wid: str, spec) -> None:
         launched = self._launcher.launch(spec)
@@ -89,8 +98,17 @@ class Fleet:
             self._send(wid, m.Shutdown())
         for launched in self._workers.values():
             await asyncio.to_thread(launched.join, 10.0)
+        await asyncio.sleep(0.1)  # let the reader threads' exit notices run
         for req in list(self.requests.values()):
             self._fail(req, "the fleet is shutting down")
+        if self._ticker:
+            self._ticker.cancel()
+        if self.recorder:
+            for view in self.views.values():
+                if view.state is WorkerState.RUNNING:
+                    view.state = WorkerState.STOPPED
+                    self.recorder.worker_stopped(view, WorkerState.STOPPED)
+            self.recorder.close()
 
     def kill_worker(self, worker_id: str) -> None:
         """Test and operator hook: SIGKILL a worker (it is then handled as a failure)."""
@@ -214,13 +232,20 @@ class Fleet:
         view = self.views[wid]
         match msg:
             case m.WorkerReady():
-                view.state, view.pid = WorkerState.READY, msg.pid
+                view.state, view.pid = WorkerState.RUNNING, msg.pid
                 view.num_kv_blocks, view.block_size = msg.num_kv_blocks, msg.block_size
                 view.free_blocks = msg.num_kv_blocks
+                view.device_name, view.peak_flops, view.peak_bytes_per_s = (
+                    msg.device_name, msg.peak_flops, msg.peak_bytes_per_s)
+                if self.recorder:
+                    self.recorder.worker_started(view)
                 self._dispatch_queued()
             case m.StepReport():
                 view.free_blocks, view.running, view.waiting = msg.free_blocks, msg.running, msg.waiting
                 self.stats.on_step(view, msg)
+                if self.recorder:
+                    self.recorder.on_step(view, msg)
+                self._attribute_model_time(msg)
                 for event in msg.tokens:
                     self._on_token(wid, event)
                 self._dispatch_handoffs()
@@ -239,6 +264,19 @@ class Fleet:
                 view.free_blocks = msg.free_blocks
                 self._dispatch_handoffs()
                 self._dispatch_queued()
+
+    def _attribute_model_time(self, report: m.StepReport) -> None:
+        """Split the step's seconds among its sequences by their tokens in it (for `classify`)."""
+        total = sum(report.seq_tokens) or 1
+        for event, tokens in zip(report.tokens, report.seq_tokens, strict=True):
+            req = self.requests.get(event.request_id)
+            if req is None:
+                continue
+            share = report.seconds * tokens / total
+            if report.phase == "prefill":
+                req.prefill_model_s += share
+            else:
+                req.decode_model_s += share
 
     def _on_token(self, wid: str, event: m.TokenEvent) -> None:
         req = self.requests.get(event.request_id)
@@ -300,7 +338,7 @@ class Fleet:
     def _release_prefill_copy(self, req: TrackedRequest) -> None:
         if req.prompt_worker is not None:
             self.views[req.prompt_worker].requests.discard(req.request_id)
-            if self.views[req.prompt_worker].state is WorkerState.DEAD and req.handle is not None:
+            if self.views[req.prompt_worker].state is WorkerState.FAILED and req.handle is not None:
                 self._transport.release(req.handle)  # its producer is gone: clean up its buffer here
             else:
                 self._send(req.prompt_worker, m.ReleaseKV(req.request_id))
@@ -308,10 +346,10 @@ class Fleet:
 
     def _release_everywhere(self, req: TrackedRequest) -> None:
         for wid in {req.prompt_worker, req.decode_worker} - {None}:
-            if self.views[wid].state is not WorkerState.DEAD and req.request_id in self.views[wid].requests:
+            if self.views[wid].state is not WorkerState.FAILED and req.request_id in self.views[wid].requests:
                 self._send(wid, m.Abort(req.request_id))
             self.views[wid].requests.discard(req.request_id)
-        if req.handle is not None and self.views[req.prompt_worker].state is WorkerState.DEAD:
+        if req.handle is not None and self.views[req.prompt_worker].state is WorkerState.FAILED:
             self._transport.release(req.handle)
         req.handle = None
 
@@ -319,9 +357,12 @@ class Fleet:
 
     def _on_worker_exit(self, wid: str) -> None:
         view = self.views[wid]
-        if view.state in (WorkerState.DEAD, WorkerState.STOPPED):
+        if view.state in (WorkerState.FAILED, WorkerState.STOPPED):
             return
-        view.state = WorkerState.STOPPED if self._stopping else WorkerState.DEAD
+        was_running = view.state is WorkerState.RUNNING
+        view.state = WorkerState.STOPPED if self._stopping else WorkerState.FAILED
+        if self.recorder and was_running:
+            self.recorder.worker_stopped(view, view.state, {"requests": len(view.requests)})
         if self._stopping:
             return
         log.warning("worker %s died; recomputing its %d request(s)", wid, len(view.requests))
@@ -388,4 +429,6 @@ class Fleet:
     def _retire(self, req: TrackedRequest) -> None:
         self.requests.pop(req.request_id, None)
         self.stats.on_request_done(req)
+        if self.recorder:
+            self.recorder.on_request_done(req)
         self._dispatch_queued()

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetctl.engine.devices import DeviceError
-from fleetctl.engine.worker import WorkerRole, WorkerSpec
+from fleetctl.engine.worker import WorkerSpec
+from fleetctl.store.records import WorkerRole
 
 
 class FleetConfigError(ValueError):
@@ -27,6 +28,7 @@ class FleetConfig:
     kv_memory_bytes: int | None = None
     max_num_seqs: int = 64
     ready_timeout_s: float = 300.0
+    store_path: Path | None = None  # the SQLite metrics store (None: keep metrics in memory only)
 
     def __post_init__(self) -> None:
         if self.colocated < 0 or self.prefill < 0 or self.decode < 0:
@@ -88,6 +90,7 @@ def worker_specs(config: FleetConfig) -> list[WorkerSpec]:
             worker_id=worker_id, role=role, device=device, model_dir=config.model_dir, dtype=config.dtype,
             deterministic=config.deterministic, cores=pinned, num_kv_blocks=config.num_kv_blocks,
             kv_memory_bytes=config.kv_memory_bytes, max_num_seqs=config.max_num_seqs,
+            store_path=config.store_path,
         ))
     return specs
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from fleetctl.engine.messages import StepReport
 from fleetctl.engine.router import WorkerView
 from fleetctl.engine.tracked_request import TrackedRequest
-from fleetctl.engine.worker import WorkerRole
+from fleetctl.store.records import WorkerRole
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 BUSY_WINDOW_S = 5.0
@@ -24,7 +24,8 @@ class Utilization:
 
 class FleetStats:
     def __init__(self, max_records: int = 10_000) -> None:
-        self._steps: dict[str, deque[tuple[float, float]]] = {}  # worker -> (ended_at, busy seconds)
+        self._steps: dict[str, deque[tuple[float, float, int, int]]] = {}  # worker -> (end, seconds, flops, bytes)
+        self._peaks: dict[str, tuple[float, float]] = {}
         self.records: deque[dict] = deque(maxlen=max_records)
         self.handoffs = 0
         self.handoff_bytes = 0
@@ -52,17 +53,23 @@ class FleetStats:
 
     def on_step(self, view: WorkerView, report: StepReport) -> None:
         window = self._steps.setdefault(view.worker_id, deque())
-        window.append((report.ended_at, report.seconds))
+        window.append((report.ended_at, report.seconds, report.flops, report.bytes))
+        self._peaks[view.worker_id] = (view.peak_flops, view.peak_bytes_per_s)
 
-    def busy_ratio(self, worker_id: str, now: float | None = None) -> float:
+    def utilization(self, worker_id: str, now: float | None = None) -> Utilization:
+        """Over the last BUSY_WINDOW_S seconds of wall time (DESIGN §4: achieved rate over device peak)."""
         now = now or time.time()
         window = self._steps.get(worker_id, deque())
         while window and window[0][0] < now - BUSY_WINDOW_S:
             window.popleft()
-        return min(1.0, sum(s for _, s in window) / BUSY_WINDOW_S)
-
-    def utilization(self, worker_id: str) -> Utilization:
-        return Utilization(busy=self.busy_ratio(worker_id), mfu=0.0, mbu=0.0)
+        peak_flops, peak_bytes = self._peaks.get(worker_id, (0.0, 0.0))
+        flops = sum(step[2] for step in window) / BUSY_WINDOW_S
+        nbytes = sum(step[3] for step in window) / BUSY_WINDOW_S
+        return Utilization(
+            busy=min(1.0, sum(step[1] for step in window) / BUSY_WINDOW_S),
+            mfu=flops / peak_flops if peak_flops else 0.0,
+            mbu=nbytes / peak_bytes if peak_bytes else 0.0,
+        )
 
     def on_handoff(self, nbytes: int, seconds: float) -> None:
         self.handoffs += 1
@@ -89,4 +96,7 @@ class FleetStats:
             self.running.labels(worker=v.worker_id).set(v.running)
             self.waiting.labels(worker=v.worker_id).set(v.waiting)
             self.kv_usage.labels(worker=v.worker_id).set(v.kv_usage)
-            self.busy.labels(worker=v.worker_id, role=v.role.value).set(self.busy_ratio(v.worker_id))
+            util = self.utilization(v.worker_id)
+            self.busy.labels(worker=v.worker_id, role=v.role.value).set(util.busy)
+            self.mfu.labels(worker=v.worker_id, role=v.role.value).set(util.mfu)
+            self.mbu.labels(worker=v.worker_id, role=v.role.value).set(util.mbu)

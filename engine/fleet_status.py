@@ -3,7 +3,7 @@
 from typing import TYPE_CHECKING
 
 from fleetctl.engine.router import WorkerState
-from fleetctl.engine.worker import WorkerRole
+from fleetctl.store.records import WorkerRole
 
 if TYPE_CHECKING:
     from fleetctl.engine.fleet import Fleet
@@ -33,7 +33,7 @@ def fleet_status(fleet: "Fleet", url: str) -> dict:
     pools = {}
     roles = [WorkerRole.MIXED] if fleet.config.colocated else [WorkerRole.PREFILL, WorkerRole.DECODE]
     for role in roles:
-        members = [w for w in workers if w["role"] == role.value and w["state"] == WorkerState.READY.value]
+        members = [w for w in workers if w["role"] == role.value and w["state"] == WorkerState.RUNNING.value]
         count = len(members) or 1
         pools[role.value] = {
             "workers": len(members),

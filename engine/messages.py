@@ -59,6 +59,9 @@ class WorkerReady:
     num_kv_blocks: int
     block_size: int
     load_seconds: float
+    device_name: str
+    peak_flops: float  # the device's peaks at the worker's dtype (spec table or calibration)
+    peak_bytes_per_s: float
 
 
 @dataclass(frozen=True)
@@ -76,10 +79,13 @@ class StepReport:
     worker_id: str
     phase: str  # "prefill" | "decode"
     tokens: list[TokenEvent]
+    seq_tokens: list[int]  # per token event: tokens its sequence ran in this step
     num_seqs: int
     num_tokens: int
     context_tokens: int
     seconds: float
+    flops: int  # model FLOPs of the step (cost model)
+    bytes: int  # bytes moved by the step: weights + KV read and written
     free_blocks: int
     running: int
     waiting: int

@@ -1,17 +1,8 @@
 """Routing decisions only: which worker gets a prompt, which takes a handoff. No I/O."""
 
 from dataclasses import dataclass, field
-from enum import Enum
 
-from fleetctl.engine.worker import WorkerRole
-
-
-class WorkerState(Enum):
-    STARTING = "starting"
-    READY = "ready"
-    DRAINING = "draining"
-    DEAD = "dead"
-    STOPPED = "stopped"
+from fleetctl.store.records import WorkerRole, WorkerState
 
 
 @dataclass
@@ -29,10 +20,13 @@ class WorkerView:
     running: int = 0
     waiting: int = 0
     requests: set[str] = field(default_factory=set)  # request ids this worker holds
+    device_name: str = ""
+    peak_flops: float = 0.0
+    peak_bytes_per_s: float = 0.0
 
     @property
     def accepting(self) -> bool:
-        return self.state is WorkerState.READY
+        return self.state is WorkerState.RUNNING
 
     @property
     def kv_usage(self) -> float:
@@ -62,4 +56,4 @@ class Router:
 
     @staticmethod
     def has_role(views: list[WorkerView], role: WorkerRole) -> bool:
-        return any(v.role is role and v.state in (WorkerState.READY, WorkerState.STARTING) for v in views)
+        return any(v.role is role and v.state in (WorkerState.RUNNING, WorkerState.STARTING) for v in views)

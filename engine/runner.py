@@ -19,6 +19,8 @@ class StepStats:
     num_tokens: int  # tokens run through the model
     context_tokens: int  # keys attended over, summed across sequences
     seconds: float
+    new_tokens: tuple[int, ...]  # per sequence: tokens run this step
+    context_lens: tuple[int, ...]  # per sequence: keys attended over (cached + new)
 
 
 class ModelRunner:
@@ -38,14 +40,18 @@ class ModelRunner:
             hidden = hidden[batch.cu_seqlens_q[1:].long() - 1]
         logits = self.model.logits(hidden)
         tokens = sample(logits, seqs)
+        new_tokens = tuple(s.num_tokens - s.num_cached_tokens for s in seqs)
+        context_lens = tuple(s.num_tokens for s in seqs)
         for seq in seqs:
             seq.num_cached_tokens = seq.num_tokens
         stats = StepStats(
             kind=step.kind,
             num_seqs=len(seqs),
             num_tokens=int(input_ids.shape[0]),
-            context_tokens=sum(s.num_tokens for s in seqs),
+            context_tokens=sum(context_lens),
             seconds=time.perf_counter() - start,
+            new_tokens=new_tokens,
+            context_lens=context_lens,
         )
         return tokens, stats
 

@@ -63,6 +63,8 @@ class TrackedRequest:
     finish_reason: str | None = None
     error: str | None = None
     recomputes: int = 0
+    prefill_model_s: float = 0.0  # this request's share of its workers' prefill / decode step time
+    decode_model_s: float = 0.0
     times: RequestTimes = field(default_factory=RequestTimes)
 
     @property

@@ -4,17 +4,11 @@ engine steps, reports out. The controller decides everything else."""
 import os
 import time
 from dataclasses import dataclass
-from enum import Enum
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from fleetctl.engine import messages as m
-
-
-class WorkerRole(Enum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-    MIXED = "mixed"  # the colocated baseline: prefill and decode on one worker, no handoff
+from fleetctl.store.records import WorkerRole
 
 
 @dataclass(frozen=True)
@@ -29,6 +23,7 @@ class WorkerSpec:
     num_kv_blocks: int | None = None
     kv_memory_bytes: int | None = None
     max_num_seqs: int = 64
+    store_path: Path | None = None  # the fleet's metrics store: caches this device's measured peaks
 
 
 IDLE_POLL_SECONDS = 0.02
@@ -47,6 +42,8 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
 class Worker:
     def __init__(self, spec: WorkerSpec, conn: Connection) -> None:
         from fleetctl.engine.config import EngineConfig
+        from fleetctl.engine.cost_model import CostModel
+        from fleetctl.engine.device_peaks import device_peaks
         from fleetctl.engine.llm_engine import LLMEngine
         from fleetctl.engine.transport import KVTransport
 
@@ -68,11 +65,16 @@ class Worker:
         self.transport = KVTransport()
         self.handles: dict[str, m.KVHandle] = {}
         self.running = True
+        elem = self.engine.kv_cache.tensor.element_size()
+        self.cost = CostModel(self.engine.model_config, weight_bytes=elem, kv_bytes=elem)
+        self.peaks = device_peaks(self.engine.device, self.engine.dtype, spec.store_path)
 
     def run(self) -> None:
         allocator = self.engine.kv_cache.allocator
-        self.conn.send(m.WorkerReady(self.spec.worker_id, os.getpid(), allocator.num_blocks,
-                                     self.engine.kv_cache.spec.block_size, self.engine.load_seconds))
+        self.conn.send(m.WorkerReady(
+            self.spec.worker_id, os.getpid(), allocator.num_blocks, self.engine.kv_cache.spec.block_size,
+            self.engine.load_seconds, self.peaks.name, self.peaks.peak_flops, self.peaks.peak_bytes_per_s,
+        ))
         while self.running:
             timeout = 0.0 if self.engine.has_unfinished() else IDLE_POLL_SECONDS
             while self.running and self.conn.poll(timeout):
@@ -137,9 +139,11 @@ class Worker:
         tokens = [m.TokenEvent(o.request_id, o.token_id, o.finished,
                                o.finish_reason.value if o.finish_reason else None) for o in outputs]
         scheduler = self.engine.scheduler
+        cost = self.cost.step(stats.new_tokens, stats.context_lens)
         self.conn.send(m.StepReport(
-            worker_id=self.spec.worker_id, phase=stats.kind.value, tokens=tokens, num_seqs=stats.num_seqs,
-            num_tokens=stats.num_tokens, context_tokens=stats.context_tokens, seconds=stats.seconds,
+            worker_id=self.spec.worker_id, phase=stats.kind.value, tokens=tokens, seq_tokens=list(stats.new_tokens),
+            num_seqs=stats.num_seqs, num_tokens=stats.num_tokens, context_tokens=stats.context_tokens,
+            seconds=stats.seconds, flops=cost.flops, bytes=cost.bytes,
             free_blocks=self.engine.kv_cache.allocator.num_free, running=len(scheduler.running),
             waiting=len(scheduler.waiting), ended_at=time.time(),
         ))

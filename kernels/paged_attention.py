@@ -1,11 +1,10 @@
 """Attention over a paged KV cache: decode (one query per sequence) and prefill (packed queries,
 possibly after an already-cached prefix). Torch references (the fast CPU path) and Triton kernels.
 
-The Triton kernels read K/V straight from the paged pool: a tile of BLOCK_N keys looks up its pages in
-the block table. Decode gives each program one (sequence, KV head) pair with the whole query-head
-group as the rows of one dot; long contexts are split over several programs (split-K) whose partial
-softmax states are merged by a second kernel. Prefill gives each program BLOCK_M query rows of one
-sequence and one head; the tile a program owns is found from cu_seqlens_q without a host sync.
+Triton: a tile of BLOCK_N keys finds its pages in the block table. Decode runs one program per
+(sequence, KV head, split), the query-head group as the rows of one dot; split-K partial softmax
+states are merged by a second kernel. Prefill runs BLOCK_M query rows of one sequence and head per
+program, finding its tile from cu_seqlens_q without a host sync.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from fleetctl.kernels.triton_support import interpreting, kernel, next_pow2, sm_count
+from fleetctl.kernels.triton_support import dot_numerics, interpreting, kernel, next_pow2, sm_count
 
 if TYPE_CHECKING:
     import triton.language as tl
@@ -91,14 +90,22 @@ def prefill_attention_ref(
 
 
 @kernel
+def _load_kv(table, k_base, keys, key_mask, dim_mask, stride_kv, stride_blk, stride_pos, PAGE: tl.constexpr):
+    """K and V rows for `keys` [N] through a block table row; masked rows read 0. Returns k, v: [N, D]."""
+    page = tl.load(table + keys // PAGE, mask=key_mask, other=0).to(tl.int64)
+    k_ptrs = k_base + (page * stride_blk + (keys % PAGE) * stride_pos)[:, None]
+    mask = key_mask[:, None] & dim_mask
+    return tl.load(k_ptrs, mask=mask, other=0.0), tl.load(k_ptrs + stride_kv, mask=mask, other=0.0)
+
+
+@kernel
 def _attend(q, k, v, valid, m, lsum, acc, scale, MASKED: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """One online-softmax step. q: [M, D]; k, v: [N, D]; valid: [M, N] (when MASKED); m, lsum: [M]
     running max (log2 units) and sum; acc: [M, D] float32. Returns the new (m, lsum, acc)."""
     if UPCAST:  # the interpreter has no 16-bit dot: compute on float32 copies
-        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision=PRECISION)
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision=PRECISION) * scale
     else:
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-    s = s * scale
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
     if MASKED:
         s = tl.where(valid, s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -114,15 +121,6 @@ def _attend(q, k, v, valid, m, lsum, acc, scale, MASKED: tl.constexpr, UPCAST: t
 
 
 @kernel
-def _load_kv(table, k_base, keys, key_mask, dim_mask, stride_kv, stride_blk, stride_pos, PAGE: tl.constexpr):
-    """K and V rows for `keys` [N] through a block table row; masked rows read 0. Returns k, v: [N, D]."""
-    page = tl.load(table + keys // PAGE, mask=key_mask, other=0).to(tl.int64)
-    k_ptrs = k_base + (page * stride_blk + (keys % PAGE) * stride_pos)[:, None]
-    mask = key_mask[:, None] & dim_mask
-    return tl.load(k_ptrs, mask=mask, other=0.0), tl.load(k_ptrs + stride_kv, mask=mask, other=0.0)
-
-
-@kernel
 def _decode_kernel(
     q_ptr, kv_ptr, tables_ptr, lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr, qk_scale,
     stride_qb, stride_qh, stride_ob, stride_oh, stride_table, stride_kv, stride_blk, stride_pos, stride_kvh,
@@ -130,17 +128,14 @@ def _decode_kernel(
     GROUP: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SPLIT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    seq = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    context = tl.load(lens_ptr + seq)
+    seq, kv_head, split = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     start = split * partition
-    end = tl.minimum(start + partition, context)
+    end = tl.minimum(start + partition, tl.load(lens_ptr + seq))
     if start < end:
-        rows = tl.arange(0, BLOCK_G)
+        rows, dims = tl.arange(0, BLOCK_G), tl.arange(0, BLOCK_D)
         heads = kv_head * GROUP + rows
-        dims = tl.arange(0, BLOCK_D)
-        row_mask = (rows[:, None] < GROUP) & (dims[None, :] < head_dim)
+        dim_mask = dims[None, :] < head_dim
+        row_mask = (rows[:, None] < GROUP) & dim_mask
         q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :], mask=row_mask, other=0.0)
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         lsum = tl.zeros([BLOCK_G], tl.float32)
@@ -148,9 +143,8 @@ def _decode_kernel(
         table, k_base = tables_ptr + seq * stride_table, kv_ptr + kv_head * stride_kvh + dims[None, :]
         for first in range(start, end, BLOCK_N):
             keys = first + tl.arange(0, BLOCK_N)
-            key_mask = keys < end
-            k, v = _load_kv(table, k_base, keys, key_mask, dims[None, :] < head_dim, stride_kv, stride_blk, stride_pos, PAGE)
-            m, lsum, acc = _attend(q, k, v, key_mask[None, :], m, lsum, acc, qk_scale, True, UPCAST, PRECISION)
+            k, v = _load_kv(table, k_base, keys, keys < end, dim_mask, stride_kv, stride_blk, stride_pos, PAGE)
+            m, lsum, acc = _attend(q, k, v, keys[None, :] < end, m, lsum, acc, qk_scale, True, UPCAST, PRECISION)
         if SPLIT:  # partial state of this split: [B, H, S, d] unnormalized acc, [B, H, S, 2] (max, sum)
             part = (seq * num_heads + heads) * num_splits + split
             tl.store(part_acc_ptr + part[:, None] * head_dim + dims[None, :], acc, mask=row_mask)
@@ -166,11 +160,9 @@ def _decode_reduce_kernel(
     lens_ptr, part_acc_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh, num_heads, head_dim, num_splits, partition,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    seq = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    splits = tl.arange(0, BLOCK_S)
+    seq, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    splits, dims = tl.arange(0, BLOCK_S), tl.arange(0, BLOCK_D)
     used = splits < tl.cdiv(tl.load(lens_ptr + seq), partition)  # splits past the context wrote nothing
-    dims = tl.arange(0, BLOCK_D)
     part = (seq * num_heads + head) * num_splits + splits
     m = tl.load(part_ml_ptr + part * 2, mask=used, other=float("-inf"))
     lsum = tl.load(part_ml_ptr + part * 2 + 1, mask=used, other=0.0)
@@ -191,8 +183,7 @@ def _prefill_kernel(
 ):  # fmt: skip
     # Sequence i owns programs [cu[i] // BLOCK_M + i, cu[i + 1] // BLOCK_M + i + 1): enough for its
     # tiles, found by binary search; the spare last program of a sequence has no rows and exits.
-    tile_id = tl.program_id(0)
-    head = tl.program_id(1)
+    tile_id, head = tl.program_id(0), tl.program_id(1)
     lo = 0
     hi = num_seqs
     while lo < hi:
@@ -207,17 +198,17 @@ def _prefill_kernel(
     tile = tile_id - (q_start // BLOCK_M + seq)
     if tile * BLOCK_M < new:
         context = tl.load(lens_ptr + seq)
-        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows, dims = tile * BLOCK_M + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D)
         positions = context - new + rows  # each query row's position in its sequence
-        dims = tl.arange(0, BLOCK_D)
-        row_mask = (rows[:, None] < new) & (dims[None, :] < head_dim)
+        dim_mask = dims[None, :] < head_dim
+        row_mask = (rows[:, None] < new) & dim_mask
         tokens = (q_start + rows).to(tl.int64)
         q = tl.load(q_ptr + tokens[:, None] * stride_qt + head * stride_qh + dims[None, :], mask=row_mask, other=0.0)
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         lsum = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        table, k_base = tables_ptr + seq.to(tl.int64) * stride_table, kv_ptr + (head // GROUP) * stride_kvh + dims[None, :]
-        dim_mask = dims[None, :] < head_dim
+        table = tables_ptr + seq.to(tl.int64) * stride_table
+        k_base = kv_ptr + (head // GROUP) * stride_kvh + dims[None, :]
         first_pos = context - new + tile * BLOCK_M
         full_end = first_pos // BLOCK_N * BLOCK_N  # keys below are visible to every row: no causal mask
         for first in range(0, full_end, BLOCK_N):
@@ -234,37 +225,10 @@ def _prefill_kernel(
         tl.store(out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :], out, mask=row_mask)
 
 
-def _numerics(dtype: torch.dtype) -> tuple[bool, str]:
-    """(UPCAST, PRECISION): the interpreter computes 16-bit dots in float32; fp32 dots stay exact (no TF32)."""
-    interpret = interpreting()
-    return interpret and dtype != torch.float32, "ieee" if interpret or dtype == torch.float32 else "tf32"
-
-
-# Tiles chosen for no register spills on sm_90 (ptxas -v); the interpreter prefers few, large tiles.
-def _decode_tiles(dtype: torch.dtype, head_dim: int) -> tuple[int, int]:
-    """(BLOCK_N, num_warps)."""
-    if interpreting():
-        return 64, 4
-    if dtype == torch.float32:
-        return 32, 8
-    return (128, 4) if head_dim <= 64 else (64, 8)
-
-
-def _prefill_tiles(dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps)."""
-    if interpreting():
-        return 64, 64, 4
-    return (32, 16, 8) if dtype == torch.float32 else (128, 64, 8)
-
-
 def paged_decode_attention_triton(
-    q: torch.Tensor,
-    kv_layer: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
+    q: torch.Tensor, kv_layer: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
     partition: int | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """Same contract as paged_decode_attention_ref: q [B, H, d] -> [B, H, d]. `partition` (keys per
     split-K program) is chosen from the device's size when None; no host sync either way."""
     q = q if q.stride(-1) == 1 else q.contiguous()
@@ -272,7 +236,9 @@ def paged_decode_attention_triton(
     _, _, page, num_kv_heads, _ = kv_layer.shape
     out = torch.empty_like(q)
     max_len = max(1, block_tables.shape[1] * page)  # bounds context_lens, known without a sync
-    block_n, warps = _decode_tiles(q.dtype, head_dim)
+    # tiles without register spills on sm_90 (ptxas -v); the interpreter prefers few large ones
+    fp32 = q.dtype == torch.float32
+    block_n, warps = (64, 4) if interpreting() else (32, 8) if fp32 else (128, 4) if head_dim <= 64 else (64, 8)
     if partition is None:
         partition = max_len
         if q.is_cuda:  # enough programs to fill the GPU twice over, each with >= 256 keys
@@ -282,9 +248,8 @@ def paged_decode_attention_triton(
     split = num_splits > 1
     part_acc = q.new_empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32) if split else out
     part_ml = q.new_empty(batch, num_heads, num_splits, 2, dtype=torch.float32) if split else out
-    upcast, precision = _numerics(q.dtype)
-    block_d = max(16, next_pow2(head_dim))
-    group = num_heads // num_kv_heads
+    upcast, precision = dot_numerics(q.dtype)
+    block_d, group = max(16, next_pow2(head_dim)), num_heads // num_kv_heads
     if batch:
         _decode_kernel[(batch, num_kv_heads, num_splits)](
             q, kv_layer, block_tables, context_lens, out, part_acc, part_ml, scale * math.log2(math.e),
@@ -303,25 +268,21 @@ def paged_decode_attention_triton(
 
 
 def prefill_attention_triton(
-    q: torch.Tensor,
-    kv_layer: torch.Tensor,
-    block_tables: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-    block_m: int | None = None,
-    block_n: int | None = None,
-) -> torch.Tensor:
+    q: torch.Tensor, kv_layer: torch.Tensor, block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, block_m: int | None = None, block_n: int | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Same contract as prefill_attention_ref: packed q [T, H, d] -> [T, H, d]; K/V of the new tokens
     are already in kv_layer. block_m, block_n override the tile sizes (tests, tuning)."""
     q = q if q.stride(-1) == 1 else q.contiguous()
     tokens, num_heads, head_dim = q.shape
     _, _, page, num_kv_heads, _ = kv_layer.shape
     num_seqs = context_lens.shape[0]
-    default_m, default_n, warps = _prefill_tiles(q.dtype)
-    block_m, block_n = block_m or default_m, block_n or default_n
+    # tiles (about) without register spills on sm_90 (ptxas -v); 128 rows keep warpgroup MMA for 16-bit
+    wide = 64 if head_dim <= 64 else 32
+    tiles = (64, 64, 4) if interpreting() else (32, 16, 8) if q.dtype == torch.float32 else (128, wide, 8)
+    block_m, block_n = block_m or tiles[0], block_n or tiles[1]
     out = torch.empty_like(q)
-    upcast, precision = _numerics(q.dtype)
+    upcast, precision = dot_numerics(q.dtype)
     if tokens:
         _prefill_kernel[(tokens // block_m + num_seqs, num_heads)](
             q, kv_layer, block_tables, context_lens, cu_seqlens_q, out, scale * math.log2(math.e),
@@ -329,6 +290,6 @@ def prefill_attention_triton(
             kv_layer.stride(0), kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3),
             num_seqs, head_dim,
             GROUP=num_heads // num_kv_heads, PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_D=max(16, next_pow2(head_dim)), UPCAST=upcast, PRECISION=precision, num_warps=warps, num_stages=2,
+            BLOCK_D=max(16, next_pow2(head_dim)), UPCAST=upcast, PRECISION=precision, num_warps=tiles[2], num_stages=2,
         )  # fmt: skip
     return out

@@ -45,7 +45,10 @@ def kernel_mode() -> str:
 @cache
 def triton_available() -> bool:
     """Whether triton can be imported (checked without importing it)."""
-    return importlib.util.find_spec("triton") is not None
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # e.g. sys.modules["triton"] = None
+        return False
 
 
 def interpreting() -> bool:
@@ -81,7 +84,7 @@ def load_triton() -> Any:
 
 @cache
 def sm_count(device_index: int) -> int:
-    """Streaming multiprocessors of a CUDA device (0 when unknown)."""
+    """Streaming multiprocessors of a CUDA device (sizes the split-K grid)."""
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 
@@ -118,6 +121,13 @@ class Kernel:
 
 def kernel(fn: Callable[..., Any]) -> Kernel:
     return Kernel(fn)
+
+
+def dot_numerics(dtype: torch.dtype) -> tuple[bool, str]:
+    """(UPCAST, PRECISION) for kernels with tl.dot: the interpreter has no 16-bit dot (it multiplies
+    bfloat16 bit patterns), so upcast there; float32 dots stay exact ("ieee", not TF32)."""
+    interpret = interpreting()
+    return interpret and dtype != torch.float32, "ieee" if interpret or dtype == torch.float32 else "tf32"
 
 
 def next_pow2(n: int) -> int:

@@ -1,7 +1,25 @@
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import tiny_model
+
+# Pulled models are kept between runs where `make test` pulled them; everything else a test writes
+# under $FLEET_HOME (metrics store, checkpoints, admin token) goes to a fresh directory.
+PERSISTENT_MODELS = Path(os.environ.get("FLEET_HOME") or "~/.local/share/fleetctl").expanduser() / "models"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fleet_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    home = tmp_path_factory.mktemp("fleet-home")
+    previous = os.environ.get("FLEET_HOME")
+    os.environ["FLEET_HOME"] = str(home)
+    yield home
+    if previous is None:
+        del os.environ["FLEET_HOME"]
+    else:
+        os.environ["FLEET_HOME"] = previous
 
 
 @pytest.fixture(scope="session")
@@ -11,7 +29,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
-    """The default model, pulled once into $FLEET_HOME (kept between runs)."""
+    """The default model, pulled once into the persistent model store (kept between runs)."""
     from fleetctl.engine.model.store import ModelStore
 
-    return ModelStore().pull("smollm2-135m")
+    return ModelStore(root=PERSISTENT_MODELS).pull("smollm2-135m")

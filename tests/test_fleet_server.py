@@ -157,7 +157,7 @@ def test_killed_decode_worker_loses_no_stream(tiny_model_dir: Path, reference: l
         texts = asyncio.run(run())
         assert texts == [r["text"] for r in long_ref]
         states = {w["id"]: w["state"] for w in httpx.get(f"{url}/fleet/workers", timeout=5).json()["workers"]}
-        assert states["decode-0"] == "dead"
+        assert states["decode-0"] == "failed"
         os.kill(worker_pids(url)["decode-1"], signal.SIGKILL)
         assert wait_until(lambda: httpx.get(f"{url}/health", timeout=5).status_code == 503)
         response = httpx.post(f"{url}/v1/completions", json={"model": "tiny-llama0", "prompt": "hi"}, timeout=10)

@@ -45,8 +45,8 @@ def test_greedy_tokens_and_logits_match_transformers(smollm2_dir: Path, transfor
         ours = engine.generate([ids], params)[0].token_ids
         with torch.inference_mode():
             ref = transformers_model.generate(
-                torch.tensor([ids]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
-            )[0, len(ids) :].tolist()
+                torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None
+            )[0, len(ids) :].tolist()  # eos_token_id=None: like ignore_eos, run past EOS (no EOS suppression)
             full = torch.tensor([ids + ours[:-1]])
             ref_logits = transformers_model(full).logits[0, -1]
         assert ours == ref, prompt
