@@ -55,7 +55,7 @@ def rms_norm(
 def rotary(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [T, H, d]; k: [T, Hkv, d]; cos, sin: [T, d/2] float32. The Triton path rotates in place."""
+    """q: [T, H, d]; k: [T, Hkv, d]; cos, sin: [T, d/2] (the model's dtype). The Triton path rotates in place."""
     if _use_triton(q):
         return rotary_triton(q, k, cos, sin)
     return rotary_ref(q, k, cos, sin)

@@ -24,10 +24,11 @@ def gather_kv(
     kv_layer: torch.Tensor, block_table: torch.Tensor, length: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """kv_layer: [2, blocks, bs, Hkv, d]; block_table: [>= ceil(length/bs)] -> k, v: [length, Hkv, d]."""
-    block_size = kv_layer.shape[2]
+    _, blocks, block_size, num_kv_heads, head_dim = kv_layer.shape
     num_blocks = -(-length // block_size)
-    kv = kv_layer[:, block_table[:num_blocks].long()]  # [2, nb, bs, Hkv, d]
-    kv = kv.flatten(1, 2)[:, :length]
+    # index_select on a flattened view: several times faster than advanced indexing on CPU
+    kv = kv_layer.view(2, blocks, -1).index_select(1, block_table[:num_blocks].long())
+    kv = kv.view(2, num_blocks * block_size, num_kv_heads, head_dim)[:, :length]
     return kv[0], kv[1]
 
 
@@ -40,18 +41,22 @@ def paged_decode_attention_ref(
 ) -> torch.Tensor:
     """q: [B, H, d]; block_tables: [B, max_blocks] int32; context_lens: [B] int32 (keys per sequence,
     including the current token). Returns [B, H, d]."""
-    batch, _, head_dim = q.shape
-    block_size = kv_layer.shape[2]
+    batch, num_heads, head_dim = q.shape
+    _, blocks, block_size, num_kv_heads, _ = kv_layer.shape
     max_len = int(context_lens.max())
     num_blocks = -(-max_len // block_size)
-    kv = kv_layer[:, block_tables[:, :num_blocks].long()]  # [2, B, nb, bs, Hkv, d]
-    kv = kv.flatten(2, 3)[:, :, :max_len].transpose(2, 3)  # [2, B, Hkv, L, d]
-    positions = torch.arange(max_len, device=q.device)
-    mask = (positions[None, :] < context_lens[:, None].to(q.device))[:, None, None, :]
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), kv[0], kv[1], attn_mask=mask, scale=scale, enable_gqa=True
-    )
-    return out.view(batch, -1, head_dim)
+    index = block_tables[:, :num_blocks].reshape(-1).long()
+    kv = kv_layer.view(2, blocks, -1).index_select(1, index)
+    kv = kv.view(2, batch, num_blocks * block_size, num_kv_heads, head_dim)[:, :, :max_len].transpose(2, 3)
+    # The query heads sharing a KV head become that head's query rows: [B, Hkv, group, d] against
+    # [B, Hkv, L, d]. Same math as repeating K/V per query head, without the copies (and ~4x faster).
+    rows = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    mask = None
+    if batch > 1:
+        positions = torch.arange(max_len, device=q.device)
+        mask = (positions[None, :] < context_lens[:, None].to(q.device))[:, None, None, :]
+    out = F.scaled_dot_product_attention(rows, kv[0], kv[1], attn_mask=mask, scale=scale)
+    return out.reshape(batch, num_heads, head_dim)
 
 
 def prefill_attention_ref(

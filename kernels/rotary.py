@@ -14,28 +14,29 @@ if TYPE_CHECKING:
 def rotary_ref(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [T, H, d]; k: [T, Hkv, d]; cos, sin: [T, d/2] for each token's position.
+    """q: [T, H, d]; k: [T, Hkv, d]; cos, sin: [T, d/2] for each token's position, computed in q's
+    dtype like Hugging Face's Llama (the Triton kernel computes in fp32).
 
     Returns rotated (q, k), same shapes and dtype.
     """
-    cos = cos.unsqueeze(1)
-    sin = sin.unsqueeze(1)
-    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    cos = cos.to(q.dtype)[:, None, None, :]  # [T, 1, 1, d/2]
+    sin = sin.to(q.dtype)[:, None, None, :]
+    signed_sin = torch.cat((-sin, sin), dim=2)  # [T, 1, 2, d/2]: the halves' signs in rotate-half
+    return _rotate(q, cos, signed_sin), _rotate(k, cos, signed_sin)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    x1 = x[..., :half].float()
-    x2 = x[..., half:].float()
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x1' = x1·cos - x2·sin, x2' = x2·cos + x1·sin: the halves as a size-2 axis, swapped by flip."""
+    halves = x.unflatten(-1, (2, -1))  # [T, H, 2, d/2]
+    return (halves * cos + halves.flip(2) * signed_sin).flatten(-2)
 
 
 @kernel
 def _rotary_kernel(
     q_ptr,  # [T, H, d], last dim contiguous; rotated in place
     k_ptr,  # [T, Hkv, d], likewise
-    cos_ptr,  # [T, d/2] float32
-    sin_ptr,  # [T, d/2] float32
+    cos_ptr,  # [T, d/2], any float dtype (computed in fp32)
+    sin_ptr,  # [T, d/2], likewise
     stride_qt,
     stride_qh,
     stride_kt,

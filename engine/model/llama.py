@@ -54,8 +54,9 @@ class LlamaModel:
         device = weights.embed.device
         positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
         freqs = torch.outer(positions, config.inverse_frequencies())  # [P, d/2]
-        self.cos = freqs.cos().to(device)
-        self.sin = freqs.sin().to(device)
+        # in the model's dtype, as Hugging Face's Llama applies them (the Triton kernel upcasts)
+        self.cos = freqs.cos().to(device=device, dtype=weights.embed.dtype)
+        self.sin = freqs.sin().to(device=device, dtype=weights.embed.dtype)
 
     @property
     def device(self) -> torch.device:
