@@ -11,6 +11,7 @@ from fleetctl.engine.kv_cache import KVCache, KVCacheSpec
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.llama import LlamaModel
 from fleetctl.engine.model.loader import load_weights
+from fleetctl.engine.model.prepared import load_cpu_weights
 from fleetctl.engine.model.tokenizer import Tokenizer
 from fleetctl.engine.output import RequestOutput, TextStream, token_finish_reason
 from fleetctl.engine.runner import ModelRunner, StepStats
@@ -41,7 +42,10 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model_config = ModelConfig.from_file(config.model_dir / "config.json")
         self.tokenizer = Tokenizer(config.model_dir, self.model_config.eos_token_ids)
-        weights = load_weights(config.model_dir, self.model_config, self.dtype, self.device)
+        if self.device.type == "cpu":
+            weights = load_cpu_weights(config.model_dir, self.model_config, self.dtype)
+        else:
+            weights = load_weights(config.model_dir, self.model_config, self.dtype, self.device)
         self.model = LlamaModel(self.model_config, weights, deterministic=config.deterministic)
         spec = KVCacheSpec.for_model(self.model_config, self.dtype)
         self.kv_cache = KVCache(spec, self._pool_blocks(spec), self.device)
