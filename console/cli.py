@@ -5,6 +5,7 @@ import typer
 from fleetctl.console.fleet_cmds import bench, classify, serve, status, workers
 from fleetctl.console.generate_cmd import generate
 from fleetctl.console.models_cmd import models_app
+from fleetctl.console.ops_cmds import checkpoint, migrate, restore
 
 app = typer.Typer(
     name="fleetctl",
@@ -19,6 +20,9 @@ app.command("status")(status)
 app.command("workers")(workers)
 app.command("bench")(bench)
 app.command("classify")(classify)
+app.command("checkpoint")(checkpoint)
+app.command("restore")(restore)
+app.command("migrate")(migrate)
 app.add_typer(models_app, name="models")
 
 

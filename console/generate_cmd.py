@@ -24,6 +24,7 @@ def generate(
     top_k: int = typer.Option(0, "--top-k", help="0 disables top-k."),
     seed: int | None = typer.Option(None, "--seed", help="Per-request seed: sampled output is reproducible."),
     stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Keep generating past EOS (benchmarks, tests)."),
     chat: bool = typer.Option(False, "--chat", help="Wrap each prompt as a user message (chat template)."),
     dtype: str = typer.Option("auto", "--dtype", help="auto|float32|bfloat16|float16."),
     device: str = typer.Option("", "--device", help="cpu or cuda:N (default: cuda:0 if present, else cpu)."),
@@ -39,7 +40,8 @@ def generate(
         from fleetctl.engine.sequence import SamplingParams
 
         params = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=tuple(stop)
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=tuple(stop),
+            ignore_eos=ignore_eos,
         )
         model_dir = resolve_model(model)
         config = EngineConfig(

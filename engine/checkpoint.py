@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 FORMAT_VERSION = 1
 PARTIAL_SUFFIX = ".partial"
@@ -97,18 +97,50 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class KVPayload:
+    """The KV tensor as raw bytes, taken before a fork so the writer child never calls into torch."""
+
+    dtype: str  # safetensors dtype tag
+    shape: tuple[int, ...]
+    data: memoryview
+
+    @classmethod
+    def of(cls, kv: torch.Tensor) -> "KVPayload":
+        """kv: [layers, 2, n_blocks, block_size, Hkv, d] on the CPU."""
+        kv = kv.contiguous()
+        raw = kv.view(torch.uint8).reshape(-1).numpy()
+        return cls(_SAFETENSORS_DTYPES[kv.dtype], tuple(kv.shape), memoryview(raw).cast("B"))
+
+
+def _write_safetensors(path: Path, payload: KVPayload) -> None:
+    """One tensor "kv" in the safetensors layout (u64 header length, JSON header, data), in chunks."""
+    header = {"kv": {"dtype": payload.dtype, "shape": list(payload.shape), "data_offsets": [0, payload.data.nbytes]},
+              "__metadata__": {"format": "fleetctl-kv-v1"}}
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(len(encoded).to_bytes(8, "little") + encoded)
+        for offset in range(0, payload.data.nbytes, _CHUNK):
+            f.write(payload.data[offset : offset + _CHUNK])
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def write_checkpoint(root: Path, name: str, worker_id: str, role: str, compat: Compat,
-                     sequences: list[dict], kv: torch.Tensor) -> Path:
-    """kv: [layers, 2, n_blocks, block_size, Hkv, d] (CPU). Returns the final directory."""
+                     sequences: list[dict], kv: KVPayload) -> Path:
+    """Writes `<root>/<name>` atomically (see the module docstring). Uses no torch: safe in a forked
+    writer process. Returns the final directory."""
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     final = root / name
     partial = root / (name + PARTIAL_SUFFIX)
     partial.mkdir(mode=0o700)
-    kv_path = partial / KV_FILE
-    save_file({"kv": kv.contiguous()}, str(kv_path), metadata={"format": "fleetctl-kv-v1"})
-    os.chmod(kv_path, 0o600)
-    with kv_path.open("rb+") as f:
-        os.fsync(f.fileno())
+    _write_safetensors(partial / KV_FILE, kv)
     _write_file(partial / SEQUENCES, json.dumps({"sequences": sequences}).encode())
     files = {n: {"sha256": _sha256(partial / n), "size": (partial / n).stat().st_size} for n in (KV_FILE, SEQUENCES)}
     manifest = {"format_version": FORMAT_VERSION, "worker": worker_id, "role": role, "compat": asdict(compat),

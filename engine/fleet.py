@@ -3,9 +3,8 @@ streams tokens to clients, and recomputes a dead worker's sequences on a survivo
 tensors; it runs on one asyncio loop, with a reader and a writer thread per worker pipe."""
 
 import asyncio
+import dataclasses
 import logging
-import queue
-import threading
 import time
 import uuid
 from collections import deque
@@ -14,16 +13,19 @@ from fleetctl.engine import messages as m
 from fleetctl.engine.fleet_config import FleetConfig, worker_specs
 from fleetctl.engine.fleet_recorder import FleetRecorder
 from fleetctl.engine.fleet_stats import FleetStats
-from fleetctl.engine.launcher import LaunchedWorker, Launcher, LocalLauncher
+from fleetctl.engine.launcher import Launcher, LocalLauncher
 from fleetctl.engine.llm_engine import check_prompt
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.tokenizer import Tokenizer
+from fleetctl.engine.operations import FleetOperations
 from fleetctl.engine.output import TextStream
 from fleetctl.engine.router import Router, WorkerState, WorkerView
 from fleetctl.engine.sequence import SamplingParams, Sequence
 from fleetctl.engine.tracked_request import Phase, StreamEvent, TrackedRequest
 from fleetctl.engine.transport import KVTransport
-from fleetctl.store.records import WorkerRole
+from fleetctl.engine.worker import WorkerSpec
+from fleetctl.engine.worker_link import WorkerLink
+from fleetctl.store.records import EventKind, WorkerRole
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +51,7 @@ class Fleet:
         self._launcher = launcher or LocalLauncher()
         self._specs = {s.worker_id: s for s in worker_specs(config)}
         self.views = {wid: WorkerView(wid, s.role, s.device) for wid, s in self._specs.items()}
-        self._workers: dict[str, LaunchedWorker] = {}
-        self._outboxes: dict[str, queue.SimpleQueue] = {}
+        self.links: dict[str, WorkerLink] = {}  # the current process of each worker id
         self.requests: dict[str, TrackedRequest] = {}
         self._queued: deque[TrackedRequest] = deque()
         self._pending_handoffs: deque[TrackedRequest] = deque()
@@ -59,6 +60,7 @@ class Fleet:
         self._stopping = False
         self.recorder = FleetRecorder(config.store_path) if config.store_path else None
         self._ticker: asyncio.Task | None = None
+        self.operations = FleetOperations(self)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -83,21 +85,47 @@ class Fleet:
             await asyncio.sleep(1.0)
             self.recorder.tick()
 
-    def _spawn(self, wid: str, spec) -> None:
-        launched = self._launcher.launch(spec)
-        self._workers[wid] = launched
-        self.views[wid].pid = launched.pid
-        outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._outboxes[wid] = outbox
-        threading.Thread(target=self._read_loop, args=(wid, launched), daemon=True, name=f"read-{wid}").start()
-        threading.Thread(target=self._write_loop, args=(launched, outbox), daemon=True, name=f"write-{wid}").start()
+    def launch(self, spec: WorkerSpec) -> WorkerLink:
+        """Start a worker process; its messages arrive at _on_link_message on this loop."""
+        assert self._loop is not None
+        return WorkerLink(self._launcher.launch(spec), self._loop, self._on_link_message, self._on_link_exit)
+
+    def spec(self, wid: str) -> WorkerSpec:
+        return self._specs[wid]
+
+    def default_spec(self, wid: str, role: WorkerRole) -> WorkerSpec:
+        """A spec for a worker this fleet did not start (restoring another fleet's checkpoint)."""
+        return dataclasses.replace(next(iter(self._specs.values())), worker_id=wid, role=role)
+
+    def adopt_link(self, wid: str, link: WorkerLink, spec: WorkerSpec, ready: m.WorkerReady) -> None:
+        """Make `link` the process of `wid` (a restore, or the destination of a migration)."""
+        self.links[wid], self._specs[wid] = link, spec
+        view = self.views.get(wid)
+        if view is None:
+            view = self.views[wid] = WorkerView(wid, spec.role, spec.device)
+        view.device = spec.device
+        self._on_message(wid, ready)
+
+    def record_event(self, kind: EventKind, wid: str, details: dict) -> None:
+        if self.recorder:
+            self.recorder.event(kind, wid, details)
+
+    def operations_changed(self) -> None:
+        """A worker's state changed outside a message: route what was waiting."""
+        self._dispatch_handoffs()
+        self._dispatch_queued()
+
+    def _spawn(self, wid: str, spec: WorkerSpec) -> None:
+        link = self.launch(spec)
+        self.links[wid] = link
+        self.views[wid].pid = link.pid
 
     async def stop(self) -> None:
         self._stopping = True
-        for wid in self._workers:
-            self._send(wid, m.Shutdown())
-        for launched in self._workers.values():
-            await asyncio.to_thread(launched.join, 10.0)
+        for link in self.links.values():
+            link.send(m.Shutdown())
+        for link in self.links.values():
+            await asyncio.to_thread(link.join, 10.0)
         await asyncio.sleep(0.1)  # let the reader threads' exit notices run
         for req in list(self.requests.values()):
             self._fail(req, "the fleet is shutting down")
@@ -112,33 +140,10 @@ class Fleet:
 
     def kill_worker(self, worker_id: str) -> None:
         """Test and operator hook: SIGKILL a worker (it is then handled as a failure)."""
-        self._workers[worker_id].kill()
-
-    # ---- worker I/O (threads) --------------------------------------------------------------
-
-    def _read_loop(self, wid: str, launched: LaunchedWorker) -> None:
-        assert self._loop is not None
-        while True:
-            try:
-                msg = launched.conn.recv()
-            except (EOFError, OSError):
-                break
-            self._loop.call_soon_threadsafe(self._on_message, wid, msg)
-        self._loop.call_soon_threadsafe(self._on_worker_exit, wid)
-
-    @staticmethod
-    def _write_loop(launched: LaunchedWorker, outbox: queue.SimpleQueue) -> None:
-        while True:
-            msg = outbox.get()
-            try:
-                launched.conn.send(msg)
-            except (OSError, ValueError):
-                return
-            if isinstance(msg, m.Shutdown):
-                return
+        self.links[worker_id].kill()
 
     def _send(self, wid: str, msg: object) -> None:
-        self._outboxes[wid].put(msg)
+        self.links[wid].send(msg)
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -228,6 +233,18 @@ class Fleet:
 
     # ---- messages from workers (event loop) -------------------------------------------------
 
+    def _on_link_message(self, link: WorkerLink, msg: object) -> None:
+        if self.links.get(link.worker_id) is link:
+            self._on_message(link.worker_id, msg)
+        else:
+            self.operations.on_foreign_message(link, msg)
+
+    def _on_link_exit(self, link: WorkerLink) -> None:
+        if self.links.get(link.worker_id) is link:
+            self._on_worker_exit(link.worker_id)
+        else:
+            self.operations.on_foreign_exit(link)
+
     def _on_message(self, wid: str, msg: object) -> None:
         view = self.views[wid]
         match msg:
@@ -245,6 +262,8 @@ class Fleet:
                 self.stats.on_step(view, msg)
                 if self.recorder:
                     self.recorder.on_step(view, msg)
+                if msg.tokens:
+                    self.operations.on_tokens(wid)
                 self._attribute_model_time(msg)
                 for event in msg.tokens:
                     self._on_token(wid, event)
@@ -264,6 +283,8 @@ class Fleet:
                 view.free_blocks = msg.free_blocks
                 self._dispatch_handoffs()
                 self._dispatch_queued()
+            case m.CheckpointStarted() | m.CheckpointDone() | m.CheckpointFailed():
+                self.operations.on_worker_message(wid, msg)
 
     def _attribute_model_time(self, report: m.StepReport) -> None:
         """Split the step's seconds among its sequences by their tokens in it (for `classify`)."""
@@ -281,6 +302,8 @@ class Fleet:
     def _on_token(self, wid: str, event: m.TokenEvent) -> None:
         req = self.requests.get(event.request_id)
         if req is None or req.done or req.holder() != wid:
+            if not event.finished:  # a session continued elsewhere (or cancelled): stop this copy
+                self._send(wid, m.Abort(event.request_id))
             return
         req.output_token_ids.append(event.token_id)
         req.times.first_token = req.times.first_token or time.time()
@@ -359,6 +382,9 @@ class Fleet:
         view = self.views[wid]
         if view.state in (WorkerState.FAILED, WorkerState.STOPPED):
             return
+        if view.state is WorkerState.CHECKPOINTED:  # stood down on purpose: its sessions are held
+            self._drop_published_kv(wid)
+            return
         was_running = view.state is WorkerState.RUNNING
         view.state = WorkerState.STOPPED if self._stopping else WorkerState.FAILED
         if self.recorder and was_running:
@@ -367,6 +393,18 @@ class Fleet:
             return
         log.warning("worker %s died; recomputing its %d request(s)", wid, len(view.requests))
         self.stats.on_failure(view.role)
+        self.recompute_held(wid)
+
+    def _drop_published_kv(self, wid: str) -> None:
+        """A stood-down prefill worker removed its published KV: its handoffs wait for a re-publish
+        after restore (or a recompute when the hold expires)."""
+        for req in self.requests.values():
+            if req.prompt_worker == wid and req.phase is Phase.HANDOFF and req.decode_worker is None:
+                req.handle = None
+
+    def recompute_held(self, wid: str) -> None:
+        """Continue every request `wid` holds on a surviving worker of the same role, from its tokens."""
+        view = self.views[wid]
         for rid in list(view.requests):
             req = self.requests.get(rid)
             view.requests.discard(rid)

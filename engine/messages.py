@@ -49,6 +49,29 @@ class Shutdown:
     pass
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """Pause after the current step, save the complete state under root/name, then `after`:
+    "resume" serving, "hold" paused (a migration: Resume or Shutdown follows), or "stand-down" (exit)."""
+
+    root: str
+    name: str
+    after: str
+
+
+@dataclass(frozen=True)
+class Resume:
+    pass
+
+
+@dataclass(frozen=True)
+class Restore:
+    """A standby worker (started for a restore or a migration, model loaded, no sessions): verify the
+    checkpoint and load its sessions. Answered by Restored or RestoreFailed."""
+
+    path: str
+
+
 # worker -> controller
 
 
@@ -120,6 +143,43 @@ class AdoptFailed:
 class RequestFailed:
     request_id: str
     message: str
+
+
+@dataclass(frozen=True)
+class CheckpointStarted:
+    writer_pid: int  # the forked writer process (killing it must leave nothing listed)
+    paused_at: float  # time.time() when the worker stopped stepping
+
+
+@dataclass(frozen=True)
+class CheckpointDone:
+    path: str
+    sessions: int
+    nbytes: int
+    seconds: float
+    paused_at: float
+
+
+@dataclass(frozen=True)
+class CheckpointFailed:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Restored:
+    mode: str  # "restored" | "cold-start"
+    reason: str | None
+    sessions: int
+    nbytes: int
+    seconds: float
+    request_ids: list[str]
+
+
+@dataclass(frozen=True)
+class RestoreFailed:
+    """The checkpoint was refused (corrupt, wrong role, unreadable); nothing was loaded."""
+
+    reason: str
 
 
 @dataclass(frozen=True)

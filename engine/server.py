@@ -14,10 +14,25 @@ from fleetctl.engine.fleet import Fleet, FleetBusy, NoWorkers
 from fleetctl.engine.fleet_status import fleet_status, workers_status
 from fleetctl.engine.llm_engine import PromptError
 from fleetctl.engine.model.tokenizer import TokenizerError
+from fleetctl.engine.operations import DEFAULT_HOLD_S, Operation, OperationError
 from fleetctl.engine.sequence import SamplingError
 from fleetctl.engine.tracked_request import TrackedRequest
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, Field
+
+
+class CheckpointBody(BaseModel):
+    hold_s: float = Field(default=DEFAULT_HOLD_S, ge=0)
+
+
+class MigrateBody(BaseModel):
+    to: str
+
+
+class RestoreBody(BaseModel):
+    checkpoint: str
+    device: str
 
 
 class APIError(Exception):
@@ -162,6 +177,38 @@ def create_app(fleet: Fleet, admin_token: str | None = None) -> FastAPI:
     @app.get("/fleet/workers")
     async def workers() -> dict:
         return {"workers": workers_status(fleet)}
+
+    def operation(start: Callable[[], Operation]) -> JSONResponse:
+        try:
+            op = start()
+        except OperationError as exc:
+            kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
+            raise APIError(exc.status, str(exc), kind) from None
+        return JSONResponse(op.as_json(), 202, headers={"Location": f"/fleet/operations/{op.id}"})
+
+    @app.post("/fleet/workers/{worker_id}/checkpoint")
+    async def checkpoint(worker_id: str, body: CheckpointBody | None = None) -> JSONResponse:
+        hold = body.hold_s if body else DEFAULT_HOLD_S
+        return operation(lambda: fleet.operations.checkpoint(worker_id, hold))
+
+    @app.post("/fleet/workers/{worker_id}/migrate")
+    async def migrate(worker_id: str, body: MigrateBody) -> JSONResponse:
+        return operation(lambda: fleet.operations.migrate(worker_id, body.to))
+
+    @app.post("/fleet/restore")
+    async def restore(body: RestoreBody) -> JSONResponse:
+        return operation(lambda: fleet.operations.restore(body.checkpoint, body.device))
+
+    @app.get("/fleet/checkpoints")
+    async def checkpoints() -> dict:
+        return {"checkpoints": fleet.operations.list_checkpoints()}
+
+    @app.get("/fleet/operations/{op_id}")
+    async def get_operation(op_id: str) -> dict:
+        try:
+            return fleet.operations.get(op_id).as_json()
+        except OperationError as exc:
+            raise APIError(exc.status, str(exc), "not_found_error") from None
 
     @app.get("/fleet/requests")
     async def recent_requests(limit: int = 100) -> dict:

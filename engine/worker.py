@@ -70,7 +70,10 @@ class Worker:
         self.peaks = device_peaks(self.engine.device, self.engine.dtype, spec.store_path)
 
     def run(self) -> None:
+        from fleetctl.engine.worker_checkpoint import current_compat
+
         allocator = self.engine.kv_cache.allocator
+        self.compat = current_compat(self.engine, self.peaks.name)
         self.conn.send(m.WorkerReady(
             self.spec.worker_id, os.getpid(), allocator.num_blocks, self.engine.kv_cache.spec.block_size,
             self.engine.load_seconds, self.peaks.name, self.peaks.peak_flops, self.peaks.peak_bytes_per_s,
@@ -99,6 +102,12 @@ class Worker:
                 self.conn.send(m.Capacity(self.spec.worker_id, self.engine.kv_cache.allocator.num_free))
             case m.Shutdown():
                 self.running = False
+            case m.Checkpoint():
+                self._checkpoint(msg)
+            case m.Resume():
+                pass  # only meaningful while holding after a checkpoint
+            case m.Restore():
+                self._restore(Path(msg.path))
             case _:
                 raise TypeError(f"unknown message {msg!r}")
 
@@ -149,7 +158,59 @@ class Worker:
         ))
         for out in outputs:
             if not out.finished and out.request_id in scheduler.parked:
-                start = time.perf_counter()
-                handle = self.transport.publish(self.engine.export_kv(out.request_id))
-                self.handles[out.request_id] = handle
-                self.conn.send(m.Prefilled(out.request_id, handle, time.perf_counter() - start))
+                self._publish(out.request_id)
+
+    def _publish(self, request_id: str) -> None:
+        start = time.perf_counter()
+        handle = self.transport.publish(self.engine.export_kv(request_id))
+        self.handles[request_id] = handle
+        self.conn.send(m.Prefilled(request_id, handle, time.perf_counter() - start))
+
+    def _checkpoint(self, msg: m.Checkpoint) -> None:
+        """Runs between steps: the engine is paused for as long as this takes."""
+        from fleetctl.engine.checkpoint import CheckpointError
+        from fleetctl.engine.worker_checkpoint import write_engine_checkpoint
+
+        paused_at = time.time()
+        start = time.perf_counter()
+        try:
+            path, sessions, nbytes = write_engine_checkpoint(
+                self.engine, self.spec.worker_id, self.spec.role.value, self.compat, Path(msg.root), msg.name,
+                on_writer=lambda pid: self.conn.send(m.CheckpointStarted(pid, paused_at)),
+            )
+        except (CheckpointError, OSError) as exc:
+            self.conn.send(m.CheckpointFailed(str(exc)))
+            return
+        self.conn.send(m.CheckpointDone(str(path), sessions, nbytes, time.perf_counter() - start, paused_at))
+        if msg.after == "stand-down":
+            self.running = False
+        elif msg.after == "hold":
+            self._hold()
+
+    def _restore(self, path: Path) -> None:
+        """Verify every file and the role before anything is loaded; then restore (or cold start)."""
+        from fleetctl.engine.checkpoint import CheckpointError, read_checkpoint
+        from fleetctl.engine.worker_checkpoint import restore_engine
+
+        try:
+            checkpoint = read_checkpoint(path)
+            if checkpoint.role != self.spec.role.value:
+                raise CheckpointError(f"{path} is a {checkpoint.role} worker's checkpoint; a checkpoint never "
+                                      f"changes a worker's role")
+        except CheckpointError as exc:
+            self.conn.send(m.RestoreFailed(str(exc)))
+            return
+        result = restore_engine(self.engine, checkpoint, self.compat)
+        ids = [record["request_id"] for record in checkpoint.sequences]
+        self.conn.send(m.Restored(result.mode.value, result.reason, result.sessions, result.nbytes, result.seconds,
+                                  ids))
+        for rid in list(self.engine.scheduler.parked):
+            self._publish(rid)
+
+    def _hold(self) -> None:
+        """Paused after a checkpoint (a migration in progress): no steps until Resume or Shutdown."""
+        while self.running:
+            msg = self.conn.recv()
+            if isinstance(msg, m.Resume):
+                return
+            self.handle(msg)

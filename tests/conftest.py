@@ -28,6 +28,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def small_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Slower than the tiny model (seconds per long stream), so tests can act while streams run."""
+    return tiny_model.write_tiny_llama(tmp_path_factory.mktemp("small-llama"), seed=1, hidden_size=256,
+                                       intermediate_size=1024, num_hidden_layers=8, num_attention_heads=8,
+                                       num_key_value_heads=2, head_dim=32, max_position_embeddings=1024)
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The default model, pulled once into the persistent model store (kept between runs)."""
     from fleetctl.engine.model.store import ModelStore

@@ -53,11 +53,12 @@ def _tokenizer(vocab_size: int) -> Tokenizer:
     return tok
 
 
-def write_tiny_llama(out_dir: Path, seed: int = 0, vocab_size: int = 384) -> Path:
+def write_tiny_llama(out_dir: Path, seed: int = 0, vocab_size: int = 384, **shape: int) -> Path:
+    """`shape` overrides config fields (hidden_size, num_hidden_layers, …) for a bigger test model."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tok = _tokenizer(vocab_size)
     tok.save(str(out_dir / "tokenizer.json"))
-    config = dict(TINY_CONFIG, vocab_size=tok.get_vocab_size())
+    config = dict(TINY_CONFIG, vocab_size=tok.get_vocab_size(), **shape)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     (out_dir / "tokenizer_config.json").write_text(
         json.dumps(

@@ -24,7 +24,8 @@ from safetensors.torch import save_file
 LAYER_FIELDS = [f.name for f in fields(LayerWeights)]
 
 
-def _source_key(model_dir: Path) -> str:
+def weights_key(model_dir: Path) -> str:
+    """Identifies the weights: their sha256 from the model store, else a digest of paths, sizes, mtimes."""
     manifest = model_dir / MANIFEST
     if manifest.exists():
         return json.loads(manifest.read_text())["weights_sha256"]
@@ -33,7 +34,7 @@ def _source_key(model_dir: Path) -> str:
 
 
 def cache_path(model_dir: Path, dtype: torch.dtype) -> Path:
-    key = hashlib.sha256(f"{_source_key(model_dir)}|{model_dir.resolve()}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{weights_key(model_dir)}|{model_dir.resolve()}".encode()).hexdigest()[:16]
     dtype_name = str(dtype).removeprefix("torch.")
     return fleet_home() / "cache" / "weights" / f"{model_dir.name}-{key}-{dtype_name}.safetensors"
 

@@ -1,0 +1,115 @@
+"""Checkpoint format v1 on disk: atomic writes (a writer killed at any point leaves nothing listed or
+accepted), verification naming the bad file, compat comparison."""
+
+import json
+import os
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from fleetctl.engine.checkpoint import (
+    MANIFEST,
+    CheckpointError,
+    Compat,
+    KVPayload,
+    first_difference,
+    list_checkpoints,
+    read_checkpoint,
+    write_checkpoint,
+)
+
+COMPAT = Compat(device_kind="cpu", device_name="test-cpu", driver="", torch="2.13.0", engine="0.1.0",
+                model_id="tiny", model_sha256="ab" * 32, dtype="float32", kv_layout=1, block_size=16)
+SEQUENCES = [{"request_id": "r0", "prompt_token_ids": [1, 2, 3], "output_token_ids": [4], "block_table": [0]}]
+
+
+def kv(blocks: int) -> torch.Tensor:
+    return torch.randn(3, 2, blocks, 16, 2, 16, generator=torch.Generator().manual_seed(0))
+
+
+def test_roundtrip_and_permissions(tmp_path: Path) -> None:
+    tensor = kv(4)
+    path = write_checkpoint(tmp_path, "w-1", "decode-0", "decode", COMPAT, SEQUENCES, KVPayload.of(tensor))
+    saved = read_checkpoint(path)
+    assert saved.worker_id == "decode-0" and saved.compat == COMPAT and saved.sequences == SEQUENCES
+    assert torch.equal(saved.load_kv(), tensor)
+    assert path.stat().st_mode & 0o777 == 0o700
+    assert all(f.stat().st_mode & 0o777 == 0o600 for f in path.iterdir())
+    assert list_checkpoints(tmp_path) == [path]
+
+
+def test_bf16_kv_roundtrip(tmp_path: Path) -> None:
+    tensor = kv(2).bfloat16()
+    path = write_checkpoint(tmp_path, "w-bf16", "decode-0", "decode", COMPAT, SEQUENCES, KVPayload.of(tensor))
+    assert torch.equal(read_checkpoint(path).load_kv(), tensor)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "missing"])
+def test_damaged_files_are_refused_by_name(tmp_path: Path, damage: str) -> None:
+    path = write_checkpoint(tmp_path, "w-2", "decode-0", "decode", COMPAT, SEQUENCES, KVPayload.of(kv(4)))
+    target = path / "kv.safetensors"
+    if damage == "flip":
+        data = bytearray(target.read_bytes())
+        data[-100] ^= 0x01
+        target.write_bytes(bytes(data))
+    elif damage == "truncate":
+        target.write_bytes(target.read_bytes()[:-10])
+    else:
+        target.unlink()
+    with pytest.raises(CheckpointError, match="kv.safetensors"):
+        read_checkpoint(path)
+
+
+def test_manifest_problems_are_refused(tmp_path: Path) -> None:
+    path = write_checkpoint(tmp_path, "w-3", "decode-0", "decode", COMPAT, SEQUENCES, KVPayload.of(kv(1)))
+    (path / MANIFEST).write_text("{not json")
+    with pytest.raises(CheckpointError, match=MANIFEST):
+        read_checkpoint(path)
+    (path / MANIFEST).write_text(json.dumps({"format_version": 99}))
+    with pytest.raises(CheckpointError, match="format version"):
+        read_checkpoint(path)
+    (path / MANIFEST).unlink()
+    with pytest.raises(CheckpointError, match="missing"):
+        read_checkpoint(path)
+    assert list_checkpoints(tmp_path) == []
+
+
+def test_first_difference_names_the_field() -> None:
+    assert first_difference(COMPAT, COMPAT) is None
+    reason = first_difference(COMPAT, replace(COMPAT, device_name="NVIDIA H200"))
+    assert reason is not None and reason.startswith("device_name")
+
+
+def test_writer_killed_at_any_point_leaves_nothing_listed(tmp_path: Path) -> None:
+    """Fork a writer of a 48 MiB checkpoint and SIGKILL it after increasing delays: a checkpoint is
+    either complete and verifies, or it is not listed and cannot be read."""
+    payload = KVPayload.of(kv(1024))  # 3 layers * 2 * 1024 blocks * 16 * 2 * 16 * 4 bytes
+    outcomes = set()
+    for attempt, delay in enumerate((0.0, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.2, 1.0)):
+        name = f"kill-{attempt}"
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                write_checkpoint(tmp_path, name, "decode-0", "decode", COMPAT, SEQUENCES, payload)
+                code = 0
+            finally:
+                os._exit(code)
+        time.sleep(delay)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        complete = tmp_path / name
+        if complete.exists():
+            outcomes.add("complete")
+            read_checkpoint(complete)
+        else:
+            outcomes.add("killed")
+            with pytest.raises(CheckpointError):
+                read_checkpoint(tmp_path / f"{name}.partial")
+        for listed in list_checkpoints(tmp_path):
+            read_checkpoint(listed)
+    assert "killed" in outcomes  # at least one kill landed mid-write
