@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 import httpx
+
 from fleetctl.console.traces import TraceRequest
 
 

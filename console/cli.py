@@ -2,6 +2,7 @@
 `fleetctl --help` stays fast."""
 
 import typer
+
 from fleetctl.console.fleet_cmds import bench, classify, serve, status, workers
 from fleetctl.console.generate_cmd import generate
 from fleetctl.console.models_cmd import models_app

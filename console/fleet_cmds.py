@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import typer
+
 from fleetctl.console.client import FleetClient, FleetClientError
 from fleetctl.console.errors import fail, user_errors
 from fleetctl.console.models_cmd import resolve_model
@@ -29,6 +30,7 @@ def serve(
 ) -> None:
     """Run a fleet and its HTTP server in the foreground."""
     import uvicorn
+
     from fleetctl.engine.admin_auth import is_loopback, load_or_create_admin_token
     from fleetctl.engine.fleet import Fleet
     from fleetctl.engine.fleet_config import FleetConfig, FleetConfigError

@@ -4,6 +4,7 @@ import json
 import sys
 
 import typer
+
 from fleetctl.console.errors import user_errors
 from fleetctl.console.models_cmd import resolve_model
 from fleetctl.engine.model.registry import DEFAULT_MODEL

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import typer
+
 from fleetctl.console.errors import user_errors
 from fleetctl.console.progress import stage_progress
 

@@ -6,6 +6,7 @@ import sys
 import time
 
 import typer
+
 from fleetctl.console.client import FleetClient, FleetClientError
 from fleetctl.console.errors import fail
 

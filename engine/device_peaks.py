@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 
 import torch
+
 from fleetctl.engine.gpu_sampler import driver_version
 from fleetctl.store.db import open_db
 from fleetctl.store.devices import cached_device, save_device

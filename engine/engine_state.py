@@ -4,6 +4,7 @@ two ways back: load the KV into fresh blocks, or cold start (re-prefill every se
 from dataclasses import asdict
 
 import torch
+
 from fleetctl.engine.llm_engine import LLMEngine
 from fleetctl.engine.sequence import SamplingParams, Sequence, SequenceStatus
 

@@ -5,11 +5,12 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
 from fleetctl.engine.messages import StepReport
 from fleetctl.engine.router import WorkerView
 from fleetctl.engine.tracked_request import TrackedRequest
 from fleetctl.store.records import WorkerRole
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 BUSY_WINDOW_S = 5.0
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

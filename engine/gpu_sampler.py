@@ -10,6 +10,7 @@ import logging
 import time
 
 import pynvml
+
 from fleetctl.store.records import GpuSample
 
 log = logging.getLogger(__name__)

@@ -4,6 +4,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import torch
+
 from fleetctl.engine.model.config import ModelConfig
 
 BLOCK_SIZE = 16

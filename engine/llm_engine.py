@@ -5,6 +5,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+
 from fleetctl.engine.config import DEFAULT_CPU_KV_BYTES, GPU_KV_FRACTION, EngineConfig
 from fleetctl.engine.devices import available_memory, parse_device, resolve_dtype
 from fleetctl.engine.kv_cache import KVCache, KVCacheSpec

@@ -4,8 +4,9 @@ import time
 import uuid
 from typing import Literal
 
-from fleetctl.engine.sequence import SamplingParams
 from pydantic import BaseModel, ConfigDict, Field
+
+from fleetctl.engine.sequence import SamplingParams
 
 
 class StreamOptions(BaseModel):

@@ -5,6 +5,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+
 from fleetctl.engine.kv_cache import KVCache
 from fleetctl.engine.model.llama import AttentionBatch, LlamaModel
 from fleetctl.engine.sampler import sample

@@ -3,6 +3,7 @@ seeded with (the sequence's seed, the output position). A seeded request therefo
 tokens whatever it is batched with, and continues identically after a handoff or a recompute."""
 
 import torch
+
 from fleetctl.engine.sequence import Sequence
 
 _MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, position) over the seed space

@@ -9,6 +9,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, Field
+
 from fleetctl.engine import openai_protocol as oai
 from fleetctl.engine.fleet import Fleet, FleetBusy, NoWorkers
 from fleetctl.engine.fleet_status import fleet_status, workers_status
@@ -17,9 +21,6 @@ from fleetctl.engine.model.tokenizer import TokenizerError
 from fleetctl.engine.operations import DEFAULT_HOLD_S, Operation, OperationError
 from fleetctl.engine.sequence import SamplingError
 from fleetctl.engine.tracked_request import TrackedRequest
-from prometheus_client import generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, Field
 
 
 class CheckpointBody(BaseModel):

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-import fleetctl
 import torch
+
+import fleetctl
 from fleetctl.engine.checkpoint import (
     PARTIAL_SUFFIX,
     Checkpoint,

@@ -7,6 +7,7 @@ later keys masked out. Same shapes give the same summation order, so the same bi
 """
 
 import torch
+
 from fleetctl.kernels.paged_attention import gather_kv
 
 TILE = 16

@@ -13,6 +13,7 @@ Importing this module does not import triton: that happens on the first kernel l
 """
 
 import torch
+
 from fleetctl.kernels import triton_support
 from fleetctl.kernels.batch_invariant import invariant_attention, invariant_linear
 from fleetctl.kernels.paged_attention import (

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
 from fleetctl.kernels.triton_support import dot_numerics, interpreting, kernel, next_pow2, sm_count
 
 if TYPE_CHECKING:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
 from fleetctl.kernels.triton_support import kernel, next_pow2
 
 if TYPE_CHECKING:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+
 from fleetctl.kernels.triton_support import kernel, next_pow2
 
 if TYPE_CHECKING:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
 from fleetctl.console.models_cmd import resolve_model
 from fleetctl.engine.config import EngineConfig
 from fleetctl.engine.llm_engine import LLMEngine

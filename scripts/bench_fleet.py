@@ -12,6 +12,7 @@ import json
 import statistics
 
 import httpx
+
 from fleetctl.console.bench import run_bench
 from fleetctl.console.local_fleet import local_fleet
 from fleetctl.console.models_cmd import resolve_model

@@ -11,9 +11,10 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from fleetctl.store.schema import SCHEMA_VERSION, TABLES
 from sqlite_utils import Database
 from sqlmodel import SQLModel, create_engine
+
+from fleetctl.store.schema import SCHEMA_VERSION, TABLES
 
 BUSY_TIMEOUT_S = 10.0
 

@@ -2,9 +2,10 @@
 once and every later worker on it starts instantly. Written directly (not through the batched
 writer): the next lookup, possibly from another process, must find it."""
 
+from sqlite_utils import Database
+
 from fleetctl.store.records import DeviceKind, DeviceRecord, PeakSource, columns
 from fleetctl.store.validate import problem
-from sqlite_utils import Database
 
 _COLUMNS = columns(DeviceRecord)
 

@@ -9,8 +9,9 @@ import math
 import time
 from dataclasses import dataclass
 
-from fleetctl.store.records import WorkerRole, WorkerSample, WorkerState, columns
 from sqlite_utils import Database
+
+from fleetctl.store.records import WorkerRole, WorkerSample, WorkerState, columns
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from fleetctl.console.local_fleet import FLEETCTL
 from fleetctl.console.local_fleet import local_fleet as serve
 

@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 from fleet_harness import fleetctl, generate_json, serve, wait_until
+
 from fleetctl.engine.checkpoint import MANIFEST, read_checkpoint
 
 GREEDY = ["The quick brown fox", "Once upon a time there was", "def add(a, b):", "Numbers 0 1 2 3"]

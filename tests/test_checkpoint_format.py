@@ -60,7 +60,7 @@ def test_damaged_files_are_refused_by_name(tmp_path: Path, damage: str) -> None:
         target.write_bytes(target.read_bytes()[:-10])
     else:
         target.unlink()
-    with pytest.raises(CheckpointError, match="kv.safetensors"):
+    with pytest.raises(CheckpointError, match=r"kv\.safetensors"):
         read_checkpoint(path)
 
 

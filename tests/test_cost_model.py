@@ -1,6 +1,7 @@
 """Per-step FLOPs and bytes from the model's shape, checked by hand on smollm2-135m's shape."""
 
 import pytest
+
 from fleetctl.engine.cost_model import CostModel
 from fleetctl.engine.model.config import ModelConfig
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from fleetctl.engine.config import EngineConfig
 from fleetctl.engine.llm_engine import LLMEngine, PromptError
 from fleetctl.engine.sequence import SamplingError, SamplingParams

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from fleetctl.kernels import triton_support
 from fleetctl.kernels.paged_attention import (
     paged_decode_attention_ref,

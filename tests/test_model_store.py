@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
+
 from fleetctl.engine.model import store as store_module
 from fleetctl.engine.model.registry import DEFAULT_MODEL, KNOWN_MODELS
 from fleetctl.engine.model.store import (
@@ -24,7 +26,6 @@ from fleetctl.engine.model.store import (
     fleet_home,
     sha256_file,
 )
-from safetensors.numpy import load_file
 
 SMOL = KNOWN_MODELS[DEFAULT_MODEL]
 

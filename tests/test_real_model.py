@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from fleetctl.engine.config import EngineConfig
 from fleetctl.engine.llm_engine import LLMEngine
 from fleetctl.engine.sequence import SamplingParams

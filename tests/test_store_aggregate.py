@@ -1,6 +1,7 @@
 """Per-step records folded into per-worker per-second rows (store/aggregate.py's conventions)."""
 
 import pytest
+
 from fleetctl.store.aggregate import AggregatorConfig, Phase, StepAggregator, StepRecord
 from fleetctl.store.records import WorkerRole
 

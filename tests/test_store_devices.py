@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 import torch
+
 from fleetctl.engine import device_peaks as peaks_module
 from fleetctl.engine.device_peaks import device_identity, device_peaks, spec_peaks
 from fleetctl.engine.gpu_sampler import GpuSampler

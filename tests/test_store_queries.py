@@ -1,6 +1,7 @@
 """Read side: utilization per worker and pool, latency percentiles, classify, the dashboard."""
 
 import pytest
+
 from fleetctl.store.classify import bucket_labels, classify
 from fleetctl.store.db import open_db
 from fleetctl.store.queries import dashboard, percentiles, pool_utilization, request_latency, worker_utilization

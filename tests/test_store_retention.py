@@ -4,6 +4,7 @@ week are deleted."""
 import random
 
 import pytest
+
 from fleetctl.store.db import open_db
 from fleetctl.store.retention import RetentionConfig, apply_retention
 

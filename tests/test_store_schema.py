@@ -4,6 +4,7 @@ import sqlite3
 from dataclasses import fields
 
 import pytest
+
 from fleetctl.store.db import MIGRATIONS, StoreVersionError, open_db, schema_version
 from fleetctl.store.records import RECORD_TYPES
 from fleetctl.store.schema import SCHEMA_VERSION, TABLES

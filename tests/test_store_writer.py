@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+
 from fleetctl.store.db import open_db
 from fleetctl.store.queries import dashboard
 from fleetctl.store.records import (

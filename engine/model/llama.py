@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.kernels import ops
 

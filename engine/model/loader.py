@@ -5,9 +5,10 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.llama import LayerWeights, LlamaWeights
-from safetensors import safe_open
 
 
 class WeightLoadError(ValueError):

@@ -14,12 +14,13 @@ from dataclasses import fields
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.llama import LayerWeights, LlamaWeights
 from fleetctl.engine.model.loader import load_weights, weight_files
 from fleetctl.engine.model.store import MANIFEST, fleet_home
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 LAYER_FIELDS = [f.name for f in fields(LayerWeights)]
 
