@@ -4,14 +4,15 @@ tensors; it runs on one asyncio loop, with a reader and a writer thread per work
 
 import asyncio
 import dataclasses
-import logging
 import time
 import uuid
 from collections import deque
 
 from fleetctl.engine import messages as m
 from fleetctl.engine.fleet_config import FleetConfig, worker_specs
+from fleetctl.engine.fleet_handoff import HandoffRouting
 from fleetctl.engine.fleet_recorder import FleetRecorder
+from fleetctl.engine.fleet_recovery import FleetRecovery
 from fleetctl.engine.fleet_stats import FleetStats
 from fleetctl.engine.launcher import Launcher, LocalLauncher
 from fleetctl.engine.llm_engine import check_prompt
@@ -27,8 +28,6 @@ from fleetctl.engine.worker import WorkerSpec
 from fleetctl.engine.worker_link import WorkerLink
 from fleetctl.store.records import EventKind, WorkerRole
 
-log = logging.getLogger(__name__)
-
 
 class FleetBusy(RuntimeError):
     """The controller's queue is full (HTTP 429)."""
@@ -38,7 +37,7 @@ class NoWorkers(RuntimeError):
     """No live worker is left for a role the request needs (HTTP 503)."""
 
 
-class Fleet:
+class Fleet(HandoffRouting, FleetRecovery):
     def __init__(self, config: FleetConfig, launcher: Launcher | None = None) -> None:
         self.config = config
         self.model_config = ModelConfig.from_file(config.model_dir / "config.json")
@@ -214,23 +213,6 @@ class Fleet:
         self._send(view.worker_id, m.RunRequest(req.request_id, req.prompt_token_ids, req.params, req.seed,
                                                 list(req.output_token_ids)))
 
-    def _dispatch_handoffs(self) -> None:
-        for _ in range(len(self._pending_handoffs)):
-            req = self._pending_handoffs.popleft()
-            if req.done or req.handle is None:
-                continue
-            needed = -(-(len(req.prompt_token_ids) + len(req.output_token_ids)) // 16)
-            view = self.router.pick_decode_worker(list(self.views.values()), needed)
-            if view is None:
-                self._pending_handoffs.append(req)
-                continue
-            view.free_blocks -= needed  # reserved until the worker reports again
-            view.requests.add(req.request_id)
-            req.decode_worker = view.worker_id
-            req.times.handoff_start = req.times.handoff_start or time.time()
-            self._send(view.worker_id, m.Adopt(req.request_id, req.prompt_token_ids, list(req.output_token_ids),
-                                               req.params, req.seed, req.handle))
-
     # ---- messages from workers (event loop) -------------------------------------------------
 
     def _on_link_message(self, link: WorkerLink, msg: object) -> None:
@@ -319,132 +301,6 @@ class Fleet:
             if req.phase is Phase.PREFILL and self.views[wid].role is WorkerRole.PREFILL:
                 req.phase = Phase.HANDOFF
             req.events.put_nowait(StreamEvent(token_id=event.token_id, text=delta))
-
-    def _on_prefilled(self, wid: str, msg: m.Prefilled) -> None:
-        req = self.requests.get(msg.request_id)
-        if req is None or req.done or req.prompt_worker != wid:
-            self._transport.release(msg.handle)
-            self._send(wid, m.ReleaseKV(msg.request_id))
-            return
-        req.handle = msg.handle
-        req.times.handoff_seconds += msg.publish_seconds
-        self._pending_handoffs.append(req)
-        self._dispatch_handoffs()
-
-    def _on_adopted(self, wid: str, msg: m.Adopted) -> None:
-        req = self.requests.get(msg.request_id)
-        self.views[wid].free_blocks = msg.free_blocks
-        if req is None or req.done:
-            self._send(wid, m.Abort(msg.request_id))
-            return
-        req.phase = Phase.DECODE
-        req.times.handoff_end = time.time()
-        req.times.handoff_bytes += msg.nbytes
-        req.times.handoff_seconds += msg.seconds
-        self.stats.on_handoff(msg.nbytes, msg.seconds)
-        self._release_prefill_copy(req)
-
-    def _on_adopt_failed(self, wid: str, msg: m.AdoptFailed) -> None:
-        req = self.requests.get(msg.request_id)
-        view = self.views[wid]
-        view.requests.discard(msg.request_id)
-        if req is None or req.done:
-            return
-        req.decode_worker = None
-        if msg.retryable:
-            view.free_blocks = 0  # full until it reports again
-            self._pending_handoffs.append(req)
-        else:
-            self._release_prefill_copy(req)
-            self._recompute(req, WorkerRole.DECODE)
-
-    def _release_prefill_copy(self, req: TrackedRequest) -> None:
-        if req.prompt_worker is not None:
-            self.views[req.prompt_worker].requests.discard(req.request_id)
-            if self.views[req.prompt_worker].state is WorkerState.FAILED and req.handle is not None:
-                self._transport.release(req.handle)  # its producer is gone: clean up its buffer here
-            else:
-                self._send(req.prompt_worker, m.ReleaseKV(req.request_id))
-        req.handle = None
-
-    def _release_everywhere(self, req: TrackedRequest) -> None:
-        for wid in {req.prompt_worker, req.decode_worker} - {None}:
-            if self.views[wid].state is not WorkerState.FAILED and req.request_id in self.views[wid].requests:
-                self._send(wid, m.Abort(req.request_id))
-            self.views[wid].requests.discard(req.request_id)
-        if req.handle is not None and self.views[req.prompt_worker].state is WorkerState.FAILED:
-            self._transport.release(req.handle)
-        req.handle = None
-
-    # ---- failures ------------------------------------------------------------------------------
-
-    def _on_worker_exit(self, wid: str) -> None:
-        view = self.views[wid]
-        if view.state in (WorkerState.FAILED, WorkerState.STOPPED):
-            return
-        if view.state is WorkerState.CHECKPOINTED:  # stood down on purpose: its sessions are held
-            self._drop_published_kv(wid)
-            return
-        was_running = view.state is WorkerState.RUNNING
-        view.state = WorkerState.STOPPED if self._stopping else WorkerState.FAILED
-        if self.recorder and was_running:
-            self.recorder.worker_stopped(view, view.state, {"requests": len(view.requests)})
-        if self._stopping:
-            return
-        log.warning("worker %s died; recomputing its %d request(s)", wid, len(view.requests))
-        self.stats.on_failure(view.role)
-        self.recompute_held(wid)
-
-    def _drop_published_kv(self, wid: str) -> None:
-        """A stood-down prefill worker removed its published KV: its handoffs wait for a re-publish
-        after restore (or a recompute when the hold expires)."""
-        for req in self.requests.values():
-            if req.prompt_worker == wid and req.phase is Phase.HANDOFF and req.decode_worker is None:
-                req.handle = None
-
-    def recompute_held(self, wid: str) -> None:
-        """Continue every request `wid` holds on a surviving worker of the same role, from its tokens."""
-        view = self.views[wid]
-        for rid in list(view.requests):
-            req = self.requests.get(rid)
-            view.requests.discard(rid)
-            if req is None or req.done:
-                continue
-            if req.decode_worker == wid:  # decoding here, or its handoff was on the way here
-                req.decode_worker = None
-                if req.phase is Phase.HANDOFF and req.handle is not None:
-                    self._pending_handoffs.append(req)
-                else:
-                    self._recompute(req, WorkerRole.DECODE)
-            elif req.prompt_worker == wid and req.phase is Phase.PREFILL:
-                self._recompute(req, view.role)
-            elif req.prompt_worker == wid and req.handle is not None and req.handle.kind != "shm":
-                self._recompute(req, WorkerRole.DECODE)  # device memory died with its producer
-            # a shm handle outlives its producer: the pending handoff proceeds
-        self._dispatch_handoffs()
-        self._dispatch_queued()
-
-    def _recompute(self, req: TrackedRequest, role: WorkerRole) -> None:
-        """Re-run the request from its tokens on a surviving worker of `role`."""
-        req.recomputes += 1
-        if role is WorkerRole.DECODE:
-            view = self.router.pick_decode_worker(list(self.views.values()), 0)
-        else:
-            view = self.router.pick_prompt_worker(list(self.views.values()), role)
-        if view is None:
-            if not Router.has_role(list(self.views.values()), role):
-                self._fail(req, f"no {role.value} worker is left to continue this request")
-            else:
-                req.phase = Phase.QUEUED
-                self._queued.appendleft(req)
-            return
-        if role is WorkerRole.DECODE:
-            req.phase, req.decode_worker = Phase.DECODE, view.worker_id
-            view.requests.add(req.request_id)
-            self._send(view.worker_id, m.RunRequest(req.request_id, req.prompt_token_ids, req.params, req.seed,
-                                                    list(req.output_token_ids)))
-        else:
-            self._run_on(req, view)
 
     # ---- endings ---------------------------------------------------------------------------------
 
