@@ -349,7 +349,8 @@ class FleetOperations:
         self.fleet.stats.migrations.labels(mode=restored.mode).inc()
         self.fleet.record_event(EventKind.MIGRATE, worker_id, {"from": source_device, "to": to,
                                                                 "mode": restored.mode, "reason": restored.reason})
-        return self._result(worker_id, source_device, to, restored, done.path, first - done.paused_at)
+        result = self._result(worker_id, source_device, to, restored, done.path, first - done.paused_at)
+        return {**result, "checkpoint_s": round(done.seconds, 4)}
 
     async def _first_token(self, worker_id: str, restored: m.Restored, since: float) -> float:
         """When the restored worker produced its first token (now, if it holds no live session)."""
@@ -371,4 +372,4 @@ class FleetOperations:
                 downtime: float) -> dict:
         return {"worker": worker_id, "from": source, "to": to, "mode": restored.mode, "reason": restored.reason,
                 "sessions": restored.sessions, "bytes": restored.nbytes, "downtime_s": round(downtime, 4),
-                "checkpoint": path}
+                "checkpoint": path, "restore_s": round(restored.seconds, 4)}
