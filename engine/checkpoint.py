@@ -81,12 +81,14 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_file(path: Path, data: bytes) -> None:
+def _write_file(path: Path, data: bytes) -> str:
+    """Write and fsync; returns the sha256 of what was written."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    return hashlib.sha256(data).hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -117,19 +119,28 @@ class KVPayload:
         return cls(_SAFETENSORS_DTYPES[kv.dtype], tuple(kv.shape), memoryview(raw).cast("B"))
 
 
-def _write_safetensors(path: Path, payload: KVPayload) -> None:
-    """One tensor "kv" in the safetensors layout (u64 header length, JSON header, data), in chunks."""
+def _write_safetensors(path: Path, payload: KVPayload) -> str:
+    """One tensor "kv" in the safetensors layout (u64 header length, JSON header, data), in chunks,
+    hashed as it is written. Returns the file's sha256."""
     header = {"kv": {"dtype": payload.dtype, "shape": list(payload.shape), "data_offsets": [0, payload.data.nbytes]},
               "__metadata__": {"format": "fleetctl-kv-v1"}}
     encoded = json.dumps(header).encode()
     encoded += b" " * (-len(encoded) % 8)
+    digest = hashlib.sha256()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
-        f.write(len(encoded).to_bytes(8, "little") + encoded)
-        for offset in range(0, payload.data.nbytes, _CHUNK):
-            f.write(payload.data[offset : offset + _CHUNK])
+        for chunk in _chunks(len(encoded).to_bytes(8, "little") + encoded, payload.data):
+            digest.update(chunk)
+            f.write(chunk)
         f.flush()
         os.fsync(f.fileno())
+    return digest.hexdigest()
+
+
+def _chunks(header: bytes, data: memoryview):
+    yield header
+    for offset in range(0, data.nbytes, _CHUNK):
+        yield data[offset : offset + _CHUNK]
 
 
 def write_checkpoint(root: Path, name: str, worker_id: str, role: str, compat: Compat,
@@ -140,9 +151,9 @@ def write_checkpoint(root: Path, name: str, worker_id: str, role: str, compat: C
     final = root / name
     partial = root / (name + PARTIAL_SUFFIX)
     partial.mkdir(mode=0o700)
-    _write_safetensors(partial / KV_FILE, kv)
-    _write_file(partial / SEQUENCES, json.dumps({"sequences": sequences}).encode())
-    files = {n: {"sha256": _sha256(partial / n), "size": (partial / n).stat().st_size} for n in (KV_FILE, SEQUENCES)}
+    digests = {KV_FILE: _write_safetensors(partial / KV_FILE, kv),
+               SEQUENCES: _write_file(partial / SEQUENCES, json.dumps({"sequences": sequences}).encode())}
+    files = {n: {"sha256": digest, "size": (partial / n).stat().st_size} for n, digest in digests.items()}
     manifest = {"format_version": FORMAT_VERSION, "worker": worker_id, "role": role, "compat": asdict(compat),
                 "files": files, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     _write_file(partial / MANIFEST, json.dumps(manifest, indent=2).encode())
