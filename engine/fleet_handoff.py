@@ -13,7 +13,7 @@ class HandoffRouting:
     def _dispatch_handoffs(self) -> None:
         for _ in range(len(self._pending_handoffs)):
             req = self._pending_handoffs.popleft()
-            if req.done or req.handle is None:
+            if req.done or req.handle is None or req.decode_worker is not None:
                 continue
             needed = -(-(len(req.prompt_token_ids) + len(req.output_token_ids)) // 16)
             view = self.router.pick_decode_worker(list(self.views.values()), needed)
@@ -29,7 +29,10 @@ class HandoffRouting:
 
     def _on_prefilled(self, wid: str, msg: m.Prefilled) -> None:
         req = self.requests.get(msg.request_id)
-        if req is None or req.done or req.prompt_worker != wid:
+        stale = req is None or req.done or req.prompt_worker != wid
+        # a restored prefill worker re-publishes its parked sessions; one already on its way to (or
+        # at) a decode worker needs no second copy
+        if stale or req.phase is not Phase.HANDOFF or req.decode_worker is not None:
             self._transport.release(msg.handle)
             self._send(wid, m.ReleaseKV(msg.request_id))
             return

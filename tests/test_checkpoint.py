@@ -196,3 +196,22 @@ def test_killed_checkpoint_writes_never_leave_a_checkpoint(small_model_dir: Path
         ok = httpx.post(f"{url}/v1/completions", json={"model": "small-llama0", "prompt": "hi", "max_tokens": 3},
                         timeout=60)
         assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("layout", ["prefill", "mixed"])
+def test_migrate_prefill_and_mixed_workers(small_model_dir: Path, expected: list[str], layout: str) -> None:
+    """A prefill worker and a mixed worker move too. The prefill worker's decode peer batches two
+    sessions at most, so the others stay parked on the prefill worker, KV published: the restored
+    worker must publish them again."""
+    if layout == "mixed":
+        fleet, worker, busy = ("--colocated", "1", "--devices", "cpu:0", "--kv-blocks", "256"), "mixed-0", 6
+    else:
+        fleet = ("--prefill", "1", "--decode", "1", "--devices", "cpu:0,cpu:1", "--max-num-seqs", "2")
+        worker, busy = "prefill-0", 3
+    with serve(small_model_dir, *fleet, "--dtype", "float32", "--deterministic") as url:
+        streams = start_streams(url)
+        assert wait_until(lambda: sessions(url, worker) >= busy, 60)
+        result = fleetctl("migrate", worker, "--to", "cpu:2", "--url", url, "--json")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["mode"] == "restored"
+        assert streams.result(timeout=300) == expected
