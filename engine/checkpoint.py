@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -105,31 +106,64 @@ _CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class KVPayload:
-    """The KV tensor as raw bytes, taken before a fork so the writer child never calls into torch."""
+    """The KV tensor [layers, 2, n_blocks, block_size, Hkv, d] as raw bytes, taken before a fork so the
+    writer child never calls into torch: a view of a CPU tensor's memory, read as `runs` of
+    (offset, length) in order. Gathering from the live pool this way costs the paused worker no copy:
+    the forked child reads its own copy-on-write view of the pool."""
 
     dtype: str  # safetensors dtype tag
     shape: tuple[int, ...]
-    data: memoryview
+    memory: memoryview
+    runs: tuple[tuple[int, int], ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(length for _, length in self.runs)
 
     @classmethod
     def of(cls, kv: torch.Tensor) -> "KVPayload":
         """kv: [layers, 2, n_blocks, block_size, Hkv, d] on the CPU."""
         kv = kv.contiguous()
-        raw = kv.view(torch.uint8).reshape(-1).numpy()
-        return cls(_SAFETENSORS_DTYPES[kv.dtype], tuple(kv.shape), memoryview(raw).cast("B"))
+        memory = memoryview(kv.view(torch.uint8).reshape(-1).numpy()).cast("B")
+        return cls(_SAFETENSORS_DTYPES[kv.dtype], tuple(kv.shape), memory, ((0, memory.nbytes),))
+
+    @classmethod
+    def of_blocks(cls, pool: torch.Tensor, blocks: list[int]) -> "KVPayload":
+        """pool: the whole CPU pool [layers, 2, blocks, block_size, Hkv, d]; the payload is its `blocks`."""
+        layers, _, num_blocks, *block_shape = pool.shape
+        memory = memoryview(pool.view(torch.uint8).reshape(-1).numpy()).cast("B")
+        block_bytes = memory.nbytes // (layers * 2 * num_blocks)
+        runs = tuple((((layer * 2 + half) * num_blocks + block) * block_bytes, block_bytes)
+                     for layer in range(layers) for half in range(2) for block in blocks)
+        return cls(_SAFETENSORS_DTYPES[pool.dtype], (layers, 2, len(blocks), *block_shape), memory, runs)
+
+    def chunks(self) -> "Iterator[bytes | memoryview]":
+        """The payload's bytes in order, as pieces of about _CHUNK bytes."""
+        pending: list[memoryview] = []
+        size = 0
+        for offset, length in self.runs:
+            for start in range(offset, offset + length, _CHUNK):
+                piece = self.memory[start : min(start + _CHUNK, offset + length)]
+                pending.append(piece)
+                size += piece.nbytes
+                if size >= _CHUNK:
+                    yield b"".join(pending) if len(pending) > 1 else pending[0]
+                    pending, size = [], 0
+        if pending:
+            yield b"".join(pending)
 
 
 def _write_safetensors(path: Path, payload: KVPayload) -> str:
     """One tensor "kv" in the safetensors layout (u64 header length, JSON header, data), in chunks,
     hashed as it is written. Returns the file's sha256."""
-    header = {"kv": {"dtype": payload.dtype, "shape": list(payload.shape), "data_offsets": [0, payload.data.nbytes]},
+    header = {"kv": {"dtype": payload.dtype, "shape": list(payload.shape), "data_offsets": [0, payload.nbytes]},
               "__metadata__": {"format": "fleetctl-kv-v1"}}
     encoded = json.dumps(header).encode()
     encoded += b" " * (-len(encoded) % 8)
     digest = hashlib.sha256()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
-        for chunk in _chunks(len(encoded).to_bytes(8, "little") + encoded, payload.data):
+        for chunk in (len(encoded).to_bytes(8, "little") + encoded, *payload.chunks()):
             digest.update(chunk)
             f.write(chunk)
         f.flush()

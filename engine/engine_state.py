@@ -12,6 +12,13 @@ from fleetctl.engine.sequence import SamplingParams, Sequence, SequenceStatus
 def snapshot(engine: LLMEngine) -> tuple[list[dict], torch.Tensor]:
     """Records of every unfinished sequence and kv [layers, 2, n_blocks, block_size, Hkv, d] on the CPU,
     holding only the blocks those sequences use; each record's block_table indexes into it."""
+    records, used_blocks = snapshot_records(engine)
+    index = torch.tensor(used_blocks, dtype=torch.int64, device=engine.device)
+    return records, engine.kv_cache.tensor.index_select(2, index).cpu()
+
+
+def snapshot_records(engine: LLMEngine) -> tuple[list[dict], list[int]]:
+    """The records of `snapshot`, and the pool blocks (in order) that its kv tensor would gather."""
     scheduler = engine.scheduler
     block_size = engine.kv_cache.spec.block_size
     seqs = [*scheduler.running, *scheduler.parked.values(), *scheduler.waiting]
@@ -32,8 +39,7 @@ def snapshot(engine: LLMEngine) -> tuple[list[dict], torch.Tensor]:
                               "max_tokens": seq.params.max_tokens, "max_model_len": engine.max_model_len},
         })
         used_blocks += seq.block_table[:count]
-    index = torch.tensor(used_blocks, dtype=torch.int64, device=engine.device)
-    return records, engine.kv_cache.tensor.index_select(2, index).cpu()
+    return records, used_blocks
 
 
 def _params(record: dict) -> SamplingParams:

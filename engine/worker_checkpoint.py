@@ -21,7 +21,7 @@ from fleetctl.engine.checkpoint import (
     first_difference,
     write_checkpoint,
 )
-from fleetctl.engine.engine_state import cold_start, restore_with_kv, snapshot
+from fleetctl.engine.engine_state import cold_start, restore_with_kv, snapshot, snapshot_records
 from fleetctl.engine.gpu_sampler import driver_version
 from fleetctl.engine.kv_cache import KV_LAYOUT_VERSION
 from fleetctl.engine.llm_engine import LLMEngine
@@ -63,8 +63,12 @@ def write_engine_checkpoint(
 ) -> tuple[Path, int, int]:
     """Snapshot `engine` and write it in a forked child; `on_writer(pid)` runs once the child exists.
     Returns (path, sessions, bytes on disk). A failed or killed writer leaves nothing listed."""
-    records, kv = snapshot(engine)
-    payload = KVPayload.of(kv)
+    if engine.device.type == "cpu":  # the child gathers the used blocks from its copy-on-write view
+        records, blocks = snapshot_records(engine)
+        payload = KVPayload.of_blocks(engine.kv_cache.tensor, blocks)
+    else:
+        records, kv = snapshot(engine)
+        payload = KVPayload.of(kv)
     pid = os.fork()
     if pid == 0:  # the writer: no torch, no threads; always leaves through os._exit
         code = 1

@@ -113,3 +113,13 @@ def test_writer_killed_at_any_point_leaves_nothing_listed(tmp_path: Path) -> Non
         for listed in list_checkpoints(tmp_path):
             read_checkpoint(listed)
     assert "killed" in outcomes  # at least one kill landed mid-write
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blocks_gathered_from_the_pool_equal_the_gathered_tensor(tmp_path: Path, dtype: torch.dtype) -> None:
+    pool = kv(40).to(dtype)  # [layers, 2, blocks, block_size, Hkv, d]
+    blocks = [7, 3, 39, 0, 12] * 3
+    path = write_checkpoint(tmp_path, f"pool-{dtype}", "decode-0", "decode", COMPAT, SEQUENCES,
+                            KVPayload.of_blocks(pool, blocks))
+    expected = pool.index_select(2, torch.tensor(blocks))
+    assert torch.equal(read_checkpoint(path).load_kv(), expected)
