@@ -21,7 +21,7 @@ from fleetctl.engine.model.tokenizer import Tokenizer
 from fleetctl.engine.operations import FleetOperations
 from fleetctl.engine.output import TextStream
 from fleetctl.engine.router import Router, WorkerState, WorkerView
-from fleetctl.engine.sequence import SamplingParams, Sequence
+from fleetctl.engine.sequence import SamplingParams
 from fleetctl.engine.tracked_request import Phase, StreamEvent, TrackedRequest
 from fleetctl.engine.transport import KVTransport
 from fleetctl.engine.worker import WorkerSpec
@@ -158,7 +158,7 @@ class Fleet(HandoffRouting, FleetRecovery):
         eos = frozenset() if params.ignore_eos else self.tokenizer.eos_token_ids
         req = TrackedRequest(
             request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
-            seed=Sequence(prompt_token_ids, params).seed, stream=TextStream(self.tokenizer, params.stop, eos),
+            seed=params.request_seed(), stream=TextStream(self.tokenizer, params.stop, eos),
         )
         self.requests[request_id] = req
         self._queued.append(req)

@@ -50,6 +50,10 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    def request_seed(self) -> int:
+        """The seed a new request samples with: the given one, else a fresh random one."""
+        return self.seed if self.seed is not None else random.getrandbits(63)
+
 
 _ids = itertools.count()
 
@@ -76,7 +80,7 @@ class Sequence:
         if not self.request_id:
             self.request_id = f"seq-{self.seq_id}"
         if self.seed < 0:
-            self.seed = self.params.seed if self.params.seed is not None else random.getrandbits(63)
+            self.seed = self.params.request_seed()
 
     @property
     def num_tokens(self) -> int:
