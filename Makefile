@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 DEMO_PROMPT ?= In two sentences, why do LLM prefill and decode stress hardware differently?
 
-.PHONY: demo test install lint bench clean
+.PHONY: demo test test-fast install lint bench clean
 
 install: $(VENV)/.installed
 
@@ -31,6 +31,11 @@ test: install
 	$(FLEETCTL) models pull smollm2-135m
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q
+
+# the developer's loop: no real-model tests, no worker processes (`make test` still runs everything)
+test-fast: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q -m "not slow and not fleet"
 
 bench: install
 	$(VENV)/bin/python scripts/bench_decode.py

@@ -3,13 +3,14 @@ measure TTFT / TPOT / E2E at the client, and reads the fleet's own KV-handoff ti
 
 import asyncio
 import json
-import statistics
 import time
 from dataclasses import dataclass
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from fleetctl.console.traces import TraceRequest
+from fleetctl.store.queries import percentiles
 
 
 @dataclass
@@ -24,13 +25,10 @@ class Outcome:
         return (self.e2e_s - self.ttft_s) / (self.completion_tokens - 1) if self.completion_tokens > 1 else 0.0
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"p50": 0.0, "p90": 0.0, "p99": 0.0}
-    if len(values) == 1:
-        return {"p50": values[0], "p90": values[0], "p99": values[0]}
-    cuts = statistics.quantiles(values, n=100, method="inclusive")
-    return {"p50": round(cuts[49], 5), "p90": round(cuts[89], 5), "p99": round(cuts[98], 5)}
+def percentile_json(values: list[float]) -> dict[str, float]:
+    """{"p50", "p90", "p99"} in seconds (0.0 when nothing succeeded)."""
+    cuts = percentiles(values)
+    return {name: round(getattr(cuts, name) or 0.0, 5) for name in ("p50", "p90", "p99")}
 
 
 async def _one(http: httpx.AsyncClient, model: str, req: TraceRequest, start: float) -> Outcome:
@@ -61,12 +59,16 @@ async def _one(http: httpx.AsyncClient, model: str, req: TraceRequest, start: fl
     return out
 
 
+_SUMS = ("fleet_kv_handoff_seconds_sum", "fleet_e2e_request_latency_seconds_sum")
+
+
 def _metric_sums(text: str) -> dict[str, float]:
-    sums = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in ("fleet_kv_handoff_seconds_sum", "fleet_e2e_request_latency_seconds_sum"):
-            sums[name] = float(value)
+    """The histogram sums bench compares before and after a run (summed over any labels)."""
+    sums = dict.fromkeys(_SUMS, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in sums:
+                sums[sample.name] += sample.value
     return sums
 
 
@@ -80,18 +82,17 @@ async def run_bench(url: str, trace: list[TraceRequest], trace_name: str, slo_tt
         after = _metric_sums((await http.get("/metrics")).text)
     ok = [o for o in outcomes if not o.error]
     good = [o for o in ok if o.ttft_s <= slo_ttft and o.tpot_s <= slo_tpot]
-    e2e_total = after.get("fleet_e2e_request_latency_seconds_sum", 0) - before.get(
-        "fleet_e2e_request_latency_seconds_sum", 0)
-    handoff_total = after.get("fleet_kv_handoff_seconds_sum", 0) - before.get("fleet_kv_handoff_seconds_sum", 0)
+    e2e_total = after["fleet_e2e_request_latency_seconds_sum"] - before["fleet_e2e_request_latency_seconds_sum"]
+    handoff_total = after["fleet_kv_handoff_seconds_sum"] - before["fleet_kv_handoff_seconds_sum"]
     return {
         "trace": trace_name,
         "requests": len(trace),
         "duration_s": round(duration, 3),
         "throughput_tokens_per_s": round(sum(o.completion_tokens for o in ok) / duration, 2),
         "goodput_rps": round(len(good) / duration, 4),
-        "ttft_s": percentiles([o.ttft_s for o in ok]),
-        "tpot_s": percentiles([o.tpot_s for o in ok]),
-        "e2e_s": percentiles([o.e2e_s for o in ok]),
+        "ttft_s": percentile_json([o.ttft_s for o in ok]),
+        "tpot_s": percentile_json([o.tpot_s for o in ok]),
+        "e2e_s": percentile_json([o.e2e_s for o in ok]),
         "handoff_share_of_e2e": round(handoff_total / e2e_total, 6) if e2e_total else 0.0,
         "errors": len(outcomes) - len(ok),
     }

@@ -17,7 +17,7 @@ def fleet_url(url: str | None = None) -> str:
 
 class FleetClient:
     def __init__(self, url: str | None = None, timeout: float = 10.0) -> None:
-        from fleetctl.engine.admin_auth import read_admin_token
+        from fleetctl.engine.server.admin_auth import read_admin_token
 
         self.url = fleet_url(url)
         token = read_admin_token()

@@ -17,13 +17,13 @@ def fail(message: str, code: int = EXIT_FAILURE) -> typer.Exit:
 
 def _user_errors() -> tuple[type[Exception], ...]:
     # imported here so `fleetctl --help` does not pay for torch
-    from fleetctl.engine.devices import DeviceError
-    from fleetctl.engine.llm_engine import PromptError
+    from fleetctl.engine.core.device_names import DeviceError
+    from fleetctl.engine.core.prompt import PromptError
+    from fleetctl.engine.core.sequence import SamplingError
     from fleetctl.engine.model.config import ModelConfigError
     from fleetctl.engine.model.loader import WeightLoadError
     from fleetctl.engine.model.store import ModelStoreError
     from fleetctl.engine.model.tokenizer import TokenizerError
-    from fleetctl.engine.sequence import SamplingError
 
     return (DeviceError, PromptError, ModelConfigError, WeightLoadError, ModelStoreError, TokenizerError,
             SamplingError)

@@ -9,6 +9,8 @@ import typer
 from fleetctl.console.client import FleetClient, FleetClientError
 from fleetctl.console.errors import fail, user_errors
 from fleetctl.console.models_cmd import resolve_model
+from fleetctl.console.traces import TraceKind
+from fleetctl.engine.core.config import DType
 from fleetctl.engine.model.registry import DEFAULT_MODEL
 
 
@@ -20,30 +22,31 @@ def serve(
     devices: str = typer.Option("", "--devices", help="cuda:0,cuda:1,… or cpu:0,cpu:1,… one per worker."),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8700, "--port", help="0 picks a free port (printed)."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto|float32|bfloat16|float16."),
+    dtype: DType = typer.Option(DType.AUTO, "--dtype", help="auto: bf16 on GPUs and CPUs with native bf16, else fp32."),
     deterministic: bool = typer.Option(False, "--deterministic", help="Batch-invariant numerics in every worker."),
-    kv_memory: int = typer.Option(0, "--kv-memory", help="Cap each worker's KV pool (MiB); 0 sizes it from memory."),
-    kv_blocks: int = typer.Option(0, "--kv-blocks", help="Exact KV blocks per worker (overrides --kv-memory)."),
+    kv_memory: int = typer.Option(0, "--kv-memory", min=0, help="Cap each worker's KV pool, MiB (0: from memory)."),
+    kv_blocks: int = typer.Option(0, "--kv-blocks", min=0, help="Exact KV blocks per worker (overrides --kv-memory)."),
     store: str = typer.Option("", "--store", help="SQLite metrics store (default $FLEET_HOME/fleet.db)."),
-    max_queue: int = typer.Option(256, "--max-queue", help="Prompts waiting beyond this get HTTP 429."),
-    max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Sequences per worker batch."),
+    max_queue: int = typer.Option(256, "--max-queue", min=0, help="Prompts waiting beyond this get HTTP 429."),
+    max_num_seqs: int = typer.Option(64, "--max-num-seqs", min=1, help="Sequences per worker batch."),
 ) -> None:
     """Run a fleet and its HTTP server in the foreground."""
     import uvicorn
 
-    from fleetctl.engine.admin_auth import is_loopback, load_or_create_admin_token
-    from fleetctl.engine.fleet import Fleet
-    from fleetctl.engine.fleet_config import FleetConfig, FleetConfigError
-    from fleetctl.engine.server import create_app
+    from fleetctl.engine.core.config import EngineSettings
+    from fleetctl.engine.fleet.config import FleetConfig, FleetConfigError
+    from fleetctl.engine.fleet.controller import Fleet
+    from fleetctl.engine.server.admin_auth import is_loopback, load_or_create_admin_token
+    from fleetctl.engine.server.app import create_app
 
     with user_errors():
         try:
+            engine = EngineSettings(dtype=dtype, deterministic=deterministic, max_num_seqs=max_num_seqs,
+                                    kv_memory_bytes=kv_memory * 2**20 or None, num_kv_blocks=kv_blocks or None)
             config = FleetConfig(
                 model_dir=resolve_model(model), prefill=prefill, decode=decode, colocated=colocated,
-                devices=tuple(d.strip() for d in devices.split(",") if d.strip()), dtype=dtype,
-                deterministic=deterministic, kv_memory_bytes=kv_memory * 2**20 or None,
-                num_kv_blocks=kv_blocks or None, store_path=store_path(store), max_queue=max_queue,
-                max_num_seqs=max_num_seqs,
+                devices=tuple(d.strip() for d in devices.split(",") if d.strip()), engine=engine,
+                store_path=store_path(store), max_queue=max_queue,
             )
             fleet = Fleet(config)
         except FleetConfigError as exc:
@@ -59,9 +62,9 @@ def serve(
 
 
 def store_path(option: str) -> Path:
-    from fleetctl.engine.model.store import fleet_home
+    from fleetctl.engine.paths import default_store_path
 
-    return Path(option).expanduser() if option else fleet_home() / "fleet.db"
+    return Path(option).expanduser() if option else default_store_path()
 
 
 def announce(server, fleet, host: str) -> None:
@@ -126,11 +129,11 @@ def workers(
 
 def bench(
     url: str = typer.Option(None, "--url", help="Fleet URL (default $FLEET_URL or http://127.0.0.1:8700)."),
-    trace: str = typer.Option("chat", "--trace", help="chat | rag | agent."),
-    requests: int = typer.Option(32, "--requests", help="Requests to send."),
-    rate: float = typer.Option(4.0, "--rate", help="Poisson arrivals per second (0: all at once)."),
-    slo_ttft: float = typer.Option(2.0, "--slo-ttft", help="TTFT objective, seconds."),
-    slo_tpot: float = typer.Option(0.2, "--slo-tpot", help="Time-per-output-token objective, seconds."),
+    trace: TraceKind = typer.Option(TraceKind.CHAT, "--trace", help="Request mix to send."),
+    requests: int = typer.Option(32, "--requests", min=1, help="Requests to send."),
+    rate: float = typer.Option(4.0, "--rate", min=0.0, help="Poisson arrivals per second (0: all at once)."),
+    slo_ttft: float = typer.Option(2.0, "--slo-ttft", min=0.0, help="TTFT objective, seconds."),
+    slo_tpot: float = typer.Option(0.2, "--slo-tpot", min=0.0, help="Time-per-output-token objective, seconds."),
     seed: int = typer.Option(0, "--seed"),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
@@ -139,16 +142,10 @@ def bench(
 
     from fleetctl.console.bench import run_bench
     from fleetctl.console.client import fleet_url
-    from fleetctl.console.traces import TraceKind, make_trace
+    from fleetctl.console.traces import make_trace
 
     try:
-        kind = TraceKind(trace)
-    except ValueError:
-        raise fail(f"unknown trace {trace!r}: choose chat, rag or agent") from None
-    if requests < 1:
-        raise fail("--requests must be at least 1")
-    try:
-        result = asyncio.run(run_bench(fleet_url(url), make_trace(kind, requests, rate, seed), kind.value,
+        result = asyncio.run(run_bench(fleet_url(url), make_trace(trace, requests, rate, seed), trace.value,
                                        slo_ttft, slo_tpot))
     except (OSError, ValueError, KeyError) as exc:
         raise fail(f"bench failed against {fleet_url(url)}: {exc}") from None
@@ -176,12 +173,13 @@ def classify(
     from fleetctl.store.classify import classify as classify_window
     from fleetctl.store.db import open_db
 
+    window_s = parse_window(since)
     path = store_path(store)
     if not path.exists():
         raise fail(f"no metrics store at {path} (run a fleet with `fleetctl serve` first, or pass --store)")
     db = open_db(path)
     try:
-        result = classify_window(db, parse_window(since)).as_json()
+        result = classify_window(db, window_s).as_json()
     finally:
         db.close()
     if as_json:

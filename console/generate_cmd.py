@@ -7,13 +7,14 @@ import typer
 
 from fleetctl.console.errors import user_errors
 from fleetctl.console.models_cmd import resolve_model
+from fleetctl.engine.core.config import DType
 from fleetctl.engine.model.registry import DEFAULT_MODEL
 
 
 def default_device() -> str:
-    import torch
+    from fleetctl.engine.core.device_names import gpu_count
 
-    return "cuda:0" if torch.cuda.is_available() else "cpu"
+    return "cuda:0" if gpu_count() else "cpu"
 
 
 def generate(
@@ -27,7 +28,7 @@ def generate(
     stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Keep generating past EOS (benchmarks, tests)."),
     chat: bool = typer.Option(False, "--chat", help="Wrap each prompt as a user message (chat template)."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto|float32|bfloat16|float16."),
+    dtype: DType = typer.Option(DType.AUTO, "--dtype", help="auto: bf16 on GPUs and CPUs with native bf16, else fp32."),
     device: str = typer.Option("", "--device", help="cpu or cuda:N (default: cuda:0 if present, else cpu)."),
     deterministic: bool = typer.Option(
         False, "--deterministic", help="Batch-invariant numerics: each output independent of its batch."
@@ -36,18 +37,17 @@ def generate(
 ) -> None:
     """Generate text for PROMPT(s); streams to the terminal for a single prompt."""
     with user_errors():
-        from fleetctl.engine.config import EngineConfig
-        from fleetctl.engine.llm_engine import LLMEngine, result_of
-        from fleetctl.engine.sequence import SamplingParams
+        from fleetctl.engine.core.config import EngineConfig, EngineSettings
+        from fleetctl.engine.core.llm_engine import LLMEngine, result_of
+        from fleetctl.engine.core.sequence import SamplingParams
 
         params = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=tuple(stop),
             ignore_eos=ignore_eos,
         )
         model_dir = resolve_model(model)
-        config = EngineConfig(
-            model_dir=model_dir, device=device or default_device(), dtype=dtype, deterministic=deterministic
-        )
+        settings = EngineSettings(dtype=dtype, deterministic=deterministic)
+        config = EngineConfig(model_dir=model_dir, device=device or default_device(), settings=settings)
         engine = LLMEngine(config)
         texts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) if chat else p for p in prompts]
         seqs = [engine.add_request(t, params, request_id=f"prompt-{i}") for i, t in enumerate(texts)]

@@ -1,6 +1,7 @@
 """Run `fleetctl serve` as a child process and learn its URL: used by the bench script, the tests,
 and commands that start an embedded fleet."""
 
+import os
 import re
 import signal
 import subprocess
@@ -14,10 +15,13 @@ FLEETCTL = [sys.executable, "-m", "fleetctl.console"]
 
 
 @contextmanager
-def local_fleet(model: Path | str, *args: str, ready_timeout: float = 300) -> Iterator[str]:
-    """Yields the base URL of a running fleet (ephemeral port); stops it (SIGTERM, then SIGKILL) after."""
+def local_fleet(model: Path | str, *args: str, ready_timeout: float = 300,
+                env: dict[str, str] | None = None) -> Iterator[str]:
+    """Yields the base URL of a running fleet (ephemeral port); stops it (SIGTERM, then SIGKILL) after.
+    `env` adds to this process's environment (e.g. FLEET_FAULTS for a test)."""
     proc = subprocess.Popen([*FLEETCTL, "serve", "--model", str(model), "--port", "0", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})})
     lines: list[str] = []
     found: list[str] = []
     ready = threading.Event()

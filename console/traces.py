@@ -3,10 +3,10 @@ prompt text made of common words (so token counts are close to the requested len
 
 import random
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class TraceKind(Enum):
+class TraceKind(StrEnum):
     CHAT = "chat"  # prompts 64-512 tokens, outputs 64-256
     RAG = "rag"  # long prompts, short answers: prefill-heavy
     AGENT = "agent"  # medium prompts, short outputs, many turns

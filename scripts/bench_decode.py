@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from fleetctl.console.models_cmd import resolve_model
-from fleetctl.engine.config import EngineConfig
-from fleetctl.engine.llm_engine import LLMEngine
+from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.llm_engine import LLMEngine
+from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.prepared import load_cpu_weights
-from fleetctl.engine.sequence import SamplingParams
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
@@ -87,8 +87,8 @@ def main() -> None:
         config = ModelConfig.from_file(model_dir / "config.json")
         load_cpu_weights(model_dir, config, dtype)  # builds the prepared-weights cache once
         weights = best_of(3, lambda: load_cpu_weights(model_dir, config, dtype))  # noqa: B023
-        ready = statistics.median(LLMEngine(EngineConfig(model_dir=model_dir, dtype=dtype_name, num_kv_blocks=64))
-                                  .load_seconds for _ in range(3))
+        settings = EngineSettings(dtype=dtype_name, num_kv_blocks=64)
+        ready = statistics.median(LLMEngine(EngineConfig(model_dir, settings=settings)).load_seconds for _ in range(3))
         hf_model = best_of(3, lambda: transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype))  # noqa: B023
         hf_tok = best_of(3, lambda: transformers.AutoTokenizer.from_pretrained(model_dir))
         print(f"load {dtype_name}: weights {weights:.3f} s vs from_pretrained {hf_model:.3f} s "
@@ -99,7 +99,7 @@ def main() -> None:
     print(f"{header[0]:<9} " + " ".join(f"{h:>12}" for h in header[1:]))
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
-        engine = LLMEngine(EngineConfig(model_dir=model_dir, dtype=dtype_name, num_kv_blocks=2048))
+        engine = LLMEngine(EngineConfig(model_dir, settings=EngineSettings(dtype=dtype_name, num_kv_blocks=2048)))
         hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
         ids = engine.tokenizer.encode(PROMPT)
         for batch in (int(b) for b in args.batches.split(",")):

@@ -3,7 +3,7 @@
 Conventions (the console's whole picture rests on them):
 - busy = model-step seconds in the second ÷ the second's wall time (the covered part of it, for a
   worker's first and last second), capped at 1.
-- mfu = FLOPs in the second ÷ wall time ÷ peak FLOP/s, as DESIGN §4 says: over wall time, not busy
+- mfu = FLOPs in the second ÷ wall time ÷ peak FLOP/s: over wall time, not busy
   time, so an idle worker shows low MFU. mfu / busy is the rate while stepping. mbu likewise, bytes.
 - A step that spans a second boundary is split by time: its busy seconds, FLOPs and bytes go to
   each second in proportion to the overlap (FLOPs and bytes stay whole numbers that add up to the
@@ -17,16 +17,10 @@ Conventions (the console's whole picture rests on them):
 import logging
 import math
 from dataclasses import dataclass, field
-from enum import StrEnum
 
-from fleetctl.store.records import WorkerRole, WorkerSample
+from fleetctl.store.records import Phase, WorkerRole, WorkerSample
 
 log = logging.getLogger(__name__)
-
-
-class Phase(StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +117,7 @@ class StepAggregator:
             bucket.bytes += nbytes
             bucket.steps += 1
             bucket.batch_sum += step.batch_size
-            if step.phase == Phase.PREFILL:  # a plain "prefill" from a worker message is fine
+            if step.phase is Phase.PREFILL:
                 bucket.prefill_tokens += step.tokens
             else:
                 bucket.decode_tokens += step.tokens

@@ -14,7 +14,7 @@ from pathlib import Path
 from sqlite_utils import Database
 from sqlmodel import SQLModel, create_engine
 
-from fleetctl.store.schema import SCHEMA_VERSION, TABLES
+from fleetctl.store.schema import SCHEMA_VERSION, TABLES, WORKER_INDEX_COLUMNS
 
 BUSY_TIMEOUT_S = 10.0
 
@@ -48,10 +48,7 @@ def _v1_to_v2(conn: sqlite3.Connection) -> None:
     for table in ("worker_samples", "gpu_samples"):
         conn.execute(f"ALTER TABLE {table} ADD COLUMN interval_s FLOAT DEFAULT '1.0' NOT NULL")
     conn.execute("DROP INDEX ix_worker_samples_worker_ts")
-    conn.execute(
-        "CREATE INDEX ix_worker_samples_worker_ts ON worker_samples (worker_id, ts, interval_s, steps, busy, mfu, "
-        "mbu, prefill_tokens, decode_tokens, queue, batch_size, kv_usage)"
-    )
+    conn.execute(f"CREATE INDEX ix_worker_samples_worker_ts ON worker_samples ({', '.join(WORKER_INDEX_COLUMNS)})")
 
 
 # MIGRATIONS[n - 1] takes a file from version n to n + 1.

@@ -148,7 +148,10 @@ def request_latency(db: Database, window_s: float, now: float | None = None) -> 
 
 
 @dataclass(frozen=True)
-class WorkerView:
+class DashboardWorker:
+    """A worker as the dashboard shows it: its row, latest sample and window (the fleet router's
+    `WorkerView` is the controller's live view, a different thing)."""
+
     id: str
     role: WorkerRole
     device: str
@@ -162,7 +165,7 @@ class WorkerView:
 class Dashboard:
     now: float
     window_s: float
-    workers: list[WorkerView]
+    workers: list[DashboardWorker]
     pools: dict[WorkerRole, PoolUtilization]
 
 
@@ -185,12 +188,12 @@ def dashboard(db: Database, window_s: float = 60.0, now: float | None = None) ->
         latest[values["worker_id"]] = WorkerSample(**values)
     utilization = worker_utilization(db, window_s, now)
     windows = {w.worker_id: w.window for w in utilization}
-    views = [
-        WorkerView(wid, WorkerRole(role), device, WorkerState(state), pid, latest.get(wid), windows.get(wid))
+    workers = [
+        DashboardWorker(wid, WorkerRole(role), device, WorkerState(state), pid, latest.get(wid), windows.get(wid))
         for wid, role, device, state, pid in db.execute(
             "SELECT id, role, device, state, pid FROM workers WHERE stopped_at IS NULL OR stopped_at >= ? "
             "ORDER BY role, id",
             [since],
         )
     ]
-    return Dashboard(now, window_s, views, _pools(utilization))
+    return Dashboard(now, window_s, workers, _pools(utilization))

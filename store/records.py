@@ -2,7 +2,8 @@
 
 Records are plain slotted dataclasses rather than SQLModel instances: building a SQLModel table
 object costs ~30 µs, which alone would cap the writer near the 20,000 samples/s it must sustain.
-`schema.py` declares the same columns as tables; a test keeps the two in step.
+They are also the one declaration of the store's columns: `schema.py` builds each table from its
+record type's fields (names, types, `X | None` for nullable), adding only keys and indexes.
 """
 
 from dataclasses import dataclass, field, fields
@@ -17,6 +18,13 @@ class WorkerRole(StrEnum):
     MIXED = "mixed"  # colocated baseline: both phases, no handoff
 
 
+class Phase(StrEnum):
+    """What a model step (and the time spent in it) serves."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
 class WorkerState(StrEnum):
     STARTING = "starting"
     RUNNING = "running"
@@ -29,12 +37,10 @@ class WorkerState(StrEnum):
 class EventKind(StrEnum):
     START = "start"
     STOP = "stop"
-    DRAIN = "drain"
     CHECKPOINT = "checkpoint"
     RESTORE = "restore"
     MIGRATE = "migrate"
     FAILURE = "failure"
-    REBALANCE = "rebalance"
 
 
 class RequestOutcome(StrEnum):

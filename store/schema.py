@@ -1,118 +1,88 @@
-"""The store's tables at the current schema version (SQLModel declarations).
+"""The store's tables at the current schema version, built from the record types in `records.py`.
 
-A fresh file is created from these declarations; an older file is brought here by the steps in
-`db.py`. Column meanings are documented on the matching record types in `records.py`.
-Enum-valued columns are plain text holding the enum's value.
+A record's fields are its table's columns, so each column is declared once, there: `int` is INTEGER,
+`float` FLOAT, `str`, enums (their value) and dicts (a JSON object) VARCHAR, and `X | None` nullable.
+Only what a record cannot say is added here: the primary key, the indexes and server defaults.
+
+A fresh file is created from these tables; an older file is brought here by the steps in `db.py`.
 """
 
-from sqlmodel import Field, Index, SQLModel
+from types import NoneType, UnionType
+from typing import get_args, get_origin, get_type_hints
+
+from sqlalchemy import Column, Float, Index, Integer, String, Table
+from sqlalchemy.types import TypeEngine
+from sqlmodel import SQLModel
+
+from fleetctl.store.records import (
+    BenchRun,
+    DeviceRecord,
+    EventRecord,
+    GpuSample,
+    Record,
+    RequestRecord,
+    WorkerRecord,
+    WorkerSample,
+    columns,
+)
 
 SCHEMA_VERSION = 2
 
-
-class DeviceRow(SQLModel, table=True):
-    __tablename__ = "devices"
-    identity: str = Field(primary_key=True)
-    dtype: str = Field(primary_key=True)
-    kind: str
-    name: str
-    driver: str | None = None
-    peak_flops: float
-    peak_bytes_per_s: float
-    how_measured: str
-    measured_at: float
-
-
-class WorkerRow(SQLModel, table=True):
-    __tablename__ = "workers"
-    id: str = Field(primary_key=True)
-    role: str
-    device: str
-    pid: int | None = None
-    state: str
-    started_at: float
-    stopped_at: float | None = None
-
+_SURROGATE_KEY = "id"  # INTEGER rowid key of the tables whose records have no natural one
 
 # Every column the utilization queries sum is in the per-worker index, so that they read the index
 # alone (an hour of 8 workers at 1 Hz: 14 ms instead of 23 ms here).
 WORKER_INDEX_COLUMNS = ("worker_id", "ts", "interval_s", "steps", "busy", "mfu", "mbu", "prefill_tokens",
                         "decode_tokens", "queue", "batch_size", "kv_usage")
 
+# Rows written before version 2 were all 1 s long; the v1 -> v2 step fills the new column with it.
+_INTERVAL_DEFAULT = {"interval_s": "1.0"}
 
-class WorkerSampleRow(SQLModel, table=True):
-    __tablename__ = "worker_samples"
-    __table_args__ = (Index("ix_worker_samples_worker_ts", *WORKER_INDEX_COLUMNS),)
-    id: int | None = Field(default=None, primary_key=True)
-    ts: float = Field(index=True)
-    worker_id: str
-    role: str
-    interval_s: float = Field(default=1.0, sa_column_kwargs={"server_default": "1.0"})  # since v2
-    busy: float
-    steps: int
-    prefill_tokens: int
-    decode_tokens: int
-    flops: int  # whole FLOPs, so that downsampling sums exactly
-    bytes: int
-    mfu: float
-    mbu: float
-    batch_size: float
-    kv_usage: float
-    queue: float
+# First match wins; StrEnum is a str subclass.
+_SQL_TYPES: tuple[tuple[type, type[TypeEngine]], ...] = ((int, Integer), (float, Float), (str, String), (dict, String))
 
 
-class GpuSampleRow(SQLModel, table=True):
-    __tablename__ = "gpu_samples"
-    __table_args__ = (Index("ix_gpu_samples_device_ts", "device_index", "ts"),)
-    id: int | None = Field(default=None, primary_key=True)
-    ts: float = Field(index=True)
-    device_index: int
-    interval_s: float = Field(default=1.0, sa_column_kwargs={"server_default": "1.0"})  # since v2
-    sm_util: float
-    mem_util: float
-    mem_used_bytes: int
-    power_w: float | None = None
+def _column(name: str, annotation: object, *, primary_key: bool, server_default: str | None) -> Column:
+    """The column for a record field annotated `annotation`; any other type raises, rather than guess."""
+    nullable = isinstance(annotation, UnionType) and NoneType in get_args(annotation)
+    if nullable:
+        (annotation,) = (arg for arg in get_args(annotation) if arg is not NoneType)
+    python_type = get_origin(annotation) or annotation  # dict[str, object] -> dict
+    for base, sql_type in _SQL_TYPES:
+        if isinstance(python_type, type) and issubclass(python_type, base):
+            return Column(name, sql_type(), primary_key=primary_key, nullable=nullable, server_default=server_default)
+    raise TypeError(f"no column type for {name}: {annotation!r}")
 
 
-class RequestRow(SQLModel, table=True):
-    __tablename__ = "requests"
-    request_id: str = Field(primary_key=True)
-    ts: float = Field(index=True)
-    queue_s: float
-    prefill_s: float
-    handoff_bytes: int
-    handoff_s: float
-    ttft_s: float
-    decode_s: float
-    e2e_s: float
-    prompt_tokens: int
-    output_tokens: int
-    prefill_worker: str | None = None
-    decode_worker: str | None = None
-    outcome: str
-    prefill_model_s: float
-    decode_model_s: float
-
-
-class EventRow(SQLModel, table=True):
-    __tablename__ = "events"
-    id: int | None = Field(default=None, primary_key=True)
-    ts: float = Field(index=True)
-    kind: str
-    worker_id: str | None = Field(default=None, index=True)
-    details: str  # JSON object
-
-
-class BenchRunRow(SQLModel, table=True):
-    __tablename__ = "bench_runs"
-    id: int | None = Field(default=None, primary_key=True)
-    ts: float = Field(index=True)
-    trace: str
-    config: str  # JSON object
-    results: str  # JSON object
+def _table(record_type: type[Record], *indexes: Index, key: tuple[str, ...] = (),
+           server_defaults: dict[str, str] | None = None) -> Table:
+    """`record_type`'s table, keyed by its `key` fields or, without one, by a leading _SURROGATE_KEY."""
+    hints = get_type_hints(record_type)
+    server_defaults = server_defaults or {}
+    surrogate = [] if key else [Column(_SURROGATE_KEY, Integer, primary_key=True)]
+    record_columns = [
+        _column(name, hints[name], primary_key=name in key, server_default=server_defaults.get(name))
+        for name in columns(record_type)
+    ]
+    return Table(record_type.TABLE, SQLModel.metadata, *surrogate, *record_columns, *indexes)
 
 
 TABLES = [
-    model.__table__  # type: ignore[attr-defined]
-    for model in (DeviceRow, WorkerRow, WorkerSampleRow, GpuSampleRow, RequestRow, EventRow, BenchRunRow)
+    _table(DeviceRecord, key=("identity", "dtype")),
+    _table(WorkerRecord, key=("id",)),
+    _table(
+        WorkerSample,
+        Index("ix_worker_samples_ts", "ts"),
+        Index("ix_worker_samples_worker_ts", *WORKER_INDEX_COLUMNS),
+        server_defaults=_INTERVAL_DEFAULT,
+    ),
+    _table(
+        GpuSample,
+        Index("ix_gpu_samples_ts", "ts"),
+        Index("ix_gpu_samples_device_ts", "device_index", "ts"),
+        server_defaults=_INTERVAL_DEFAULT,
+    ),
+    _table(RequestRecord, Index("ix_requests_ts", "ts"), key=("request_id",)),
+    _table(EventRecord, Index("ix_events_ts", "ts"), Index("ix_events_worker_id", "worker_id")),
+    _table(BenchRun, Index("ix_bench_runs_ts", "ts")),
 ]

@@ -1,11 +1,8 @@
 """The model's shape, read from a Hugging Face `config.json` (Llama family)."""
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
@@ -94,30 +91,3 @@ class ModelConfig:
         attn = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
         mlp = 3 * self.hidden_size * self.intermediate_size
         return self.num_layers * (attn + mlp) + self.vocab_size * self.hidden_size
-
-    def inverse_frequencies(self) -> torch.Tensor:
-        """[head_dim/2] float32 rotary frequencies, with the config's rope_scaling applied."""
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim
-        inv_freq = 1.0 / (self.rope_theta**exponents)
-        scaling = dict(self.rope_scaling)
-        kind = scaling.get("rope_type", scaling.get("type"))
-        if kind in (None, "default"):
-            return inv_freq
-        if kind == "linear":
-            return inv_freq / float(scaling["factor"])
-        if kind == "llama3":
-            return _llama3_scaling(inv_freq, scaling)
-        raise ModelConfigError(f"config.json: unsupported rope_scaling type {kind!r}")
-
-
-def _llama3_scaling(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
-    factor = float(scaling["factor"])
-    low = float(scaling.get("low_freq_factor", 1.0))
-    high = float(scaling.get("high_freq_factor", 4.0))
-    original = float(scaling["original_max_position_embeddings"])
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
-    smooth = (original / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= original / high) & (wavelen <= original / low)
-    return torch.where(medium, smoothed, scaled)

@@ -38,8 +38,9 @@ _GLOBAL_TENSORS = {
 }
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 _TOKEN_TYPE_CONTROL = 3
-# The `tokenizer.ggml.pre` names llama.cpp splits as "each digit alone, then GPT-2's regex".
-_DIGIT_SPLIT_PRE_TYPES = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
+# The `tokenizer.ggml.pre` names (among Llama-architecture GGUFs) that llama.cpp splits as "each digit
+# alone, then GPT-2's regex".
+_DIGIT_SPLIT_PRE_TYPES = {"smollm"}
 _REQUIRED = object()
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from fleetctl.engine.model.config import ModelConfig
+from fleetctl.engine.model.rope import inverse_frequencies
 from fleetctl.kernels import ops
 
 
@@ -54,7 +55,7 @@ class LlamaModel:
         )
         device = weights.embed.device
         positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
-        freqs = torch.outer(positions, config.inverse_frequencies())  # [P, d/2]
+        freqs = torch.outer(positions, inverse_frequencies(config))  # [P, d/2]
         # in the model's dtype, as Hugging Face's Llama applies them (the Triton kernel upcasts)
         self.cos = freqs.cos().to(device=device, dtype=weights.embed.dtype)
         self.sin = freqs.sin().to(device=device, dtype=weights.embed.dtype)

@@ -14,15 +14,18 @@ from dataclasses import fields
 from pathlib import Path
 
 import torch
+from filelock import FileLock, Timeout
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.llama import LayerWeights, LlamaWeights
 from fleetctl.engine.model.loader import load_weights, weight_files
-from fleetctl.engine.model.store import MANIFEST, fleet_home
+from fleetctl.engine.model.store import MANIFEST
+from fleetctl.engine.paths import fleet_home
 
 LAYER_FIELDS = [f.name for f in fields(LayerWeights)]
+BUILD_TIMEOUT_S = 600.0  # a slow disk converting a large model; waiters then fall back to plain copies
 
 
 def weights_key(model_dir: Path) -> str:
@@ -59,18 +62,24 @@ def _unflatten(flat: dict[str, torch.Tensor], num_layers: int) -> LlamaWeights:
 
 
 def load_cpu_weights(model_dir: Path, config: ModelConfig, dtype: torch.dtype) -> LlamaWeights:
-    """Weights on the CPU, memory-mapped from the prepared cache (building it on first use)."""
+    """Weights on the CPU, memory-mapped from the prepared cache (building it on first use). Workers
+    starting together take a file lock, so one builds the cache and the others map it."""
     path = cache_path(model_dir, dtype)
-    if path.exists():
-        with safe_open(str(path), framework="pt") as handle:
-            flat = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
-        return _unflatten(flat, config.num_layers)
+    if not path.exists():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(f"{path}.lock", timeout=BUILD_TIMEOUT_S):
+                if not path.exists():  # another worker may have built it while this one waited
+                    _build(model_dir, config, dtype, path)
+        except (OSError, Timeout):
+            return load_weights(model_dir, config, dtype, torch.device("cpu"))  # e.g. a read-only home
+    with safe_open(str(path), framework="pt") as handle:
+        flat = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+    return _unflatten(flat, config.num_layers)
+
+
+def _build(model_dir: Path, config: ModelConfig, dtype: torch.dtype, path: Path) -> None:
     weights = load_weights(model_dir, config, dtype, torch.device("cpu"))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        save_file({k: v.contiguous() for k, v in _flatten(weights).items()}, str(partial))
-        os.replace(partial, path)
-    except OSError:
-        pass  # a read-only home only costs the next load its copies
-    return weights
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    save_file({k: v.contiguous() for k, v in _flatten(weights).items()}, str(partial))
+    os.replace(partial, path)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -20,8 +19,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .gguf_convert import Progress, convert_gguf
-from .registry import KNOWN_MODELS
+from fleetctl.engine.model.gguf_convert import Progress, convert_gguf
+from fleetctl.engine.model.registry import KNOWN_MODELS
+from fleetctl.engine.paths import fleet_home
 
 MANIFEST = "fleet-model.json"
 _PARTIAL = ".partial"
@@ -41,11 +41,6 @@ class StoredModel:
     size_bytes: int
     sha256: str
     source: str
-
-
-def fleet_home() -> Path:
-    """fleetctl's data directory: `$FLEET_HOME`, else `~/.local/share/fleetctl`."""
-    return Path(os.environ.get("FLEET_HOME") or "~/.local/share/fleetctl").expanduser()
 
 
 def sha256_file(path: Path, progress: Progress | None = None, stage: str = "verify") -> str:

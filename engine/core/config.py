@@ -1,0 +1,53 @@
+"""What one engine (one worker's model, KV pool and scheduler) is built from.
+
+`EngineSettings` is everything a fleet sets once for all its workers (and `generate` for its one
+engine); `EngineConfig` adds what differs per engine: the model directory, the device and the role.
+"""
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+
+class DType(StrEnum):
+    """The dtype an engine computes in; `auto` is bf16 on GPUs and on CPUs with native bf16, fp32 otherwise."""
+
+    AUTO = "auto"
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+DEFAULT_CPU_KV_BYTES = 2 << 30  # cap on a CPU: plenty for a small model, bounded for a lab box
+GPU_KV_FRACTION = 0.85  # share of the device memory left free after loading the weights
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    dtype: DType = DType.AUTO
+    deterministic: bool = False  # batch-invariant numerics: a sequence's tokens do not depend on its batch
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 4096
+    kv_memory_bytes: int | None = None  # cap for the KV pool; None sizes it from free memory
+    num_kv_blocks: int | None = None  # exact pool size (tests); overrides kv_memory_bytes
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+
+    def __post_init__(self) -> None:
+        if self.dtype not in tuple(DType):
+            raise ValueError(f"dtype must be one of {', '.join(DType)}, got {self.dtype!r}")
+        object.__setattr__(self, "dtype", DType(self.dtype))
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+        for name in ("kv_memory_bytes", "num_kv_blocks", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be positive when set")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_dir: Path
+    device: str = "cpu"  # cpu, cpu:N (computes on the CPU) or cuda:N
+    settings: EngineSettings = field(default_factory=EngineSettings)
+    detokenize: bool = True  # False in fleet workers: the controller owns text and stop strings
+    prefill_only: bool = False  # park sequences after their prefill step (a prefill worker)

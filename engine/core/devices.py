@@ -1,0 +1,53 @@
+"""Devices as torch sees them: the torch.device of a device name, the dtype an engine computes in,
+and the memory left for the KV pool."""
+
+import os
+import re
+from functools import cache
+
+import torch
+
+from fleetctl.engine.core.config import DType
+from fleetctl.engine.core.device_names import check_device
+from fleetctl.store.records import DeviceKind
+
+TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
+
+
+def torch_device(name: str) -> torch.device:
+    """`cpu:N` is a logical CPU slot: it computes on the CPU (the fleet pins it to its cores)."""
+    device = check_device(name)
+    return torch.device("cpu") if device.kind is DeviceKind.CPU else torch.device("cuda", device.index)
+
+
+@cache
+def cpu_has_native_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
+
+
+def resolve_dtype(dtype: DType, device: torch.device) -> torch.dtype:
+    """`auto` is bf16 on GPUs and on CPUs with native bf16 (AVX512-BF16/AMX), fp32 otherwise."""
+    if dtype is DType.AUTO:
+        native = device.type == "cuda" or cpu_has_native_bf16()
+        return torch.bfloat16 if native else torch.float32
+    return TORCH_DTYPES[dtype]
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes free for new allocations on the device (MemAvailable on a CPU)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")

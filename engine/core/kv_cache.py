@@ -1,0 +1,47 @@
+"""The worker's paged KV pool: its shape, its tensor, and the allocator that owns its blocks."""
+
+from dataclasses import dataclass
+
+import torch
+
+from fleetctl.engine.core.block_allocator import BLOCK_SIZE, BlockAllocator
+from fleetctl.engine.model.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    block_size: int = BLOCK_SIZE
+
+    @classmethod
+    def for_model(cls, config: ModelConfig, dtype: torch.dtype) -> "KVCacheSpec":
+        return cls(config.num_layers, config.num_kv_heads, config.head_dim, dtype)
+
+    @property
+    def bytes_per_block(self) -> int:
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+
+class KVCache:
+    """The pool tensor [layers, 2, blocks, block_size, kv_heads, head_dim] and its allocator.
+
+    Zero-initialised: masked attention multiplies unused slots by exactly 0, which must not meet NaN.
+    """
+
+    def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device) -> None:
+        if num_blocks < 1:
+            raise ValueError("the KV cache needs at least one block")
+        self.spec = spec
+        self.tensor = torch.zeros(
+            spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim,
+            dtype=spec.dtype, device=device,
+        )
+        self.allocator = BlockAllocator(num_blocks)
+
+    @property
+    def usage(self) -> float:
+        return self.allocator.num_used / self.allocator.num_blocks

@@ -1,0 +1,211 @@
+"""One engine: a model on one device with its KV pool, scheduler and runner. A worker process
+(and `fleetctl generate`) drives it step by step."""
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from fleetctl.engine.core.block_allocator import blocks_for
+from fleetctl.engine.core.config import DEFAULT_CPU_KV_BYTES, GPU_KV_FRACTION, EngineConfig
+from fleetctl.engine.core.devices import available_memory, resolve_dtype, torch_device
+from fleetctl.engine.core.kv_cache import KVCache, KVCacheSpec
+from fleetctl.engine.core.model_runner import ModelRunner, StepStats
+from fleetctl.engine.core.output import RequestOutput, TextStream, token_finish_reason
+from fleetctl.engine.core.prompt import PromptError, check_prompt
+from fleetctl.engine.core.scheduler import Scheduler, SchedulerConfig
+from fleetctl.engine.core.sequence import FinishReason, SamplingParams, Sequence
+from fleetctl.engine.model.config import ModelConfig
+from fleetctl.engine.model.llama import LlamaModel
+from fleetctl.engine.model.loader import load_weights
+from fleetctl.engine.model.prepared import load_cpu_weights
+from fleetctl.engine.model.tokenizer import Tokenizer
+from fleetctl.store.records import Phase
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    ttft_s: float
+    decode_tokens_per_s: float
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        start = time.perf_counter()
+        self.config = config
+        settings = config.settings
+        self.device = torch_device(config.device)
+        self.dtype = resolve_dtype(settings.dtype, self.device)
+        self.model_config = ModelConfig.from_file(config.model_dir / "config.json")
+        self.tokenizer = Tokenizer(config.model_dir, self.model_config.eos_token_ids)
+        if self.device.type == "cpu":
+            weights = load_cpu_weights(config.model_dir, self.model_config, self.dtype)
+        else:
+            weights = load_weights(config.model_dir, self.model_config, self.dtype, self.device)
+        self.model = LlamaModel(self.model_config, weights, deterministic=settings.deterministic)
+        spec = KVCacheSpec.for_model(self.model_config, self.dtype)
+        self.kv_cache = KVCache(spec, self._pool_blocks(spec), self.device)
+        self.scheduler = Scheduler(
+            SchedulerConfig(spec.block_size, settings.max_num_seqs, settings.max_num_batched_tokens),
+            self.kv_cache.allocator,
+        )
+        self.runner = ModelRunner(self.model, self.kv_cache)
+        self.max_model_len = min(
+            settings.max_model_len or self.model_config.max_position_embeddings,
+            self.model_config.max_position_embeddings,
+        )
+        self._seqs: dict[str, Sequence] = {}
+        self._streams: dict[str, TextStream] = {}
+        self.last_step: StepStats | None = None
+        self.load_seconds = time.perf_counter() - start
+
+    def _pool_blocks(self, spec: KVCacheSpec) -> int:
+        settings = self.config.settings
+        if settings.num_kv_blocks:
+            return settings.num_kv_blocks
+        free = available_memory(self.device)
+        budget = free * GPU_KV_FRACTION if self.device.type == "cuda" else min(free // 4, DEFAULT_CPU_KV_BYTES)
+        if settings.kv_memory_bytes:
+            budget = min(budget, settings.kv_memory_bytes)
+        return max(1, int(budget // spec.bytes_per_block))
+
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        check_prompt(ids, self.model_config.vocab_size, self.max_model_len)
+        if not self.scheduler.fits_ever(len(ids) + 1):
+            raise PromptError(f"the prompt is {len(ids)} tokens; the KV cache holds fewer")
+        return ids
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str = "",
+        output_token_ids: list[int] | None = None,
+        seed: int = -1,
+    ) -> Sequence:
+        """Queue a request. With `output_token_ids` it is a recompute: prompt and earlier output are
+        prefilled together and generation continues after them."""
+        seq = Sequence(
+            self.encode_prompt(prompt), params, request_id=request_id,
+            output_token_ids=list(output_token_ids or []), seed=seed,
+        )
+        self._register(seq)
+        self.scheduler.add(seq)
+        return seq
+
+    def import_sequence(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        output_token_ids: list[int],
+        params: SamplingParams,
+        seed: int,
+        kv: torch.Tensor,
+    ) -> Sequence:
+        """Adopt a sequence prefilled elsewhere (a KV handoff). Raises OutOfBlocks when it does not fit now."""
+        seq = Sequence(list(prompt_token_ids), params, request_id=request_id,
+                       output_token_ids=list(output_token_ids), seed=seed)
+        self.adopt(seq, kv)
+        return seq
+
+    def adopt(self, seq: Sequence, kv: torch.Tensor, parked: bool = False) -> None:
+        """Take `seq` with kv [layers, 2, n_blocks, block_size, Hkv, d]: the K/V of every token but its
+        last. `parked` keeps it out of decode (a restored prefill worker's sequence awaiting handoff)."""
+        if seq.request_id in self._seqs:
+            raise PromptError(f"request id {seq.request_id!r} is already running")
+        self.scheduler.admit_prefilled(seq)
+        blocks = torch.tensor(seq.block_table[: kv.shape[2]], device=self.device)
+        self.kv_cache.tensor.index_copy_(2, blocks, kv.to(self.device, non_blocking=True))
+        if parked:
+            self.scheduler.park(seq)
+        self._register(seq)
+
+    def export_kv(self, request_id: str) -> torch.Tensor:
+        """The K/V of a parked sequence's cached tokens: [layers, 2, n_blocks, block_size, Hkv, d]."""
+        seq = self.scheduler.parked[request_id]
+        used = blocks_for(seq.num_cached_tokens, self.kv_cache.spec.block_size)
+        blocks = torch.tensor(seq.block_table[:used], device=self.device)
+        return self.kv_cache.tensor.index_select(2, blocks)
+
+    def release(self, request_id: str) -> None:
+        """Forget a request (finished elsewhere, handed off, or aborted) and free its blocks."""
+        seq = self._seqs.pop(request_id, None)
+        self._streams.pop(request_id, None)
+        if seq is not None:
+            self.scheduler.finish(seq)
+
+    def _register(self, seq: Sequence) -> None:
+        if seq.request_id in self._seqs:
+            raise PromptError(f"request id {seq.request_id!r} is already running")
+        self._seqs[seq.request_id] = seq
+        if self.config.detokenize:
+            eos = frozenset() if seq.params.ignore_eos else self.tokenizer.eos_token_ids
+            stream = TextStream(self.tokenizer, seq.params.stop, eos)
+            for token in seq.output_token_ids:
+                stream.push(token)
+            stream.flush()
+            self._streams[seq.request_id] = stream
+
+    def has_unfinished(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    def sequence(self, request_id: str) -> Sequence | None:
+        return self._seqs.get(request_id)
+
+    def text_stream(self, request_id: str) -> TextStream | None:
+        return self._streams.get(request_id)
+
+    def step(self) -> list[RequestOutput]:
+        scheduled = self.scheduler.schedule()
+        if scheduled is None:
+            return []
+        tokens, self.last_step = self.runner.run(scheduled)
+        park = self.config.prefill_only and scheduled.phase is Phase.PREFILL
+        outputs = []
+        for seq, token in zip(scheduled.seqs, tokens, strict=True):
+            seq.append_token(token)
+            reason = token_finish_reason(seq, self.tokenizer.eos_token_ids, self.max_model_len)
+            delta = ""
+            stream = self._streams.get(seq.request_id)
+            if stream is not None:
+                delta = stream.push(token)
+                if stream.stopped:
+                    reason = reason or FinishReason.STOP
+                if reason:
+                    delta += stream.flush()
+            seq.finish_reason = reason
+            if reason:
+                self.scheduler.finish(seq)
+                del self._seqs[seq.request_id]
+            elif park:
+                self.scheduler.park(seq)
+            outputs.append(RequestOutput(seq.request_id, token, delta, reason is not None, reason))
+        return outputs
+
+    def generate(self, prompts: list[str | list[int]], params: SamplingParams) -> list[GenerationResult]:
+        """Run a batch of prompts to completion."""
+        seqs = [self.add_request(p, params) for p in prompts]
+        streams = {s.request_id: self.text_stream(s.request_id) for s in seqs}
+        while self.has_unfinished():
+            self.step()
+        return [result_of(s, streams[s.request_id]) for s in seqs]
+
+
+def result_of(seq: Sequence, stream: TextStream | None) -> GenerationResult:
+    first, last = seq.first_token_time or seq.arrival_time, seq.last_token_time or seq.arrival_time
+    decoded = len(seq.output_token_ids) - 1
+    return GenerationResult(
+        request_id=seq.request_id,
+        text=stream.text if stream else "",
+        token_ids=list(seq.output_token_ids),
+        finish_reason=seq.finish_reason.value if seq.finish_reason else "abort",
+        prompt_tokens=len(seq.prompt_token_ids),
+        ttft_s=first - seq.arrival_time,
+        decode_tokens_per_s=decoded / (last - first) if decoded > 0 and last > first else 0.0,
+    )

@@ -1,0 +1,105 @@
+"""A request's tokens, sampling parameters and lifecycle inside one engine."""
+
+import itertools
+import random
+import time
+from dataclasses import dataclass, field
+from enum import Enum, StrEnum
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"  # queued for prefill (new, or preempted and to be recomputed)
+    RUNNING = "running"  # KV cache resident, decoding
+    PARKED = "parked"  # prefilled on a prefill-only engine; KV held until handed off
+    FINISHED = "finished"
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # EOS token or a stop string
+    LENGTH = "length"  # max_tokens or the model's context
+    ABORT = "abort"
+
+
+class SamplingError(ValueError):
+    """Sampling parameters out of range."""
+
+
+MAX_TEMPERATURE = 2.0  # the bounds the engine, the OpenAI API and the CLI all check
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise SamplingError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise SamplingError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SamplingError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise SamplingError(f"top_k must be >= 0, got {self.top_k}")
+        if any(not s for s in self.stop):
+            raise SamplingError("stop strings must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def request_seed(self) -> int:
+        """The seed a new request samples with: the given one, else a fresh random one."""
+        return self.seed if self.seed is not None else random.getrandbits(63)
+
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Sequence:
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    request_id: str = ""
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    block_table: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0  # tokens whose K/V sit in this sequence's blocks
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    # Sampling draws for output position i come from a generator seeded with (seed, i): no RNG state
+    # to carry through a handoff, a recompute or a checkpoint.
+    seed: int = -1
+
+    def __post_init__(self) -> None:
+        if not self.request_id:
+            self.request_id = f"seq-{self.seq_id}"
+        if self.seed < 0:
+            self.seed = self.params.request_seed()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    def append_token(self, token_id: int) -> None:
+        now = time.perf_counter()
+        if self.first_token_time is None:
+            self.first_token_time = now
+        self.last_token_time = now
+        self.output_token_ids.append(token_id)

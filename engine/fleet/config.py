@@ -1,0 +1,100 @@
+"""A fleet's shape: which workers, with which roles, on which devices (and CPU cores), all sharing one
+set of engine settings."""
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleetctl.engine.core.config import EngineSettings
+from fleetctl.engine.core.device_names import DeviceError, check_device, gpu_count
+from fleetctl.engine.worker.spec import WorkerSpec
+from fleetctl.store.records import DeviceKind, WorkerRole
+
+
+class FleetConfigError(ValueError):
+    """A fleet layout that cannot be built (bad counts, devices, or a device used twice)."""
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    model_dir: Path
+    prefill: int = 1
+    decode: int = 1
+    colocated: int = 0  # > 0: the baseline of N mixed workers, no handoff (prefill/decode ignored)
+    devices: tuple[str, ...] = ()  # one per worker; () picks cuda:0.. or cpu:0..
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    max_queue: int = 256  # prompts waiting in the controller beyond this get "busy" (HTTP 429)
+    ready_timeout_s: float = 300.0
+    store_path: Path | None = None  # the SQLite metrics store (None: keep metrics in memory only)
+
+    def __post_init__(self) -> None:
+        if self.colocated < 0 or self.prefill < 0 or self.decode < 0:
+            raise FleetConfigError("worker counts must be >= 0")
+        if not self.colocated and (self.prefill < 1 or self.decode < 1):
+            raise FleetConfigError("a disaggregated fleet needs --prefill >= 1 and --decode >= 1 (or --colocated N)")
+        if self.devices and len(self.devices) != self.num_workers:
+            raise FleetConfigError(f"{len(self.devices)} devices given for {self.num_workers} workers: give one each")
+        if len(set(self.devices)) != len(self.devices):
+            raise FleetConfigError("a device may host only one worker")
+        for device in self.devices:
+            try:
+                check_device(device, indexed=True)
+            except DeviceError as exc:
+                raise FleetConfigError(str(exc)) from None
+
+    @property
+    def num_workers(self) -> int:
+        return self.colocated or self.prefill + self.decode
+
+    @property
+    def prompt_role(self) -> WorkerRole:
+        """The role that takes new prompts: prefill workers, or mixed ones in the colocated baseline."""
+        return WorkerRole.MIXED if self.colocated else WorkerRole.PREFILL
+
+    @property
+    def roles(self) -> tuple[WorkerRole, ...]:
+        return (WorkerRole.MIXED,) if self.colocated else (WorkerRole.PREFILL, WorkerRole.DECODE)
+
+    def worker_roles(self) -> list[tuple[str, WorkerRole]]:
+        if self.colocated:
+            return [(f"mixed-{i}", WorkerRole.MIXED) for i in range(self.colocated)]
+        return [(f"prefill-{i}", WorkerRole.PREFILL) for i in range(self.prefill)] + [
+            (f"decode-{i}", WorkerRole.DECODE) for i in range(self.decode)
+        ]
+
+
+def default_devices(count: int) -> tuple[str, ...]:
+    gpus = gpu_count()
+    if gpus:
+        if count > gpus:
+            raise FleetConfigError(f"{count} workers need {count} devices; this machine has {gpus} GPU(s)")
+        return tuple(f"cuda:{i}" for i in range(count))
+    return tuple(f"cpu:{i}" for i in range(count))
+
+
+def cpu_slot_cores(slot: int, num_slots: int, cores: list[int]) -> tuple[int, ...]:
+    """The cores a logical cpu:N slot is pinned to: an equal share, or one shared core when there are
+    more slots than cores."""
+    per_slot = len(cores) // num_slots
+    if per_slot == 0:
+        return (cores[slot % len(cores)],)
+    return tuple(cores[slot * per_slot : (slot + 1) * per_slot])
+
+
+def pinned_cores(device: str, cpu_devices: set[str]) -> tuple[int, ...]:
+    """The cores of `device` when the fleet's CPU slots are `cpu_devices` (() for a GPU)."""
+    name = check_device(device, indexed=True)
+    if name.kind is not DeviceKind.CPU:
+        return ()
+    slots = sorted({check_device(d, indexed=True).index for d in cpu_devices} | {name.index})
+    return cpu_slot_cores(slots.index(name.index), len(slots), sorted(os.sched_getaffinity(0)))
+
+
+def worker_specs(config: FleetConfig) -> list[WorkerSpec]:
+    devices = config.devices or default_devices(config.num_workers)
+    cpu_devices = {d for d in devices if check_device(d, indexed=True).kind is DeviceKind.CPU}
+    return [
+        WorkerSpec(worker_id=worker_id, role=role, device=device, model_dir=config.model_dir, engine=config.engine,
+                   cores=pinned_cores(device, cpu_devices), store_path=config.store_path)
+        for (worker_id, role), device in zip(config.worker_roles(), devices, strict=True)
+    ]

@@ -1,0 +1,267 @@
+"""The fleet controller: starts workers, admits requests and streams their tokens back, and routes
+every worker message to the part that handles it — dispatch (prompts, endings), handoff routing,
+recovery, operations. It holds no tensors and imports no torch; it runs on one asyncio loop, with a
+reader and a writer thread per worker pipe."""
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fleetctl.engine.core.output import TextStream
+from fleetctl.engine.core.prompt import check_prompt
+from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.engine.fleet.config import FleetConfig, worker_specs
+from fleetctl.engine.fleet.dispatch import Dispatcher
+from fleetctl.engine.fleet.handoff import HandoffRouting
+from fleetctl.engine.fleet.operations import FleetOperations
+from fleetctl.engine.fleet.recorder import FleetRecorder
+from fleetctl.engine.fleet.recovery import Recovery
+from fleetctl.engine.fleet.request import RequestStage, StreamEvent, TrackedRequest
+from fleetctl.engine.fleet.router import WorkerView
+from fleetctl.engine.fleet.state import FleetState
+from fleetctl.engine.fleet.stats import FleetStats
+from fleetctl.engine.fleet.worker_link import WorkerLink
+from fleetctl.engine.model.config import ModelConfig
+from fleetctl.engine.model.tokenizer import Tokenizer
+from fleetctl.engine.worker import protocol as m
+from fleetctl.engine.worker.launcher import Launcher, LocalLauncher
+from fleetctl.engine.worker.spec import WorkerSpec
+from fleetctl.store.records import Phase, WorkerRole, WorkerState
+
+
+class FleetBusy(RuntimeError):
+    """The controller's queue is full (HTTP 429)."""
+
+
+class NoWorkers(RuntimeError):
+    """No live worker is left for a role the request needs (HTTP 503)."""
+
+
+class Fleet:
+    def __init__(self, config: FleetConfig, launcher: Launcher | None = None) -> None:
+        self.config = config
+        self.model_config = ModelConfig.from_file(config.model_dir / "config.json")
+        self.tokenizer = Tokenizer(config.model_dir, self.model_config.eos_token_ids)
+        self.max_model_len = self.model_config.max_position_embeddings
+        self.model_name = config.model_dir.name
+        self.url = ""
+        specs = {s.worker_id: s for s in worker_specs(config)}
+        self.state = FleetState(
+            config=config, specs=specs, views={wid: WorkerView(wid, s.role, s.device) for wid, s in specs.items()},
+            stats=FleetStats(), recorder=FleetRecorder(config.store_path) if config.store_path else None,
+        )
+        self.dispatcher = Dispatcher(self.state)
+        self.handoffs = HandoffRouting(self.state, self.dispatcher)
+        self.recovery = Recovery(self.state, self.dispatcher, self.handoffs)
+        self.operations = FleetOperations(self.state, self)
+        self._launcher = launcher or LocalLauncher()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ticker: asyncio.Task | None = None
+
+    @property
+    def views(self) -> dict[str, WorkerView]:
+        return self.state.views
+
+    @property
+    def stats(self) -> FleetStats:
+        return self.state.stats
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        for wid, spec in self.state.specs.items():
+            link = self.launch(spec)
+            self.state.links[wid] = link
+            self.views[wid].pid = link.pid
+        deadline = time.monotonic() + self.config.ready_timeout_s
+        while any(v.state is WorkerState.STARTING for v in self.views.values()):
+            if time.monotonic() > deadline:
+                raise RuntimeError("workers did not become ready in time")
+            await asyncio.sleep(0.05)
+        dead = [v.worker_id for v in self.views.values() if v.state is WorkerState.FAILED]
+        if dead:
+            await self.stop()
+            raise RuntimeError(f"workers failed to start: {', '.join(dead)}")
+        if self.state.recorder:
+            self._ticker = asyncio.create_task(self._tick(self.state.recorder))
+
+    @staticmethod
+    async def _tick(recorder: FleetRecorder) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            recorder.tick()
+
+    async def stop(self) -> None:
+        self.state.stopping = True
+        links = list(self.state.links.values())
+        for link in links:
+            link.send(m.Shutdown())
+        for link in links:
+            await asyncio.to_thread(link.join, 10.0)
+        await asyncio.sleep(0.1)  # let the reader threads' exit notices run
+        for req in list(self.state.requests.values()):
+            self.dispatcher.fail(req, "the fleet is shutting down")
+        if self._ticker:
+            self._ticker.cancel()
+        recorder = self.state.recorder
+        if recorder:
+            for view in self.views.values():
+                if view.state is WorkerState.RUNNING:
+                    view.state = WorkerState.STOPPED
+                    recorder.worker_stopped(view, WorkerState.STOPPED)
+            recorder.close()
+
+    # ---- what operations ask of the controller (operations.WorkerHost) ------------------------
+
+    def launch(self, spec: WorkerSpec) -> WorkerLink:
+        assert self._loop is not None, "the fleet is not started"
+        return WorkerLink(self._launcher.launch(spec), self._loop, self._on_link_message, self._on_link_exit)
+
+    def take_over(self, wid: str, link: WorkerLink, ready: m.WorkerReady) -> None:
+        spec = link.launched.spec
+        self.state.links[wid], self.state.specs[wid] = link, spec
+        view = self.views.get(wid)
+        if view is None:
+            view = self.views[wid] = WorkerView(wid, spec.role, spec.device)
+        view.device = spec.device
+        self._on_message(wid, ready)
+
+    def routing_changed(self) -> None:
+        self.handoffs.dispatch()
+        self.dispatcher.dispatch_queued()
+
+    def recompute_held(self, wid: str) -> None:
+        self.recovery.recompute_held(wid)
+
+    # ---- requests ----------------------------------------------------------------------------
+
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "") -> TrackedRequest:
+        """Admit a request (raises PromptError, NoWorkers, FleetBusy); read its events with `stream`."""
+        check_prompt(prompt_token_ids, self.model_config.vocab_size, self.max_model_len)
+        for role in self.config.roles:
+            if not self.state.has_role(role):
+                raise NoWorkers(f"no {role.value} worker is available")
+        if len(self.state.queued) >= self.config.max_queue:
+            raise FleetBusy(f"{len(self.state.queued)} requests are already queued")
+        request_id = request_id or f"req-{uuid.uuid4().hex[:16]}"
+        eos = frozenset() if params.ignore_eos else self.tokenizer.eos_token_ids
+        req = TrackedRequest(
+            request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
+            seed=params.request_seed(), stream=TextStream(self.tokenizer, params.stop, eos),
+        )
+        self.state.requests[request_id] = req
+        self.state.queued.append(req)
+        self.dispatcher.dispatch_queued()
+        return req
+
+    @staticmethod
+    async def stream(req: TrackedRequest) -> AsyncIterator[StreamEvent]:
+        while True:
+            event = await req.events.get()
+            yield event
+            if event.final:
+                return
+
+    def cancel(self, req: TrackedRequest) -> None:
+        """The client went away: stop the work wherever it is."""
+        if not req.done:
+            self.dispatcher.release_everywhere(req)
+            self.dispatcher.finish(req, "abort")
+
+    def has_role(self, role: WorkerRole) -> bool:
+        return self.state.has_role(role)
+
+    def queue_length(self, role: WorkerRole) -> int:
+        return self.dispatcher.queue_length(role)
+
+    # ---- messages from workers (event loop) -------------------------------------------------
+
+    def _on_link_message(self, link: WorkerLink, msg: object) -> None:
+        if self.state.links.get(link.worker_id) is link:
+            self._on_message(link.worker_id, msg)
+        else:
+            self.operations.on_foreign_message(link, msg)
+
+    def _on_link_exit(self, link: WorkerLink) -> None:
+        if self.state.links.get(link.worker_id) is link:
+            self.recovery.on_worker_exit(link.worker_id)
+        else:
+            self.operations.on_foreign_exit(link)
+
+    def _on_message(self, wid: str, msg: object) -> None:
+        view = self.views[wid]
+        match msg:
+            case m.WorkerReady():
+                view.state, view.pid = WorkerState.RUNNING, msg.pid
+                view.num_kv_blocks, view.block_size = msg.num_kv_blocks, msg.block_size
+                view.free_blocks = msg.num_kv_blocks
+                view.device_name, view.peak_flops, view.peak_bytes_per_s = (
+                    msg.device_name, msg.peak_flops, msg.peak_bytes_per_s)
+                if self.state.recorder:
+                    self.state.recorder.worker_started(view)
+                self.dispatcher.dispatch_queued()
+            case m.StepReport():
+                view.free_blocks, view.running, view.waiting = msg.free_blocks, msg.running, msg.waiting
+                self.stats.on_step(view, msg)
+                if self.state.recorder:
+                    self.state.recorder.on_step(view, msg)
+                if msg.tokens:
+                    self.operations.on_progress(wid)
+                self._attribute_model_time(msg)
+                for event in msg.tokens:
+                    self._on_token(wid, event)
+                self.handoffs.dispatch()
+            case m.Prefilled():
+                self.operations.on_progress(wid)  # a restored prefill worker re-publishes, without tokens
+                self.handoffs.on_prefilled(wid, msg)
+            case m.Adopted():
+                self.handoffs.on_adopted(wid, msg)
+            case m.AdoptFailed():
+                self.handoffs.on_adopt_failed(wid, msg)
+            case m.RequestFailed():
+                req = self.state.requests.get(msg.request_id)
+                view.requests.discard(msg.request_id)
+                if req:
+                    self.dispatcher.fail(req, msg.message)
+            case m.Capacity():
+                view.free_blocks = msg.free_blocks
+                self.routing_changed()
+            case m.CheckpointStarted() | m.CheckpointDone() | m.CheckpointFailed():
+                self.operations.on_worker_message(wid, msg)
+
+    def _attribute_model_time(self, report: m.StepReport) -> None:
+        """Split the step's seconds among its sequences by their tokens in it (for `classify`)."""
+        total = sum(report.seq_tokens) or 1
+        for event, tokens in zip(report.tokens, report.seq_tokens, strict=True):
+            req = self.state.requests.get(event.request_id)
+            if req is None:
+                continue
+            share = report.seconds * tokens / total
+            if report.phase is Phase.PREFILL:
+                req.prefill_model_s += share
+            else:
+                req.decode_model_s += share
+
+    def _on_token(self, wid: str, event: m.TokenEvent) -> None:
+        req = self.state.requests.get(event.request_id)
+        if req is None or req.done or req.holder() != wid:
+            if not event.finished:  # a session continued elsewhere (or cancelled): stop this copy
+                self.state.send(wid, m.Abort(event.request_id))
+            return
+        req.output_token_ids.append(event.token_id)
+        req.times.first_token = req.times.first_token or time.time()
+        delta = req.stream.push(event.token_id)
+        if req.stream.stopped:
+            self.dispatcher.release_everywhere(req)
+            self.dispatcher.finish(req, "stop", StreamEvent(event.token_id, delta, finish_reason="stop"))
+        elif event.finished:
+            self.views[wid].requests.discard(req.request_id)
+            reason = event.finish_reason or "stop"
+            self.dispatcher.finish(req, reason,
+                                   StreamEvent(event.token_id, delta + req.stream.flush(), finish_reason=reason))
+        else:
+            if req.stage is RequestStage.PREFILL and self.views[wid].role is WorkerRole.PREFILL:
+                req.stage = RequestStage.HANDOFF
+            req.events.put_nowait(StreamEvent(token_id=event.token_id, text=delta))

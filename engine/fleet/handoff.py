@@ -1,0 +1,77 @@
+"""The controller's side of the KV handoff: send a prefilled request's published KV to a decode
+worker with room, follow the acknowledgement, release the prefill copy."""
+
+import time
+
+from fleetctl.engine.core.block_allocator import blocks_for
+from fleetctl.engine.fleet.dispatch import Dispatcher
+from fleetctl.engine.fleet.request import RequestStage
+from fleetctl.engine.fleet.state import FleetState
+from fleetctl.engine.worker import protocol as m
+from fleetctl.store.records import WorkerRole
+
+
+class HandoffRouting:
+    def __init__(self, state: FleetState, dispatcher: Dispatcher) -> None:
+        self.state = state
+        self.dispatcher = dispatcher
+
+    def dispatch(self) -> None:
+        """Give every published handoff that has no decode worker yet one with room, if there is one."""
+        state = self.state
+        for _ in range(len(state.pending_handoffs)):
+            req = state.pending_handoffs.popleft()
+            if req.done or req.handle is None or req.decode_worker is not None:
+                continue
+            tokens = len(req.prompt_token_ids) + len(req.output_token_ids)
+            view = state.router.pick_decode_worker(state.all_views(), tokens)
+            if view is None:
+                state.pending_handoffs.append(req)
+                continue
+            view.free_blocks -= blocks_for(tokens, view.block_size)  # reserved until the worker reports again
+            view.requests.add(req.request_id)
+            req.decode_worker = view.worker_id
+            req.times.handoff_start = req.times.handoff_start or time.time()
+            state.send(view.worker_id, m.Adopt(req.request_id, req.prompt_token_ids, list(req.output_token_ids),
+                                               req.params, req.seed, req.handle))
+
+    def on_prefilled(self, wid: str, msg: m.Prefilled) -> None:
+        req = self.state.requests.get(msg.request_id)
+        stale = req is None or req.done or req.prefill_worker != wid
+        # a restored prefill worker re-publishes its parked sessions; one already on its way to (or
+        # at) a decode worker needs no second copy
+        if stale or req.stage is not RequestStage.HANDOFF or req.decode_worker is not None:
+            msg.handle.unlink()
+            self.state.send(wid, m.ReleaseKV(msg.request_id))
+            return
+        req.handle = msg.handle
+        req.times.handoff_seconds += msg.publish_seconds
+        self.state.pending_handoffs.append(req)
+        self.dispatch()
+
+    def on_adopted(self, wid: str, msg: m.Adopted) -> None:
+        req = self.state.requests.get(msg.request_id)
+        self.state.views[wid].free_blocks = msg.free_blocks
+        if req is None or req.done:
+            self.state.send(wid, m.Abort(msg.request_id))
+            return
+        req.stage = RequestStage.DECODE
+        req.times.handoff_end = time.time()
+        req.times.handoff_bytes += msg.nbytes
+        req.times.handoff_seconds += msg.seconds
+        self.state.stats.on_handoff(msg.nbytes, msg.seconds)
+        self.dispatcher.release_prefill_copy(req)
+
+    def on_adopt_failed(self, wid: str, msg: m.AdoptFailed) -> None:
+        req = self.state.requests.get(msg.request_id)
+        view = self.state.views[wid]
+        view.requests.discard(msg.request_id)
+        if req is None or req.done:
+            return
+        req.decode_worker = None
+        if msg.retryable:
+            view.free_blocks = 0  # full until it reports again
+            self.state.pending_handoffs.append(req)
+        else:
+            self.dispatcher.release_prefill_copy(req)
+            self.dispatcher.recompute(req, WorkerRole.DECODE)

@@ -1,0 +1,101 @@
+"""A request as the fleet controller follows it: stage, where it lives, its text stream, its
+client-facing event queue, and its timing breakdown."""
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from fleetctl.engine.core.output import TextStream
+from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.engine.worker.protocol import KVHandle
+
+
+class RequestStage(Enum):
+    QUEUED = "queued"  # waiting in the controller for a prefill (or mixed) worker
+    PREFILL = "prefill"  # on a prefill (or mixed / recomputing decode) worker
+    HANDOFF = "handoff"  # KV published by the prefill worker, waiting for / moving to a decode worker
+    DECODE = "decode"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """What a client receives: a text delta with its token, or the end (reason or error)."""
+
+    token_id: int | None = None
+    text: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+
+@dataclass
+class RequestTimes:
+    """Seconds since the epoch (time.time()) at each transition; None until it happens."""
+
+    arrival: float = field(default_factory=time.time)
+    dispatched: float | None = None
+    first_token: float | None = None
+    handoff_start: float | None = None
+    handoff_end: float | None = None
+    finished: float | None = None
+    handoff_bytes: int = 0
+    handoff_seconds: float = 0.0  # publish + fetch/copy, measured inside the workers
+
+
+@dataclass(eq=False)
+class TrackedRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    stream: TextStream
+    events: asyncio.Queue[StreamEvent] = field(default_factory=asyncio.Queue)
+    output_token_ids: list[int] = field(default_factory=list)
+    stage: RequestStage = RequestStage.QUEUED
+    prefill_worker: str | None = None  # the worker running its prefill (or all of it, when mixed)
+    decode_worker: str | None = None
+    handle: KVHandle | None = None  # published KV awaiting (or in) handoff
+    finish_reason: str | None = None
+    error: str | None = None
+    recomputes: int = 0
+    prefill_model_s: float = 0.0  # this request's share of its workers' prefill / decode step time
+    decode_model_s: float = 0.0
+    times: RequestTimes = field(default_factory=RequestTimes)
+
+    @property
+    def done(self) -> bool:
+        return self.stage is RequestStage.DONE
+
+    def holder(self) -> str | None:
+        """The worker whose engine holds the running sequence."""
+        if self.stage is RequestStage.DECODE:
+            return self.decode_worker
+        return self.prefill_worker if self.stage in (RequestStage.PREFILL, RequestStage.HANDOFF) else None
+
+    def record(self) -> dict:
+        t = self.times
+        end = t.finished or time.time()
+        first = t.first_token or end
+        return {
+            "request_id": self.request_id,
+            "arrival": t.arrival,
+            "queue_s": (t.dispatched or end) - t.arrival,
+            "prefill_s": first - (t.dispatched or first),
+            "ttft_s": first - t.arrival,
+            "handoff_s": t.handoff_seconds,
+            "handoff_bytes": t.handoff_bytes,
+            "handoff_wall_s": (t.handoff_end - t.handoff_start) if t.handoff_end and t.handoff_start else 0.0,
+            "decode_s": end - first,
+            "e2e_s": end - t.arrival,
+            "prompt_tokens": len(self.prompt_token_ids),
+            "output_tokens": len(self.output_token_ids),
+            "prefill_worker": self.prefill_worker,
+            "decode_worker": self.decode_worker,
+            "outcome": (self.error and "error") or self.finish_reason or "running",
+            "recomputes": self.recomputes,
+        }

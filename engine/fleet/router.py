@@ -1,0 +1,61 @@
+"""Routing decisions only: which worker gets a prompt, which takes a handoff. No I/O."""
+
+from dataclasses import dataclass, field
+
+from fleetctl.engine.core.block_allocator import BLOCK_SIZE, blocks_for
+from fleetctl.store.records import WorkerRole, WorkerState
+
+
+@dataclass
+class WorkerView:
+    """The controller's picture of one worker, from its reports."""
+
+    worker_id: str
+    role: WorkerRole
+    device: str
+    state: WorkerState = WorkerState.STARTING
+    pid: int | None = None
+    num_kv_blocks: int = 0
+    block_size: int = BLOCK_SIZE
+    free_blocks: int = 0
+    running: int = 0
+    waiting: int = 0
+    requests: set[str] = field(default_factory=set)  # request ids this worker holds
+    device_name: str = ""
+    peak_flops: float = 0.0
+    peak_bytes_per_s: float = 0.0
+
+    @property
+    def accepting(self) -> bool:
+        return self.state is WorkerState.RUNNING
+
+    @property
+    def kv_usage(self) -> float:
+        return 1 - self.free_blocks / self.num_kv_blocks if self.num_kv_blocks else 0.0
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    max_requests_per_worker: int = 128  # beyond this, prompts wait in the controller's queue
+
+
+class Router:
+    def __init__(self, config: RouterConfig = RouterConfig()) -> None:
+        self.config = config
+
+    def pick_prefill_worker(self, views: list[WorkerView], role: WorkerRole) -> WorkerView | None:
+        """The accepting worker of `role` (prefill, mixed, or decode for a recompute) holding the fewest
+        requests, if any has room."""
+        candidates = [v for v in views if v.role is role and v.accepting
+                      and len(v.requests) < self.config.max_requests_per_worker]
+        return min(candidates, key=lambda v: (len(v.requests), v.worker_id), default=None)
+
+    def pick_decode_worker(self, views: list[WorkerView], num_tokens: int) -> WorkerView | None:
+        """The accepting decode worker with free blocks for `num_tokens` tokens, least loaded first."""
+        candidates = [v for v in views if v.role is WorkerRole.DECODE and v.accepting
+                      and v.free_blocks >= blocks_for(num_tokens, v.block_size)]
+        return min(candidates, key=lambda v: (len(v.requests), -v.free_blocks, v.worker_id), default=None)
+
+    @staticmethod
+    def has_role(views: list[WorkerView], role: WorkerRole) -> bool:
+        return any(v.role is role and v.state in (WorkerState.RUNNING, WorkerState.STARTING) for v in views)

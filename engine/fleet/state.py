@@ -1,0 +1,43 @@
+"""What the controller's parts share: the workers as the controller sees them, the requests it
+follows, the two queues, and where live numbers go. Plain state and the few questions every part asks
+of it; the parts that act on it (dispatch, handoff, recovery, operations) each receive it."""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from fleetctl.engine.fleet.config import FleetConfig
+from fleetctl.engine.fleet.recorder import FleetRecorder
+from fleetctl.engine.fleet.request import TrackedRequest
+from fleetctl.engine.fleet.router import Router, WorkerView
+from fleetctl.engine.fleet.stats import FleetStats
+from fleetctl.engine.fleet.worker_link import WorkerLink
+from fleetctl.engine.worker.spec import WorkerSpec
+from fleetctl.store.records import EventKind, WorkerRole
+
+
+@dataclass
+class FleetState:
+    config: FleetConfig
+    specs: dict[str, WorkerSpec]  # how each worker id is (re)started
+    views: dict[str, WorkerView]
+    stats: FleetStats
+    recorder: FleetRecorder | None
+    router: Router = field(default_factory=Router)
+    links: dict[str, WorkerLink] = field(default_factory=dict)  # the current process of each worker id
+    requests: dict[str, TrackedRequest] = field(default_factory=dict)  # accepted and not yet ended
+    queued: deque[TrackedRequest] = field(default_factory=deque)  # waiting for a prefill (or mixed) worker
+    pending_handoffs: deque[TrackedRequest] = field(default_factory=deque)  # KV published, no decode worker yet
+    stopping: bool = False
+
+    def send(self, worker_id: str, msg: object) -> None:
+        self.links[worker_id].send(msg)
+
+    def all_views(self) -> list[WorkerView]:
+        return list(self.views.values())
+
+    def has_role(self, role: WorkerRole) -> bool:
+        return Router.has_role(self.all_views(), role)
+
+    def record_event(self, kind: EventKind, worker_id: str | None, details: dict) -> None:
+        if self.recorder:
+            self.recorder.event(kind, worker_id, details)

@@ -1,0 +1,65 @@
+"""The controller's end of one worker process: a writer thread drains an outbox into the pipe, a
+reader thread hands every message (and finally the process's exit) to the event loop."""
+
+import asyncio
+import itertools
+import queue
+import threading
+from collections.abc import Callable
+
+from fleetctl.engine.worker import protocol as m
+from fleetctl.engine.worker.launcher import LaunchedWorker
+
+_incarnations = itertools.count()
+
+
+class WorkerLink:
+    def __init__(
+        self,
+        launched: LaunchedWorker,
+        loop: asyncio.AbstractEventLoop,
+        on_message: Callable[["WorkerLink", object], None],
+        on_exit: Callable[["WorkerLink"], None],
+    ) -> None:
+        self.launched = launched
+        self.worker_id = launched.spec.worker_id
+        self.incarnation = next(_incarnations)  # a migrated worker keeps its id; links tell them apart
+        self.ready: m.WorkerReady | None = None  # kept for a process that has not taken over yet
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._loop = loop
+        self._on_message = on_message
+        self._on_exit = on_exit
+        threading.Thread(target=self._read, daemon=True, name=f"read-{self.worker_id}").start()
+        threading.Thread(target=self._write, daemon=True, name=f"write-{self.worker_id}").start()
+
+    @property
+    def pid(self) -> int | None:
+        return self.launched.pid
+
+    def send(self, msg: object) -> None:
+        self._outbox.put(msg)
+
+    def kill(self) -> None:
+        self.launched.kill()
+
+    def join(self, timeout: float) -> None:
+        self.launched.join(timeout)
+
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self.launched.conn.recv()
+            except (EOFError, OSError):
+                break
+            self._loop.call_soon_threadsafe(self._on_message, self, msg)
+        self._loop.call_soon_threadsafe(self._on_exit, self)
+
+    def _write(self) -> None:
+        while True:
+            msg = self._outbox.get()
+            try:
+                self.launched.conn.send(msg)
+            except (OSError, ValueError):
+                return
+            if isinstance(msg, m.Shutdown):
+                return

@@ -1,0 +1,161 @@
+"""Peak FLOP/s and memory bytes/s of a device (the MFU/MBU denominators): from the spec table for
+known GPUs, otherwise (CPUs, unknown GPUs) from a short calibration — one matmul loop and one copy
+loop, 0.5 s in all. Either way the result is cached in the store's `devices` table, keyed by the
+device identity and dtype, so the second worker on a device starts without measuring.
+
+A CPU's identity holds its model name and the thread count the worker computes with: a `cpu:N`
+slot pinned to 2 of 16 cores has a different peak from the whole socket.
+"""
+
+import platform
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from fleetctl.engine.metrics.gpu_sampler import driver_version
+from fleetctl.store.db import open_db
+from fleetctl.store.devices import cached_device, save_device
+from fleetctl.store.records import DeviceKind, DeviceRecord, PeakSource
+
+TERA = 1e12
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    pattern: str  # searched (case-insensitive) in the name torch/NVML report
+    tensor_flops: float  # dense bf16/fp16 tensor-core FLOP/s (sparsity doubles it; not counted)
+    fp32_flops: float  # non-tensor fp32 FLOP/s (torch's default fp32 matmul does not use TF32)
+    bytes_per_s: float  # memory bandwidth
+
+
+# Sources: NVIDIA's product datasheets (H100, H200, A100, L4, L40, L40S, A10, A40) and the Ada
+# (RTX 4090) and GA102 (RTX 3090) architecture whitepapers; datasheets quote bf16 with sparsity,
+# halved here. First match wins, so the more specific names come first.
+GPU_SPECS = (
+    GpuSpec(r"H100 NVL", 835.5 * TERA, 60 * TERA, 3.9 * TERA),
+    GpuSpec(r"H100.*PCIe", 756.5 * TERA, 51 * TERA, 2.0 * TERA),
+    GpuSpec(r"H100", 989.5 * TERA, 67 * TERA, 3.35 * TERA),  # SXM5, e.g. "NVIDIA H100 80GB HBM3"
+    GpuSpec(r"H200 NVL", 835.5 * TERA, 60 * TERA, 4.8 * TERA),
+    GpuSpec(r"H200", 989.5 * TERA, 67 * TERA, 4.8 * TERA),
+    GpuSpec(r"A100.*80GB.*PCIe", 312 * TERA, 19.5 * TERA, 1.935 * TERA),
+    GpuSpec(r"A100.*80GB", 312 * TERA, 19.5 * TERA, 2.039 * TERA),
+    GpuSpec(r"A100", 312 * TERA, 19.5 * TERA, 1.555 * TERA),  # 40 GB, SXM4 and PCIe
+    GpuSpec(r"L40S", 362.05 * TERA, 91.6 * TERA, 0.864 * TERA),
+    GpuSpec(r"\bL40\b", 181.05 * TERA, 90.5 * TERA, 0.864 * TERA),
+    GpuSpec(r"\bL4\b", 121 * TERA, 30.3 * TERA, 0.3 * TERA),
+    GpuSpec(r"\bA10\b", 125 * TERA, 31.2 * TERA, 0.6 * TERA),  # not A10G, not A100
+    GpuSpec(r"\bA40\b", 149.7 * TERA, 37.4 * TERA, 0.696 * TERA),
+    GpuSpec(r"RTX 4090", 165.2 * TERA, 82.6 * TERA, 1.008 * TERA),  # bf16 with fp32 accumulate
+    GpuSpec(r"RTX 3090(?! Ti)", 71 * TERA, 35.6 * TERA, 0.936 * TERA),  # bf16 with fp32 accumulate
+)
+
+
+def spec_peaks(name: str, dtype: torch.dtype) -> tuple[float, float] | None:
+    """(FLOP/s, bytes/s) from the spec table, or None for a GPU (or dtype) it does not know."""
+    for spec in GPU_SPECS:
+        if re.search(spec.pattern, name, re.IGNORECASE):
+            if dtype in (torch.bfloat16, torch.float16):
+                return spec.tensor_flops, spec.bytes_per_s
+            if dtype is torch.float32:
+                return spec.fp32_flops, spec.bytes_per_s
+            return None
+    return None
+
+
+@cache
+def cpu_model_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def device_identity(device: torch.device) -> tuple[str, str]:
+    """(identity, name): ("cuda:NVIDIA H200", "NVIDIA H200") or ("cpu:<model>:<n>threads", "<model>")."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return f"cuda:{name}", name
+    name = cpu_model_name()
+    return f"cpu:{name}:{torch.get_num_threads()}threads", name
+
+
+def _best_rate(run: Callable[[], None], sync: Callable[[], None], work: float, deadline: float) -> float:
+    """Best `work` per second over repeated runs, stopping before a run would pass the deadline."""
+    best, took = 0.0, 0.0
+    while best == 0.0 or time.perf_counter() + took < deadline:
+        start = time.perf_counter()
+        run()
+        sync()
+        took = time.perf_counter() - start
+        best = max(best, work / took)
+    return best
+
+
+def calibrate(device: torch.device, dtype: torch.dtype, budget_s: float = 0.5) -> tuple[float, float]:
+    """(FLOP/s, bytes/s) measured on `device` within about `budget_s`: a square matmul in `dtype`,
+    grown until one call takes a thirtieth of the budget (bigger runs nearer peak), repeated; then a
+    large copy (bytes read + bytes written), repeated. Best run of each."""
+    start = time.perf_counter()
+    on_gpu = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if on_gpu else (lambda: None)
+    n, max_n = 512, 8192 if on_gpu else 2048
+    while True:
+        a = torch.full((n, n), 0.5, dtype=dtype, device=device)
+        out = torch.empty_like(a)
+        call = time.perf_counter()
+        torch.mm(a, a, out=out)
+        sync()
+        if time.perf_counter() - call >= budget_s / 30 or n >= max_n:
+            break
+        n *= 2
+    flops = _best_rate(lambda: torch.mm(a, a, out=out), sync, 2.0 * n**3, start + 0.6 * budget_s)
+    size = (1 << 30) if on_gpu else (64 << 20)
+    src = torch.ones(size, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    bandwidth = _best_rate(lambda: dst.copy_(src), sync, 2.0 * size, start + 0.95 * budget_s)
+    return flops, bandwidth
+
+
+def device_peaks(device: torch.device, dtype: torch.dtype, store_path: Path | str | None = None,
+                 budget_s: float = 0.5) -> DeviceRecord:
+    """The device's peaks at `dtype`: from the store's cache when present, else from the spec
+    table or a calibration, then cached (when a store is given). Call it in the process that
+    computes on the device: a CPU identity counts that process's threads."""
+    identity, name = device_identity(device)
+    dtype_name = str(dtype).removeprefix("torch.")
+    db = open_db(store_path) if store_path is not None else None
+    try:
+        if db is not None and (cached := cached_device(db, identity, dtype_name)) is not None:
+            return cached
+        on_gpu = device.type == "cuda"
+        peaks = spec_peaks(name, dtype) if on_gpu else None
+        if peaks is None:
+            peaks, source = calibrate(device, dtype, budget_s), PeakSource.CALIBRATED
+        else:
+            source = PeakSource.SPEC_TABLE
+        record = DeviceRecord(
+            identity=identity,
+            dtype=dtype_name,
+            kind=DeviceKind.CUDA if on_gpu else DeviceKind.CPU,
+            name=name,
+            driver=driver_version() if on_gpu else None,
+            peak_flops=peaks[0],
+            peak_bytes_per_s=peaks[1],
+            how_measured=source,
+            measured_at=time.time(),
+        )
+        if db is not None:
+            save_device(db, record)
+        return record
+    finally:
+        if db is not None:
+            db.close()

@@ -1,0 +1,56 @@
+"""The fleet's HTTP server: one FastAPI app per fleet, the fleet running on the server's event loop.
+Routes live by concern in `openai_routes` and `fleet_routes`; this file wires them, the error
+handlers, the admin guard, /health and /metrics."""
+
+import secrets
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.server.errors import APIError, api_error, invalid_request
+from fleetctl.engine.server.fleet_routes import fleet_router
+from fleetctl.engine.server.openai_protocol import error_body
+from fleetctl.engine.server.openai_routes import openai_router
+
+
+def create_app(fleet: Fleet, admin_token: str | None = None) -> FastAPI:
+    """admin_token: when set, /fleet/* requires `Authorization: Bearer <token>`."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await fleet.start()
+        yield
+        await fleet.stop()
+
+    app = FastAPI(title="fleetctl", lifespan=lifespan)
+    app.add_exception_handler(APIError, api_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, invalid_request)  # type: ignore[arg-type]
+
+    @app.middleware("http")
+    async def admin_guard(request: Request, call_next: Callable) -> object:
+        if admin_token and request.url.path.startswith("/fleet/"):
+            sent = request.headers.get("authorization", "")
+            if not secrets.compare_digest(sent.encode(), f"Bearer {admin_token}".encode()):
+                return JSONResponse(error_body("missing or wrong admin token", "authentication_error"), 401)
+        return await call_next(request)
+
+    app.include_router(openai_router(fleet))
+    app.include_router(fleet_router(fleet))
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ok = all(fleet.has_role(role) for role in fleet.config.roles)
+        return JSONResponse({"status": "ok" if ok else "degraded"}, 200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        fleet.stats.refresh_gauges(list(fleet.views.values()))
+        return PlainTextResponse(generate_latest(fleet.stats.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,40 @@
+"""The JSON shapes of /fleet/status and /fleet/workers (the `status --json` and `workers --json` contract),
+built from the controller's view."""
+
+from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.store.records import WorkerState
+
+
+def workers_status(fleet: Fleet) -> list[dict]:
+    rows = []
+    for view in fleet.views.values():
+        util = fleet.stats.utilization(view.worker_id)
+        rows.append({
+            "id": view.worker_id,
+            "role": view.role.value,
+            "device": view.device,
+            "state": view.state.value,
+            "pid": view.pid,
+            "sessions": len(view.requests),
+            "kv_usage": round(view.kv_usage, 4),
+            "busy": round(util.busy, 4),
+            "mfu": round(util.mfu, 6),
+            "mbu": round(util.mbu, 6),
+        })
+    return rows
+
+
+def fleet_status(fleet: Fleet) -> dict:
+    workers = workers_status(fleet)
+    pools = {}
+    for role in fleet.config.roles:
+        members = [w for w in workers if w["role"] == role.value and w["state"] == WorkerState.RUNNING.value]
+        count = len(members) or 1
+        pools[role.value] = {
+            "workers": len(members),
+            "busy": round(sum(w["busy"] for w in members) / count, 4),
+            "mfu": round(sum(w["mfu"] for w in members) / count, 6),
+            "mbu": round(sum(w["mbu"] for w in members) / count, 6),
+            "queue": fleet.queue_length(role),
+        }
+    return {"model": fleet.model_name, "url": fleet.url, "workers": workers, "pools": pools}

@@ -1,0 +1,229 @@
+"""Typed messages between the fleet controller and its worker processes (pickled over a pipe).
+Plain data only: token ids, parameters, KV handles, statistics; never tensors (and no torch import:
+the controller reads these)."""
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from fleetctl.engine.checkpoint.format import RestoreMode
+from fleetctl.engine.core.sequence import FinishReason, SamplingParams
+from fleetctl.store.records import Phase
+
+
+class HandleKind(StrEnum):
+    SHM = "shm"  # a file in /dev/shm: outlives its producer
+    CUDA_IPC = "cuda-ipc"  # device memory shared through CUDA IPC: dies with its producer
+
+
+@dataclass(frozen=True)
+class KVHandle:
+    """Where a worker published a sequence's KV [layers, 2, n_blocks, block_size, Hkv, d]."""
+
+    handle_id: str
+    kind: HandleKind
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    location: str  # shm: file path; cuda-ipc: "" (the payload carries it)
+    payload: bytes = b""  # cuda-ipc: pickled torch IPC rebuild recipe
+
+    @property
+    def outlives_producer(self) -> bool:
+        return self.kind is HandleKind.SHM
+
+    def unlink(self) -> None:
+        """Free a shared-memory buffer; safe twice and from any process. Device memory is the
+        producer's to free."""
+        if self.kind is HandleKind.SHM:
+            Path(self.location).unlink(missing_ok=True)
+
+
+class CheckpointAfter(StrEnum):
+    """What a worker does once its checkpoint is written."""
+
+    RESUME = "resume"  # keep serving
+    HOLD = "hold"  # stay paused (a migration): Resume or Shutdown follows
+    STAND_DOWN = "stand-down"  # exit
+
+# controller -> worker
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """Prefill (and, on decode/mixed workers, decode) a request. With output ids it is a recompute."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    output_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Adopt:
+    """Decode worker: take a sequence prefilled elsewhere, its KV behind `handle`."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    handle: KVHandle
+
+
+@dataclass(frozen=True)
+class ReleaseKV:
+    """Prefill worker: the handoff is acknowledged (or abandoned); free the blocks and the buffer."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+@dataclass(frozen=True)
+class TakeCheckpoint:
+    """Pause after the current step, save the complete state under root/name, then do `after`."""
+
+    root: str
+    name: str
+    after: CheckpointAfter
+
+
+@dataclass(frozen=True)
+class Resume:
+    pass
+
+
+@dataclass(frozen=True)
+class Restore:
+    """A standby worker (started for a restore or a migration, model loaded, no sessions): verify the
+    checkpoint and load its sessions. Answered by Restored or RestoreFailed."""
+
+    path: str
+
+
+# worker -> controller
+
+
+@dataclass(frozen=True)
+class WorkerReady:
+    worker_id: str
+    pid: int
+    num_kv_blocks: int
+    block_size: int
+    load_seconds: float
+    device_name: str
+    peak_flops: float  # the device's peaks at the worker's dtype (spec table or calibration)
+    peak_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    request_id: str
+    token_id: int
+    finished: bool
+    finish_reason: FinishReason | None
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One engine step: its tokens and what the worker looks like after it."""
+
+    worker_id: str
+    phase: Phase
+    tokens: list[TokenEvent]
+    seq_tokens: list[int]  # per token event: tokens its sequence ran in this step
+    num_seqs: int
+    num_tokens: int
+    context_tokens: int
+    seconds: float
+    flops: int  # model FLOPs of the step (cost model)
+    bytes: int  # bytes moved by the step: weights + KV read and written
+    free_blocks: int
+    running: int
+    waiting: int
+    ended_at: float  # time.time()
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """Prefill worker: a request's KV is published and waits for a decode worker."""
+
+    request_id: str
+    handle: KVHandle
+    publish_seconds: float
+
+
+@dataclass(frozen=True)
+class Adopted:
+    request_id: str
+    nbytes: int
+    seconds: float
+    free_blocks: int
+
+
+@dataclass(frozen=True)
+class AdoptFailed:
+    request_id: str
+    reason: str
+    retryable: bool  # False when the KV itself is gone: recompute instead
+
+
+@dataclass(frozen=True)
+class RequestFailed:
+    request_id: str
+    message: str
+
+
+@dataclass(frozen=True)
+class CheckpointStarted:
+    writer_pid: int  # the forked writer process (killing it must leave nothing listed)
+    paused_at: float  # time.time() when the worker stopped stepping
+
+
+@dataclass(frozen=True)
+class CheckpointDone:
+    path: str
+    sessions: int
+    nbytes: int
+    seconds: float
+    paused_at: float
+
+
+@dataclass(frozen=True)
+class CheckpointFailed:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Restored:
+    mode: RestoreMode
+    reason: str | None
+    sessions: int
+    nbytes: int
+    seconds: float
+    request_ids: list[str]
+
+
+@dataclass(frozen=True)
+class RestoreFailed:
+    """The checkpoint was refused (corrupt, wrong role, unreadable); nothing was loaded."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Sent after blocks are freed outside a step (release, abort), so the router sees the room."""
+
+    worker_id: str
+    free_blocks: int

@@ -1,0 +1,25 @@
+"""What a worker process is started with: its id, role, device and cores, and the fleet-wide engine
+settings it shares with every other worker."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.device_names import parse_device_name
+from fleetctl.store.records import DeviceKind, WorkerRole
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    worker_id: str
+    role: WorkerRole
+    device: str  # "cpu:N" or "cuda:N"
+    model_dir: Path
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    cores: tuple[int, ...] = ()  # CPU cores to pin to (cpu:N slots); () leaves affinity alone
+    store_path: Path | None = None  # the fleet's metrics store: caches this device's measured peaks
+
+    def engine_config(self) -> EngineConfig:
+        on_cpu = parse_device_name(self.device).kind is DeviceKind.CPU
+        return EngineConfig(model_dir=self.model_dir, device="cpu" if on_cpu else self.device, settings=self.engine,
+                            detokenize=False, prefill_only=self.role is WorkerRole.PREFILL)

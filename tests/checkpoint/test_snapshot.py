@@ -1,0 +1,69 @@
+"""In-process KV movement between engines: the handoff path (export → import) and checkpoint
+snapshots (snapshot → restore_with_kv / cold_start). Token identity relies on deterministic=True."""
+
+from pathlib import Path
+
+from fleetctl.engine.checkpoint.snapshot import cold_start, restore_with_kv, snapshot
+from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.llm_engine import LLMEngine
+from fleetctl.engine.core.sequence import SamplingParams
+
+PROMPTS = ["The quick brown fox", "Once upon a time there was a small model that served", "def add(a, b):"]
+PARAMS = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+SAMPLED = SamplingParams(max_tokens=30, temperature=0.9, top_p=0.95, seed=5, ignore_eos=True)
+
+
+def engine(model_dir: Path, **kw: object) -> LLMEngine:
+    settings = EngineSettings(dtype="float32", deterministic=True, num_kv_blocks=64)
+    return LLMEngine(EngineConfig(model_dir=model_dir, settings=settings, **kw))
+
+
+def run_all(eng: LLMEngine) -> dict[str, list[int]]:
+    tokens: dict[str, list[int]] = {}
+    while eng.has_unfinished():
+        for out in eng.step():
+            tokens.setdefault(out.request_id, []).append(out.token_id)
+    return tokens
+
+
+def test_prefill_handoff_to_decode_engine_matches_single_engine(tiny_model_dir: Path) -> None:
+    reference = engine(tiny_model_dir).generate(PROMPTS, PARAMS)
+    prefill = engine(tiny_model_dir, prefill_only=True)
+    decode = engine(tiny_model_dir)
+    for i, prompt in enumerate(PROMPTS):
+        prefill.add_request(prompt, PARAMS, request_id=f"r{i}")
+    first = {out.request_id: out.token_id for out in prefill.step()}
+    assert not prefill.scheduler.running and len(prefill.scheduler.parked) == 3
+    for rid, token in first.items():
+        seq = prefill.sequence(rid)
+        decode.import_sequence(rid, seq.prompt_token_ids, [token], PARAMS, seq.seed, prefill.export_kv(rid))
+        prefill.release(rid)
+    assert prefill.kv_cache.allocator.num_used == 0
+    rest = run_all(decode)
+    for i, ref in enumerate(reference):
+        assert [first[f"r{i}"], *rest[f"r{i}"]] == ref.token_ids
+
+
+def test_snapshot_restore_continues_token_identically(tiny_model_dir: Path) -> None:
+    alone = engine(tiny_model_dir)
+    expected = {f"g{i}": r.token_ids for i, r in enumerate(alone.generate(PROMPTS, PARAMS))}
+    expected["s0"] = alone.generate([PROMPTS[0]], SAMPLED)[0].token_ids
+    source = engine(tiny_model_dir)
+    for i, prompt in enumerate(PROMPTS):
+        source.add_request(prompt, PARAMS, request_id=f"g{i}")
+    source.add_request(PROMPTS[0], SAMPLED, request_id="s0")
+    before = {}
+    for _ in range(7):
+        for out in source.step():
+            before.setdefault(out.request_id, []).append(out.token_id)
+    records, kv = snapshot(source)
+    assert kv.shape[2] == sum(len(r.block_table) for r in records)
+    for restore in (restore_with_kv, None):
+        target = engine(tiny_model_dir)
+        if restore is None:
+            cold_start(target, records)
+        else:
+            restore(target, records, kv)
+        after = run_all(target)
+        for rid, tokens in expected.items():
+            assert before[rid] + after[rid] == tokens, (rid, restore)

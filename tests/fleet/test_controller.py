@@ -1,0 +1,111 @@
+"""The controller against in-process fake workers (tests/fleet/fake_workers.py): the request path
+through prefill → handoff → decode, recovery when a decode worker dies, admission errors and
+cancellation — no torch, no processes."""
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from fake_workers import FakeLauncher, expected_tokens
+
+from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.engine.fleet.config import FleetConfig
+from fleetctl.engine.fleet.controller import Fleet, FleetBusy, NoWorkers
+from fleetctl.engine.fleet.request import TrackedRequest
+from fleetctl.engine.worker import protocol as m
+from fleetctl.store.records import WorkerState
+
+PROMPTS = [[5, 6, 7], [8, 9, 10, 11], [12, 13]]
+PARAMS = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+def run(model_dir: Path, tmp_path: Path, scenario: Callable[[Fleet, FakeLauncher], Awaitable[None]],
+        die_after: dict[str, int] | None = None, **config: object) -> FakeLauncher:
+    launcher = FakeLauncher(tmp_path, die_after)
+    layout = {"prefill": 1, "decode": 2, "devices": ("cpu:0", "cpu:1", "cpu:2")} | config
+
+    async def main() -> None:
+        fleet = Fleet(FleetConfig(model_dir, **layout), launcher=launcher)
+        await fleet.start()
+        try:
+            await asyncio.wait_for(scenario(fleet, launcher), 20)
+        finally:
+            await fleet.stop()
+
+    asyncio.run(main())
+    return launcher
+
+
+async def tokens_of(fleet: Fleet, req: TrackedRequest) -> list[int]:
+    events = [event async for event in fleet.stream(req)]
+    assert events[-1].error is None, events[-1].error
+    return [e.token_id for e in events if e.token_id is not None]
+
+
+def test_requests_flow_through_prefill_handoff_and_decode(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        reqs = [fleet.submit(p, PARAMS) for p in PROMPTS]
+        results = await asyncio.gather(*(tokens_of(fleet, r) for r in reqs))
+        for prompt, req, tokens in zip(PROMPTS, reqs, results, strict=True):
+            assert tokens == expected_tokens(prompt, PARAMS.max_tokens)
+            assert req.finish_reason == "length" and req.prefill_worker == "prefill-0"
+            assert req.decode_worker in ("decode-0", "decode-1") and req.times.handoff_bytes == 4
+        released = {msg.request_id for msg in launcher.workers["prefill-0"].received if isinstance(msg, m.ReleaseKV)}
+        assert released == {r.request_id for r in reqs}  # every prefill copy freed after its adoption
+        assert not list(tmp_path.iterdir())  # and every published buffer with it
+        assert not fleet.state.requests and fleet.queue_length(fleet.config.prompt_role) == 0
+
+    run(tiny_model_dir, tmp_path, scenario)
+
+
+def test_a_dead_decode_worker_is_recomputed_without_a_lost_or_repeated_token(tiny_model_dir: Path,
+                                                                               tmp_path: Path) -> None:
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        reqs = [fleet.submit(p, PARAMS) for p in PROMPTS]
+        results = await asyncio.gather(*(tokens_of(fleet, r) for r in reqs))
+        assert fleet.views["decode-0"].state is WorkerState.FAILED
+        moved = [r for r in reqs if r.recomputes]
+        assert moved and all(r.decode_worker == "decode-1" for r in moved)
+        for prompt, tokens in zip(PROMPTS, results, strict=True):
+            assert tokens == expected_tokens(prompt, PARAMS.max_tokens)
+        resumed = [msg for msg in launcher.workers["decode-1"].received if isinstance(msg, m.RunRequest)]
+        assert resumed and all(msg.output_token_ids for msg in resumed)  # continued from their tokens
+
+    run(tiny_model_dir, tmp_path, scenario, die_after={"decode-0": 5})
+
+
+def test_no_worker_of_a_role_refuses_new_requests(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        launcher.workers["decode-0"].killed.set()
+        while fleet.views["decode-0"].state is not WorkerState.FAILED:
+            await asyncio.sleep(0.01)
+        with pytest.raises(NoWorkers, match="no decode worker"):
+            fleet.submit(PROMPTS[0], PARAMS)
+
+    run(tiny_model_dir, tmp_path, scenario, decode=1, devices=("cpu:0", "cpu:1"))
+
+
+def test_a_full_queue_answers_busy(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        with pytest.raises(FleetBusy):
+            fleet.submit(PROMPTS[0], PARAMS)
+
+    run(tiny_model_dir, tmp_path, scenario, max_queue=0)
+
+
+def test_cancel_aborts_the_request_where_it_runs(tiny_model_dir: Path, tmp_path: Path) -> None:
+    long = SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True)
+
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        req = fleet.submit(PROMPTS[0], long)
+        while len(req.output_token_ids) < 3:
+            await asyncio.sleep(0.005)
+        holder = req.holder()
+        fleet.cancel(req)
+        assert req.done and req.finish_reason == "abort"
+        await asyncio.sleep(0.05)
+        aborted = [msg for msg in launcher.workers[holder].received if isinstance(msg, m.Abort)]
+        assert [msg.request_id for msg in aborted] == [req.request_id]
+
+    run(tiny_model_dir, tmp_path, scenario)

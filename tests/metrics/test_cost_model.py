@@ -1,0 +1,71 @@
+"""Per-step FLOPs and bytes from the model's shape, checked by hand on smollm2-135m's shape."""
+
+import pytest
+
+from fleetctl.engine.metrics.cost_model import CostModel
+from fleetctl.engine.model.config import ModelConfig
+
+SMOLLM2 = ModelConfig(
+    architecture="LlamaForCausalLM", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+    num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0,
+    max_position_embeddings=8192, tie_word_embeddings=True,
+)
+BF16 = CostModel(SMOLLM2, weight_bytes=2, kv_bytes=2)
+
+LAYERS = 30 * (576 * 64 * (2 * 9 + 2 * 3) + 3 * 576 * 1536)  # 106,168,320
+LM_HEAD = 49152 * 576  # 28,311,552
+KV_PER_TOKEN = 2 * 30 * 3 * 64 * 2  # 23,040 bytes in bf16
+ATTN_PER_KEY = 4 * 30 * 9 * 64  # QKᵀ + PV, all layers: 69,120 FLOPs per key attended
+
+
+def test_shape_constants():
+    assert (BF16.layer_params, BF16.lm_head_params) == (LAYERS, LM_HEAD) == (106_168_320, 28_311_552)
+    assert BF16.layer_params + BF16.lm_head_params == SMOLLM2.num_params == 134_479_872
+    assert BF16.kv_bytes_per_token == KV_PER_TOKEN == 23_040
+
+
+def test_one_decode_token_at_context_100():
+    cost = BF16.decode_step([100])
+    assert cost.flops == 2 * LAYERS + 2 * LM_HEAD + ATTN_PER_KEY * 100 == 275_871_744
+    assert cost.bytes == 2 * (LAYERS + LM_HEAD) + KV_PER_TOKEN * (100 + 1) == 271_286_784
+
+
+def test_decode_batch_reads_the_weights_once():
+    one, batch = BF16.decode_step([100]), BF16.decode_step([100] * 16)
+    assert batch.flops == 16 * one.flops
+    assert batch.bytes == one.bytes + 15 * KV_PER_TOKEN * 101
+    assert batch.bytes < 1.3 * one.bytes  # why decode batching pays: same weights, 16x the work
+
+
+def test_prefill_charges_logits_once_per_sequence_and_causal_keys():
+    cost = BF16.prefill_step([128])
+    keys = 128 * 129 // 2  # token i attends i + 1 keys
+    assert cost.flops == 2 * LAYERS * 128 + 2 * LM_HEAD + ATTN_PER_KEY * keys
+    assert cost.bytes == 2 * (LAYERS + LM_HEAD) + KV_PER_TOKEN * (128 + 128)
+    # arithmetic intensity: prefill does far more work per byte than decode
+    decode = BF16.decode_step([128])
+    assert cost.flops / cost.bytes > 50 * decode.flops / decode.bytes
+
+
+def test_a_partly_cached_prompt_attends_its_prefix():
+    cost = BF16.step([4], [10])  # 6 tokens cached, 4 new
+    keys = sum(p + 1 for p in range(6, 10))  # 7 + 8 + 9 + 10
+    assert keys == 4 * 6 + 4 * 5 // 2 == 34
+    assert cost.flops == 2 * LAYERS * 4 + 2 * LM_HEAD + ATTN_PER_KEY * keys
+
+
+def test_fp32_doubles_the_bytes_not_the_flops():
+    fp32 = CostModel(SMOLLM2, weight_bytes=4, kv_bytes=4)
+    assert fp32.decode_step([50]).flops == BF16.decode_step([50]).flops
+    assert fp32.decode_step([50]).bytes == 2 * BF16.decode_step([50]).bytes
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError):
+        BF16.step([1, 1], [5])
+    with pytest.raises(ValueError):
+        BF16.step([6], [5])
+    with pytest.raises(ValueError):
+        BF16.step([0], [5])
+    with pytest.raises(ValueError):
+        CostModel(SMOLLM2, weight_bytes=0, kv_bytes=2)

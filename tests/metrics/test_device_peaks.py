@@ -1,0 +1,115 @@
+"""Device peaks (spec table, calibration cached in the store) and the pynvml GPU sampler."""
+
+from types import SimpleNamespace
+
+import pynvml
+import pytest
+import torch
+
+from fleetctl.engine.metrics import device_peaks as peaks_module
+from fleetctl.engine.metrics.device_peaks import device_identity, device_peaks, spec_peaks
+from fleetctl.engine.metrics.gpu_sampler import GpuSampler
+from fleetctl.store.db import open_db
+from fleetctl.store.records import DeviceKind, PeakSource
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("name", "flops", "bandwidth"),
+    [
+        ("NVIDIA H200", 989.5e12, 4.8e12),
+        ("NVIDIA H100 80GB HBM3", 989.5e12, 3.35e12),
+        ("NVIDIA H100 PCIe", 756.5e12, 2.0e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12, 2.039e12),
+        ("NVIDIA A100 80GB PCIe", 312e12, 1.935e12),
+        ("NVIDIA A100-PCIE-40GB", 312e12, 1.555e12),
+        ("NVIDIA A10", 125e12, 0.6e12),
+        ("NVIDIA L40S", 362.05e12, 0.864e12),
+        ("NVIDIA L40", 181.05e12, 0.864e12),
+        ("NVIDIA L4", 121e12, 0.3e12),
+        ("NVIDIA GeForce RTX 4090", 165.2e12, 1.008e12),
+    ],
+)
+def test_spec_table_matches_the_most_specific_name(name, flops, bandwidth):
+    assert spec_peaks(name, torch.bfloat16) == pytest.approx((flops, bandwidth))
+
+
+def test_spec_table_fp32_and_unknown_devices():
+    assert spec_peaks("NVIDIA H200", torch.float32) == pytest.approx((67e12, 4.8e12))
+    assert spec_peaks("NVIDIA A10G", torch.bfloat16) is None
+    assert spec_peaks("NVIDIA GeForce RTX 3090 Ti", torch.bfloat16) is None
+    assert spec_peaks("NVIDIA H200", torch.int8) is None
+
+
+def test_cpu_identity_names_the_model_and_threads():
+    identity, name = device_identity(CPU)
+    assert identity == f"cpu:{name}:{torch.get_num_threads()}threads"
+    assert name
+
+
+def test_calibration_runs_once_per_device_and_dtype(tmp_path, monkeypatch):
+    calls = []
+    real = peaks_module.calibrate
+
+    def counting(device, dtype, budget_s=0.5):
+        calls.append(dtype)
+        return real(device, dtype, budget_s=0.1)
+
+    monkeypatch.setattr(peaks_module, "calibrate", counting)
+    path = tmp_path / "fleet.db"
+    first = device_peaks(CPU, torch.float32, path)
+    assert first.how_measured is PeakSource.CALIBRATED and first.kind is DeviceKind.CPU
+    assert first.peak_flops > 1e8 and first.peak_bytes_per_s > 1e8
+
+    again = device_peaks(CPU, torch.float32, path)  # from the cache: no second calibration
+    assert again == first
+    assert calls == [torch.float32]
+    device_peaks(CPU, torch.bfloat16, path)  # another dtype is another peak
+    assert calls == [torch.float32, torch.bfloat16]
+    assert open_db(path)["devices"].count == 2
+    assert device_peaks(CPU, torch.float32).how_measured is PeakSource.CALIBRATED  # no store: measured every time
+    assert len(calls) == 3
+
+
+def test_gpu_sampler_returns_nothing_without_a_driver():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has an NVIDIA driver")
+    sampler = GpuSampler()
+    assert sampler.device_count == 0
+    assert sampler.sample() == []
+    sampler.close()
+
+
+def test_gpu_sampler_converts_nvml_readings(monkeypatch):
+    """With NVML faked: two GPUs, one without power readings, one failing mid-run."""
+    failing = {"handle-1": False}
+
+    def utilization(handle):
+        if handle == "handle-1" and failing["handle-1"]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return SimpleNamespace(gpu=87, memory=42)
+
+    def power(handle):
+        if handle == "handle-1":
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return 312_500
+
+    shutdowns = []
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: shutdowns.append(1))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 2)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: f"handle-{i}")
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetUtilizationRates", utilization)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", lambda h: SimpleNamespace(used=7 << 30))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", power)
+
+    sampler = GpuSampler()
+    first, second = sampler.sample(now=5.0)
+    assert (first.ts, first.device_index, first.sm_util, first.mem_util) == (5.0, 0, 0.87, 0.42)
+    assert (first.mem_used_bytes, first.power_w) == (7 << 30, 312.5)
+    assert (second.device_index, second.power_w) == (1, None)
+    failing["handle-1"] = True
+    assert [s.device_index for s in sampler.sample()] == [0]
+    sampler.close()
+    assert shutdowns == [1]
