@@ -3,6 +3,7 @@
 
 import typer
 
+from fleetctl.console.devices_cmd import devices
 from fleetctl.console.fleet_cmds import bench, classify, serve, status, workers
 from fleetctl.console.generate_cmd import generate
 from fleetctl.console.models_cmd import models_app
@@ -21,6 +22,7 @@ app.command("status")(status)
 app.command("workers")(workers)
 app.command("bench")(bench)
 app.command("classify")(classify)
+app.command("devices")(devices)
 app.command("checkpoint")(checkpoint)
 app.command("restore")(restore)
 app.command("migrate")(migrate)

@@ -1,16 +1,24 @@
-"""Batch-invariant attention for the engine's deterministic mode.
+"""Batch invariance by construction, for the engine's deterministic mode: every op whose per-row
+result could depend on the rest of the batch runs on fixed shapes.
 
-A query row at position p is always computed with the same tensor shapes, whatever else is in the
-batch and whether it arrives in a prefill or a decode step: rows are processed in tiles of TILE
-positions (row p sits at index p % TILE of its tile) against exactly the keys 0 .. TILE*(p//TILE+1),
-later keys masked out. Same shapes give the same summation order, so the same bits.
+- Row-wise ops (linear layers, RMSNorm, rotary, SiLU·mul, the logits) run on tiles of exactly
+  ROW_TILE rows (`per_row_tile`): a kernel library picks its blocking, vectorisation and threading from
+  the shape, so one shape means one summation order.
+- Attention: a query row at position p is computed in a tile of TILE positions (row p at index
+  p % TILE) against exactly the keys 0 .. TILE*(p//TILE+1), later keys masked out — the same whether it
+  arrives in a prefill or a decode step, alone or beside other sequences.
 """
+
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
 from fleetctl.kernels.paged_attention import gather_kv
 
-TILE = 16
+TILE = 16  # attention: query positions per tile
+ROW_TILE = 8  # row-wise ops: rows per call (a decode batch of 1 computes 8 rows: memory-bound, so nearly free)
+TileResult = TypeVar("TileResult", torch.Tensor, tuple[torch.Tensor, ...])
 
 
 def invariant_attention(
@@ -54,14 +62,17 @@ def invariant_attention(
     return out
 
 
-def invariant_linear(x: torch.Tensor, weight: torch.Tensor, row_multiple: int = 8) -> torch.Tensor:
-    """x: [T, K]; weight: [N, K] -> [T, N], computed with T padded to a multiple of row_multiple.
+def per_row_tile(op: Callable[..., TileResult], *rows: torch.Tensor | None) -> TileResult:
+    """`op` applied to fixed-shape tiles of ROW_TILE rows of `rows` (each [T, ...], or None), zero-padded
+    at the end; its outputs ([ROW_TILE, ...] each) joined and cut back to T rows.
 
-    CPU GEMM kernels pick their blocking (and so their summation order) from the matrix shape; a
-    single row takes a GEMV path with a different order. Padding keeps each row's result the same
-    whatever the batch (checked here for fp32 and bf16, multiples of 4 and up)."""
-    rows = x.shape[0]
-    pad = -rows % row_multiple
-    if pad:
-        x = torch.cat((x, x.new_zeros(pad, x.shape[1])))
-    return torch.nn.functional.linear(x, weight)[:rows]
+    Every call of `op` then sees the same shapes whatever the batch, so it takes the same code path
+    (GEMM blocking, vector/scalar split, thread partition) and each row comes out with the same bits."""
+    count = next(r.shape[0] for r in rows if r is not None)
+    pad = -count % ROW_TILE
+    padded = [None if r is None else torch.cat((r, r.new_zeros(pad, *r.shape[1:]))) if pad else r for r in rows]
+    outputs = [op(*(None if r is None else r[start : start + ROW_TILE] for r in padded))
+               for start in range(0, count + pad, ROW_TILE)]
+    if isinstance(outputs[0], tuple):
+        return tuple(torch.cat(parts)[:count] for parts in zip(*outputs, strict=True))
+    return torch.cat(outputs)[:count]

@@ -12,10 +12,13 @@ signature. `FLEET_KERNELS` selects, once, when this module is first imported (se
 Importing this module does not import triton: that happens on the first kernel launch.
 """
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from fleetctl.kernels import triton_support
-from fleetctl.kernels.batch_invariant import invariant_attention, invariant_linear
+from fleetctl.kernels.batch_invariant import invariant_attention, per_row_tile
 from fleetctl.kernels.paged_attention import (
     paged_decode_attention_ref,
     paged_decode_attention_triton,
@@ -104,11 +107,32 @@ def prefill_attention(
     return prefill_attention_ref(q, kv_layer, block_tables, cu_seqlens_q, context_lens, scale)
 
 
+@dataclass(frozen=True)
+class RowOps:
+    """The row-wise ops a model runs: the fast ones, or the batch-invariant ones (deterministic mode)."""
+
+    linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    silu_mul: Callable[[torch.Tensor], torch.Tensor]
+
+
+FAST = RowOps(linear, rms_norm, rotary, silu_mul)
+BATCH_INVARIANT = RowOps(
+    linear=lambda x, weight: per_row_tile(lambda rows: linear(rows, weight), x),
+    rms_norm=lambda x, weight, eps, residual=None: per_row_tile(
+        lambda rows, res: rms_norm(rows, weight, eps, res), x, residual),
+    rotary=lambda q, k, cos, sin: per_row_tile(rotary, q, k, cos, sin),
+    silu_mul=lambda gate_up: per_row_tile(silu_mul, gate_up),
+)
+
 __all__ = [
+    "BATCH_INVARIANT",
+    "FAST",
     "MODE",
+    "RowOps",
     "decode_attention",
     "invariant_attention",
-    "invariant_linear",
     "linear",
     "prefill_attention",
     "rms_norm",

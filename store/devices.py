@@ -14,8 +14,15 @@ def cached_device(db: Database, identity: str, dtype: str) -> DeviceRecord | Non
     row = db.execute(
         f"SELECT {', '.join(_COLUMNS)} FROM devices WHERE identity = ? AND dtype = ?", [identity, dtype]
     ).fetchone()
-    if row is None:
-        return None
+    return None if row is None else _record(row)
+
+
+def all_devices(db: Database) -> list[DeviceRecord]:
+    """Every cached peak, by identity then dtype."""
+    return [_record(row) for row in db.execute(f"SELECT {', '.join(_COLUMNS)} FROM devices ORDER BY identity, dtype")]
+
+
+def _record(row: tuple) -> DeviceRecord:
     values = dict(zip(_COLUMNS, row, strict=True))
     values["kind"] = DeviceKind(values["kind"])
     values["how_measured"] = PeakSource(values["how_measured"])

@@ -162,8 +162,11 @@ class LLMEngine:
         return self._streams.get(request_id)
 
     def step(self) -> list[RequestOutput]:
+        """One model step; `last_step` describes it (None when nothing could be scheduled: the queue
+        waits for blocks that parked or running sequences hold)."""
         scheduled = self.scheduler.schedule()
         if scheduled is None:
+            self.last_step = None
             return []
         tokens, self.last_step = self.runner.run(scheduled)
         park = self.config.prefill_only and scheduled.phase is Phase.PREFILL

@@ -53,21 +53,27 @@ class FleetStats:
     def on_step(self, view: WorkerView, report: StepReport) -> None:
         window = self._steps.setdefault(view.worker_id, deque())
         window.append((report.ended_at, report.seconds, report.flops, report.bytes))
+        _forget_before(window, report.ended_at - BUSY_WINDOW_S)
         self._peaks[view.worker_id] = (view.peak_flops, view.peak_bytes_per_s)
 
     def utilization(self, worker_id: str, now: float | None = None) -> LiveUtilization:
-        """Over the last BUSY_WINDOW_S seconds of wall time (achieved rate over the device peak)."""
+        """Over the last BUSY_WINDOW_S seconds of wall time: busy share, and achieved FLOP/s and bytes/s
+        over the device's peaks. A step that began before the window counts only for its part inside
+        it, so none of the three can pass 1 unless a step report or a peak is wrong."""
         now = now or time.time()
+        start = now - BUSY_WINDOW_S
         window = self._steps.get(worker_id, deque())
-        while window and window[0][0] < now - BUSY_WINDOW_S:
-            window.popleft()
+        _forget_before(window, start)
+        busy = flops = nbytes = 0.0
+        for ended, seconds, step_flops, step_bytes in window:
+            inside = max(0.0, min(ended, now) - max(ended - seconds, start))
+            share = inside / seconds if seconds > 0 else 1.0
+            busy, flops, nbytes = busy + inside, flops + step_flops * share, nbytes + step_bytes * share
         peak_flops, peak_bytes = self._peaks.get(worker_id, (0.0, 0.0))
-        flops = sum(step[2] for step in window) / BUSY_WINDOW_S
-        nbytes = sum(step[3] for step in window) / BUSY_WINDOW_S
         return LiveUtilization(
-            busy=min(1.0, sum(step[1] for step in window) / BUSY_WINDOW_S),
-            mfu=flops / peak_flops if peak_flops else 0.0,
-            mbu=nbytes / peak_bytes if peak_bytes else 0.0,
+            busy=busy / BUSY_WINDOW_S,
+            mfu=flops / BUSY_WINDOW_S / peak_flops if peak_flops else 0.0,
+            mbu=nbytes / BUSY_WINDOW_S / peak_bytes if peak_bytes else 0.0,
         )
 
     def on_handoff(self, nbytes: int, seconds: float) -> None:
@@ -96,3 +102,9 @@ class FleetStats:
             self.busy.labels(worker=v.worker_id, role=v.role.value).set(util.busy)
             self.mfu.labels(worker=v.worker_id, role=v.role.value).set(util.mfu)
             self.mbu.labels(worker=v.worker_id, role=v.role.value).set(util.mbu)
+
+
+def _forget_before(window: deque[tuple[float, float, int, int]], start: float) -> None:
+    """Drop steps that ended before `start`: bounded memory whether or not anyone reads the window."""
+    while window and window[0][0] < start:
+        window.popleft()

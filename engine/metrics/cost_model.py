@@ -56,6 +56,11 @@ class CostModel:
         return self.config.vocab_size * self.config.hidden_size
 
     @property
+    def weight_bytes_per_step(self) -> int:
+        """Every matmul weight, read once (the lm_head once even when tied to the embedding)."""
+        return (self.layer_params + self.lm_head_params) * self.weight_bytes
+
+    @property
     def kv_bytes_per_token(self) -> int:
         c = self.config
         return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.kv_bytes
@@ -77,7 +82,7 @@ class CostModel:
             + 4 * c.num_layers * c.num_heads * c.head_dim * keys
         )
         nbytes = (
-            (self.layer_params + self.lm_head_params) * self.weight_bytes
+            self.weight_bytes_per_step
             + sum(context_lens) * self.kv_bytes_per_token
             + tokens * self.kv_bytes_per_token
         )

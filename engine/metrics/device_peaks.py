@@ -1,22 +1,25 @@
 """Peak FLOP/s and memory bytes/s of a device (the MFU/MBU denominators): from the spec table for
-known GPUs, otherwise (CPUs, unknown GPUs) from a short calibration — one matmul loop and one copy
-loop, 0.5 s in all. Either way the result is cached in the store's `devices` table, keyed by the
-device identity and dtype, so the second worker on a device starts without measuring.
+known GPUs, otherwise (CPUs, unknown GPUs) from a short quiet calibration (`calibration.py`). Either
+way the result is cached in the store's `devices` table, keyed by the device identity and dtype, so
+the next worker on a device starts without measuring; `fleetctl devices --recalibrate` measures again.
 
-A CPU's identity holds its model name and the thread count the worker computes with: a `cpu:N`
-slot pinned to 2 of 16 cores has a different peak from the whole socket.
+A CPU's identity holds its model name, the thread count the worker computes with (a `cpu:N` slot
+pinned to 2 of 16 cores has a different peak from the whole socket) and the calibration's working set
+(a model that fits in cache streams faster than one that does not):
+`cpu:<model>:<threads>threads:<MiB>MiB`.
 """
 
+import os
 import platform
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import torch
 
+from fleetctl.engine.metrics.calibration import MAX_WORKING_SET, calibrate, machine_lock, working_set
 from fleetctl.engine.metrics.gpu_sampler import driver_version
 from fleetctl.store.db import open_db
 from fleetctl.store.devices import cached_device, save_device
@@ -79,69 +82,36 @@ def cpu_model_name() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def device_identity(device: torch.device) -> tuple[str, str]:
-    """(identity, name): ("cuda:NVIDIA H200", "NVIDIA H200") or ("cpu:<model>:<n>threads", "<model>")."""
+def device_identity(device: torch.device, working_set_bytes: int) -> tuple[str, str]:
+    """(identity, name): ("cuda:NVIDIA H200", "NVIDIA H200") or ("cpu:<model>:<n>threads:<m>MiB", "<model>")."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         return f"cuda:{name}", name
     name = cpu_model_name()
-    return f"cpu:{name}:{torch.get_num_threads()}threads", name
+    return f"cpu:{name}:{torch.get_num_threads()}threads:{working_set_bytes >> 20}MiB", name
 
 
-def _best_rate(run: Callable[[], None], sync: Callable[[], None], work: float, deadline: float) -> float:
-    """Best `work` per second over repeated runs, stopping before a run would pass the deadline."""
-    best, took = 0.0, 0.0
-    while best == 0.0 or time.perf_counter() + took < deadline:
-        start = time.perf_counter()
-        run()
-        sync()
-        took = time.perf_counter() - start
-        best = max(best, work / took)
-    return best
-
-
-def calibrate(device: torch.device, dtype: torch.dtype, budget_s: float = 0.5) -> tuple[float, float]:
-    """(FLOP/s, bytes/s) measured on `device` within about `budget_s`: a square matmul in `dtype`,
-    grown until one call takes a thirtieth of the budget (bigger runs nearer peak), repeated; then a
-    large copy (bytes read + bytes written), repeated. Best run of each."""
-    start = time.perf_counter()
-    on_gpu = device.type == "cuda"
-    sync = (lambda: torch.cuda.synchronize(device)) if on_gpu else (lambda: None)
-    n, max_n = 512, 8192 if on_gpu else 2048
-    while True:
-        a = torch.full((n, n), 0.5, dtype=dtype, device=device)
-        out = torch.empty_like(a)
-        call = time.perf_counter()
-        torch.mm(a, a, out=out)
-        sync()
-        if time.perf_counter() - call >= budget_s / 30 or n >= max_n:
-            break
-        n *= 2
-    flops = _best_rate(lambda: torch.mm(a, a, out=out), sync, 2.0 * n**3, start + 0.6 * budget_s)
-    size = (1 << 30) if on_gpu else (64 << 20)
-    src = torch.ones(size, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    bandwidth = _best_rate(lambda: dst.copy_(src), sync, 2.0 * size, start + 0.95 * budget_s)
-    return flops, bandwidth
-
-
-def device_peaks(device: torch.device, dtype: torch.dtype, store_path: Path | str | None = None,
-                 budget_s: float = 0.5) -> DeviceRecord:
-    """The device's peaks at `dtype`: from the store's cache when present, else from the spec
-    table or a calibration, then cached (when a store is given). Call it in the process that
-    computes on the device: a CPU identity counts that process's threads."""
-    identity, name = device_identity(device)
+def device_peaks(device: torch.device, dtype: torch.dtype, weight_bytes: int,
+                 store_path: Path | str | None = None, recalibrate: bool = False) -> DeviceRecord:
+    """The device's peaks at `dtype` for a model of `weight_bytes`: from the store's cache when present
+    (unless `recalibrate`), else from the spec table or a calibration, then cached (when a store is
+    given). Call it in the process that computes on the device: a CPU identity counts its threads."""
+    size = MAX_WORKING_SET * 2 if device.type == "cuda" else working_set(weight_bytes)
+    identity, name = device_identity(device, size)
     dtype_name = str(dtype).removeprefix("torch.")
     db = open_db(store_path) if store_path is not None else None
     try:
-        if db is not None and (cached := cached_device(db, identity, dtype_name)) is not None:
+        if db is not None and not recalibrate and (cached := cached_device(db, identity, dtype_name)) is not None:
             return cached
         on_gpu = device.type == "cuda"
         peaks = spec_peaks(name, dtype) if on_gpu else None
-        if peaks is None:
-            peaks, source = calibrate(device, dtype, budget_s), PeakSource.CALIBRATED
-        else:
+        if peaks is not None:
             source = PeakSource.SPEC_TABLE
+        else:
+            with machine_lock(exclusive=True):
+                if db is not None and not recalibrate and (cached := cached_device(db, identity, dtype_name)):
+                    return cached  # a sibling measured it while this worker waited for the lock
+                peaks, source = calibrate(device, dtype, size), PeakSource.CALIBRATED
         record = DeviceRecord(
             identity=identity,
             dtype=dtype_name,
@@ -159,3 +129,16 @@ def device_peaks(device: torch.device, dtype: torch.dtype, store_path: Path | st
     finally:
         if db is not None:
             db.close()
+
+
+def recalibrate_cpu(record: DeviceRecord, store_path: Path | str) -> DeviceRecord | None:
+    """Measure a cached CPU identity again, in this process, at the thread count and working set it
+    names (pinned to that many cores); None when the identity is another machine's CPU."""
+    name, threads, size = record.identity.removeprefix("cpu:").rsplit(":", 2)
+    if record.kind is not DeviceKind.CPU or name != cpu_model_name():
+        return None
+    count = int(threads.removesuffix("threads"))
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:count])
+    torch.set_num_threads(count)
+    dtype = getattr(torch, record.dtype)
+    return device_peaks(torch.device("cpu"), dtype, int(size.removesuffix("MiB")) << 20, store_path, recalibrate=True)

@@ -4,7 +4,6 @@ Plain tensors rather than nn.Modules: decode on a CPU is dominated by per-op ove
 math goes through `fleetctl.kernels.ops` so the Triton kernels can replace it.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -50,9 +49,7 @@ class LlamaModel:
         self.weights = weights
         self.deterministic = deterministic
         self.scale = config.head_dim**-0.5
-        self._linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = (
-            ops.invariant_linear if deterministic else ops.linear
-        )
+        self.row_ops = ops.BATCH_INVARIANT if deterministic else ops.FAST
         device = weights.embed.device
         positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
         freqs = torch.outer(positions, inverse_frequencies(config))  # [P, d/2]
@@ -74,14 +71,15 @@ class LlamaModel:
         """input_ids, positions: [T]; kv_cache: [L, 2, blocks, block_size, Hkv, d].
         Returns the final normed hidden states [T, D]."""
         cfg = self.config
-        linear = self._linear
+        row = self.row_ops
+        linear = row.linear
         tokens = input_ids.shape[0]
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         cos, sin = self.cos[positions], self.sin[positions]
         hidden = self.weights.embed[input_ids]
         residual: torch.Tensor | None = None
         for layer, kv_layer in zip(self.weights.layers, kv_cache, strict=True):
-            x, residual = ops.rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps, residual)
+            x, residual = row.rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps, residual)
             qkv = linear(x, layer.qkv)
             if layer.qkv_bias is not None:
                 qkv = qkv + layer.qkv_bias
@@ -89,18 +87,18 @@ class LlamaModel:
             q = q.view(tokens, cfg.num_heads, cfg.head_dim)
             k = k.view(tokens, cfg.num_kv_heads, cfg.head_dim)
             v = v.view(tokens, cfg.num_kv_heads, cfg.head_dim)
-            q, k = ops.rotary(q, k, cos, sin)
+            q, k = row.rotary(q, k, cos, sin)
             ops.store_kv(k, v, kv_layer, batch.slots)
             attn = self._attention(q, kv_layer, batch)
             hidden = linear(attn.reshape(tokens, q_size), layer.o_proj)
-            x, residual = ops.rms_norm(hidden, layer.post_norm, cfg.rms_norm_eps, residual)
-            hidden = linear(ops.silu_mul(linear(x, layer.gate_up)), layer.down)
-        hidden, _ = ops.rms_norm(hidden, self.weights.final_norm, cfg.rms_norm_eps, residual)
+            x, residual = row.rms_norm(hidden, layer.post_norm, cfg.rms_norm_eps, residual)
+            hidden = linear(row.silu_mul(linear(x, layer.gate_up)), layer.down)
+        hidden, _ = row.rms_norm(hidden, self.weights.final_norm, cfg.rms_norm_eps, residual)
         return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [S, D] -> float32 logits [S, V]."""
-        return self._linear(hidden, self.weights.lm_head).float()
+        return self.row_ops.linear(hidden, self.weights.lm_head).float()
 
     def _attention(self, q: torch.Tensor, kv_layer: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         if self.deterministic:

@@ -11,6 +11,7 @@ from fleetctl.engine.checkpoint.format import CheckpointError, read_checkpoint
 from fleetctl.engine.core.block_allocator import OutOfBlocks
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.prompt import PromptError
+from fleetctl.engine.metrics.calibration import machine_lock
 from fleetctl.engine.metrics.cost_model import CostModel
 from fleetctl.engine.metrics.device_peaks import device_peaks
 from fleetctl.engine.worker import protocol as m
@@ -24,13 +25,15 @@ class Worker:
     def __init__(self, spec: WorkerSpec, conn: Connection) -> None:
         self.spec = spec
         self.conn = conn
-        self.engine = LLMEngine(spec.engine_config())
+        with machine_lock(exclusive=False):  # no sibling calibrates while this worker loads
+            self.engine = LLMEngine(spec.engine_config())
         self.transport = KVTransport()
         self.handles: dict[str, m.KVHandle] = {}
         self.running = True
         elem = self.engine.kv_cache.tensor.element_size()
         self.cost = CostModel(self.engine.model_config, weight_bytes=elem, kv_bytes=elem)
-        self.peaks = device_peaks(self.engine.device, self.engine.dtype, spec.store_path)
+        self.peaks = device_peaks(self.engine.device, self.engine.dtype, self.cost.weight_bytes_per_step,
+                                  spec.store_path)
 
     def run(self) -> None:
         allocator = self.engine.kv_cache.allocator
@@ -39,13 +42,14 @@ class Worker:
             self.spec.worker_id, os.getpid(), allocator.num_blocks, self.engine.kv_cache.spec.block_size,
             self.engine.load_seconds, self.peaks.name, self.peaks.peak_flops, self.peaks.peak_bytes_per_s,
         ))
+        stepped = False
         while self.running:
-            timeout = 0.0 if self.engine.has_unfinished() else IDLE_POLL_SECONDS
+            # poll without waiting only while steps run: a queue stuck behind parked blocks waits for a message
+            timeout = 0.0 if stepped else IDLE_POLL_SECONDS
             while self.running and self.conn.poll(timeout):
                 self.handle(self.conn.recv())
                 timeout = 0.0
-            if self.running and self.engine.has_unfinished():
-                self.step()
+            stepped = self.running and self.engine.has_unfinished() and self.step()
         for handle in self.handles.values():
             self.transport.release(handle)
 
@@ -96,13 +100,13 @@ class Worker:
         free = self.engine.kv_cache.allocator.num_free
         self.conn.send(m.Adopted(msg.request_id, msg.handle.nbytes, seconds, free))
 
-    def step(self) -> None:
+    def step(self) -> bool:
+        """Run one engine step and report it; False when nothing could be scheduled."""
         outputs = self.engine.step()
         stats = self.engine.last_step
         if stats is None:
-            return
-        tokens = [m.TokenEvent(o.request_id, o.token_id, o.finished,
-                                              o.finish_reason) for o in outputs]
+            return False
+        tokens = [m.TokenEvent(o.request_id, o.token_id, o.finished, o.finish_reason) for o in outputs]
         scheduler = self.engine.scheduler
         cost = self.cost.step(stats.new_tokens, stats.context_lens)
         self.conn.send(m.StepReport(
@@ -115,6 +119,7 @@ class Worker:
         for out in outputs:
             if not out.finished and out.request_id in scheduler.parked:
                 self._publish(out.request_id)
+        return True
 
     def _publish(self, request_id: str) -> None:
         start = time.perf_counter()

@@ -1,7 +1,15 @@
-"""Per-step FLOPs and bytes from the model's shape, checked by hand on smollm2-135m's shape."""
+"""Per-step FLOPs and bytes from the model's shape, checked by hand on smollm2-135m's shape and
+against an independent count on a real (tiny) model."""
+
+from pathlib import Path
 
 import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
 
+from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.llm_engine import LLMEngine
+from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.metrics.cost_model import CostModel
 from fleetctl.engine.model.config import ModelConfig
 
@@ -69,3 +77,23 @@ def test_bad_inputs():
         BF16.step([0], [5])
     with pytest.raises(ValueError):
         CostModel(SMOLLM2, weight_bytes=0, kv_bytes=2)
+
+
+def test_counts_agree_with_an_independent_count_on_a_real_model(tiny_model_dir: Path) -> None:
+    """The numerators checked against what actually runs: torch's FLOP counter over a prefill step's
+    matmuls, and the bytes of the weight tensors and KV pool the engine really holds."""
+    engine = LLMEngine(EngineConfig(tiny_model_dir, settings=EngineSettings(dtype="bfloat16", num_kv_blocks=16)))
+    cost = CostModel(engine.model_config, weight_bytes=2, kv_bytes=2)
+    for i, prompt in enumerate(([5, 6, 7, 8, 9], list(range(3, 12)))):
+        engine.add_request(prompt, SamplingParams(max_tokens=2, temperature=0.0), request_id=str(i))
+    with FlopCounterMode(display=False) as counter:
+        engine.step()  # one prefill step over both prompts: 14 tokens, 2 logits rows
+    counts = counter.get_flop_counts()["Global"]
+    linear_flops = counts.get(torch.ops.aten.mm, 0) + counts.get(torch.ops.aten.addmm, 0)
+    assert linear_flops == 2 * cost.layer_params * 14 + 2 * cost.lm_head_params * 2
+    weights = engine.model.weights
+    matrices = [m for layer in weights.layers for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    assert sum(m.numel() * m.element_size() for m in [*matrices, weights.lm_head]) == cost.weight_bytes_per_step
+    pool = engine.kv_cache.tensor  # [layers, 2, blocks, block_size, Hkv, d]
+    per_token = pool[:, :, 0, 0].numel() * pool.element_size()
+    assert per_token == cost.kv_bytes_per_token

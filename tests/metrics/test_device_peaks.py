@@ -7,12 +7,14 @@ import pytest
 import torch
 
 from fleetctl.engine.metrics import device_peaks as peaks_module
+from fleetctl.engine.metrics.calibration import MAX_WORKING_SET, MIN_WORKING_SET, working_set
 from fleetctl.engine.metrics.device_peaks import device_identity, device_peaks, spec_peaks
 from fleetctl.engine.metrics.gpu_sampler import GpuSampler
 from fleetctl.store.db import open_db
 from fleetctl.store.records import DeviceKind, PeakSource
 
 CPU = torch.device("cpu")
+WEIGHTS = 4 << 20  # a small model: calibrated on the smallest working set
 
 
 @pytest.mark.parametrize(
@@ -42,34 +44,44 @@ def test_spec_table_fp32_and_unknown_devices():
     assert spec_peaks("NVIDIA H200", torch.int8) is None
 
 
-def test_cpu_identity_names_the_model_and_threads():
-    identity, name = device_identity(CPU)
-    assert identity == f"cpu:{name}:{torch.get_num_threads()}threads"
+def test_cpu_identity_names_the_model_threads_and_working_set():
+    identity, name = device_identity(CPU, 64 << 20)
+    assert identity == f"cpu:{name}:{torch.get_num_threads()}threads:64MiB"
     assert name
+
+
+def test_working_set_follows_the_weights_within_bounds():
+    assert working_set(1000) == MIN_WORKING_SET
+    assert working_set(270_000_000) == 512 << 20
+    assert working_set(100 << 20) == 128 << 20
+    assert working_set(10 << 30) == MAX_WORKING_SET
 
 
 def test_calibration_runs_once_per_device_and_dtype(tmp_path, monkeypatch):
     calls = []
     real = peaks_module.calibrate
 
-    def counting(device, dtype, budget_s=0.5):
+    def counting(device, dtype, working_set_bytes, budget_s=1.0):
         calls.append(dtype)
-        return real(device, dtype, budget_s=0.1)
+        return real(device, dtype, working_set_bytes, budget_s=0.1)
 
     monkeypatch.setattr(peaks_module, "calibrate", counting)
     path = tmp_path / "fleet.db"
-    first = device_peaks(CPU, torch.float32, path)
+    first = device_peaks(CPU, torch.float32, WEIGHTS, path)
     assert first.how_measured is PeakSource.CALIBRATED and first.kind is DeviceKind.CPU
     assert first.peak_flops > 1e8 and first.peak_bytes_per_s > 1e8
 
-    again = device_peaks(CPU, torch.float32, path)  # from the cache: no second calibration
+    again = device_peaks(CPU, torch.float32, WEIGHTS, path)  # from the cache: no second calibration
     assert again == first
     assert calls == [torch.float32]
-    device_peaks(CPU, torch.bfloat16, path)  # another dtype is another peak
+    device_peaks(CPU, torch.bfloat16, WEIGHTS, path)  # another dtype is another peak
     assert calls == [torch.float32, torch.bfloat16]
     assert open_db(path)["devices"].count == 2
-    assert device_peaks(CPU, torch.float32).how_measured is PeakSource.CALIBRATED  # no store: measured every time
+    assert device_peaks(CPU, torch.float32, WEIGHTS).how_measured is PeakSource.CALIBRATED  # no store: every time
     assert len(calls) == 3
+    fresh = device_peaks(CPU, torch.float32, WEIGHTS, path, recalibrate=True)
+    assert len(calls) == 4 and fresh.measured_at > first.measured_at
+    assert device_peaks(CPU, torch.float32, WEIGHTS, path) == fresh  # the new measurement replaced the old
 
 
 def test_gpu_sampler_returns_nothing_without_a_driver():

@@ -1,0 +1,115 @@
+"""Deterministic mode is batch-invariant by construction: a sequence's logits — every bit of them, at
+every position — equal its solo run whatever it is batched with: random batch sizes and prompt
+lengths, late joins, preemption by recompute (a small KV pool), several prompts prefilled in one
+varlen step; in fp32 and bf16. Comparing logits rather than tokens catches differences too small to
+flip a token on this prompt, which would flip one on another."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fleetctl.engine.core import model_runner
+from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.llm_engine import LLMEngine
+from fleetctl.engine.core.sequence import SamplingParams, Sequence
+from fleetctl.kernels.batch_invariant import ROW_TILE, per_row_tile
+
+MAX_TOKENS = 6
+SEQUENCE = st.tuples(
+    st.integers(1, 480),  # prompt length
+    st.integers(0, 8),  # the step at which it joins
+    st.one_of(st.none(), st.integers(0, 2**31)),  # None: greedy; else the sampling seed
+)
+
+
+def params(seed: int | None) -> SamplingParams:
+    if seed is None:
+        return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9, top_p=0.95, seed=seed, ignore_eos=True)
+
+
+def prompt(length: int, salt: int) -> list[int]:
+    return [(7 * i + 13 * salt) % 300 + 3 for i in range(length)]  # inside the tiny vocabulary (384)
+
+
+@contextmanager
+def recorded_logits() -> Iterator[dict[tuple[str, int], torch.Tensor]]:
+    """Every logits row the runner samples from, keyed by (request id, output position)."""
+    rows: dict[tuple[str, int], torch.Tensor] = {}
+    sample = model_runner.sample
+
+    def recording(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        for row, seq in zip(logits, seqs, strict=True):
+            rows[(seq.request_id, len(seq.output_token_ids))] = row.clone()
+        return sample(logits, seqs)
+
+    model_runner.sample = recording
+    try:
+        yield rows
+    finally:
+        model_runner.sample = sample
+
+
+def check_invariance(model_dir: Path, dtype: str, sequences: list[tuple[int, int, int | None]],
+                     num_kv_blocks: int) -> None:
+    def engine(blocks: int = 512) -> LLMEngine:
+        settings = EngineSettings(dtype=dtype, deterministic=True, num_kv_blocks=blocks, max_num_batched_tokens=2048)
+        return LLMEngine(EngineConfig(model_dir, settings=settings))
+
+    @cache
+    def solo(length: int, salt: int, seed: int | None) -> dict[int, torch.Tensor]:
+        with recorded_logits() as rows:
+            engine().generate([prompt(length, salt)], params(seed))
+        return {position: row for (_, position), row in rows.items()}
+
+    batched = engine(num_kv_blocks)
+    arrivals = sorted(enumerate(sequences), key=lambda item: item[1][1])
+    step = 0
+    with recorded_logits() as rows:
+        while arrivals or batched.has_unfinished():
+            while arrivals and arrivals[0][1][1] <= step:
+                i, (length, _, seed) = arrivals.pop(0)
+                batched.add_request(prompt(length, i), params(seed), request_id=str(i))
+            batched.step()
+            step += 1
+    for i, (length, _, seed) in enumerate(sequences):
+        alone = solo(length, i, seed)
+        assert len(alone) == MAX_TOKENS
+        for position, row in alone.items():
+            assert torch.equal(rows[(str(i), position)], row), (i, length, seed, position)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sequences=st.lists(SEQUENCE, min_size=1, max_size=32), num_kv_blocks=st.sampled_from([40, 80, 512]))
+def test_every_sequence_equals_its_solo_run(small_model_dir: Path, dtype: str,
+                                            sequences: list[tuple[int, int, int | None]], num_kv_blocks: int) -> None:
+    check_invariance(small_model_dir, dtype, sequences, num_kv_blocks)
+
+
+@pytest.mark.slow
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sequences=st.lists(SEQUENCE, min_size=2, max_size=10))
+def test_smollm2_bf16_sequences_equal_their_solo_runs(smollm2_dir: Path,
+                                                      sequences: list[tuple[int, int, int | None]]) -> None:
+    check_invariance(smollm2_dir, "bfloat16", sequences, 512)
+
+
+def test_per_row_tile_calls_one_shape_and_keeps_rows() -> None:
+    shapes = []
+
+    def op(x: torch.Tensor, r: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        shapes.append((tuple(x.shape), r))
+        return x * 2, x + 1
+
+    x = torch.arange(21.0).view(21, 1)
+    doubled, plus_one = per_row_tile(op, x, None)
+    assert {s for s, _ in shapes} == {(ROW_TILE, 1)} and len(shapes) == 3
+    assert all(r is None for _, r in shapes)
+    assert torch.equal(doubled, x * 2) and torch.equal(plus_one, x + 1)

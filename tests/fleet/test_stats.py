@@ -1,0 +1,50 @@
+"""The controller's live utilization window: steps count for their part inside the window, so busy,
+MFU and MBU stay within [0, 1] for any honest step reports; the window's memory stays bounded."""
+
+import pytest
+
+from fleetctl.engine.fleet.router import WorkerView
+from fleetctl.engine.fleet.stats import BUSY_WINDOW_S, FleetStats
+from fleetctl.engine.worker.protocol import StepReport
+from fleetctl.store.records import Phase, WorkerRole, WorkerState
+
+PEAK_FLOPS, PEAK_BYTES = 1e12, 1e10
+
+
+def view() -> WorkerView:
+    return WorkerView("prefill-0", WorkerRole.PREFILL, "cpu:0", WorkerState.RUNNING, peak_flops=PEAK_FLOPS,
+                      peak_bytes_per_s=PEAK_BYTES)
+
+
+def report(ended_at: float, seconds: float, flops: float, nbytes: float) -> StepReport:
+    return StepReport(worker_id="prefill-0", phase=Phase.PREFILL, tokens=[], seq_tokens=[], num_seqs=1,
+                      num_tokens=1, context_tokens=1, seconds=seconds, flops=int(flops), bytes=int(nbytes),
+                      free_blocks=0, running=0, waiting=0, ended_at=ended_at)
+
+
+def test_a_step_longer_than_the_window_counts_only_its_part_inside() -> None:
+    stats = FleetStats()
+    # a 12 s prefill running at 90 % of the FLOP peak and 50 % of the bandwidth peak
+    stats.on_step(view(), report(1000.0, 12.0, 0.9 * PEAK_FLOPS * 12, 0.5 * PEAK_BYTES * 12))
+    util = stats.utilization("prefill-0", now=1001.0)  # the window [996, 1001] holds 4 s of it
+    assert util.busy == pytest.approx(4 / BUSY_WINDOW_S)
+    assert util.mfu == pytest.approx(0.9 * 4 / BUSY_WINDOW_S)
+    assert util.mbu == pytest.approx(0.5 * 4 / BUSY_WINDOW_S)
+    saturated = stats.utilization("prefill-0", now=1000.0)
+    assert saturated.busy == pytest.approx(1.0) and saturated.mfu == pytest.approx(0.9)
+
+
+def test_back_to_back_steps_fill_the_window_exactly() -> None:
+    stats = FleetStats()
+    for i in range(100):
+        stats.on_step(view(), report(1000.0 + 0.1 * (i + 1), 0.1, 0.5 * PEAK_FLOPS * 0.1, 0.8 * PEAK_BYTES * 0.1))
+    util = stats.utilization("prefill-0", now=1010.0)
+    assert util.busy == pytest.approx(1.0) and util.mfu == pytest.approx(0.5) and util.mbu == pytest.approx(0.8)
+
+
+def test_the_window_forgets_old_steps_without_being_read() -> None:
+    stats = FleetStats()
+    for i in range(10_000):
+        stats.on_step(view(), report(float(i), 0.001, 1, 1))
+    assert len(stats._steps["prefill-0"]) <= BUSY_WINDOW_S + 1
+    assert stats.utilization("prefill-0", now=20_000.0).busy == 0.0
