@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 DEMO_PROMPT ?= In two sentences, why do LLM prefill and decode stress hardware differently?
 
-.PHONY: demo test test-fast install lint bench clean
+.PHONY: demo test test-fast install browser lint bench clean
 
 install: $(VENV)/.installed
 
@@ -27,7 +27,7 @@ demo: install
 	$(FLEETCTL) models pull smollm2-135m
 	$(FLEETCTL) generate --chat --max-tokens 96 "$(DEMO_PROMPT)"
 
-test: install
+test: install browser
 	$(FLEETCTL) models pull smollm2-135m
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q
@@ -36,6 +36,13 @@ test: install
 test-fast: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q -m "not slow and not fleet"
+
+# Debian's chromium for the web-console test (playwright drives it; nothing is downloaded by playwright)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+		{ apt-get install -y -q chromium >/dev/null 2>&1 || \
+		  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
+		echo "no chromium (not root, or no apt): the web-console test will be skipped"
 
 bench: install
 	$(VENV)/bin/python scripts/bench_decode.py

@@ -1,8 +1,11 @@
 """The `fleetctl` command line (typer). Heavy imports (torch) happen inside commands, so that
 `fleetctl --help` stays fast."""
 
+import sys
+
 import typer
 
+from fleetctl.console.console_cmd import console
 from fleetctl.console.devices_cmd import devices
 from fleetctl.console.fleet_cmds import bench, classify, serve, status, workers
 from fleetctl.console.generate_cmd import generate
@@ -16,6 +19,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+app.command("console")(console)
 app.command("generate")(generate)
 app.command("serve")(serve)
 app.command("status")(status)
@@ -30,4 +34,6 @@ app.add_typer(models_app, name="models")
 
 
 def main() -> None:
+    if len(sys.argv) == 1 and sys.stdin.isatty() and sys.stdout.isatty():
+        sys.argv.append("console")  # `fleetctl` alone on a terminal opens the console
     app()

@@ -1,0 +1,77 @@
+"""`fleetctl console` (and `fleetctl` alone on a terminal): attach the console to a fleet, or start an
+embedded one on the default model and the local devices and stop it when the console quits."""
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import typer
+
+from fleetctl.console.client import DEFAULT_URL
+from fleetctl.console.errors import fail
+from fleetctl.console.tui.settings import ConsoleSettings, SettingsError, load_settings
+from fleetctl.engine.model.registry import DEFAULT_MODEL
+
+
+def console(
+    url: str = typer.Option(None, "--url", help="Fleet to attach to (default $FLEET_URL; else a fleet on "
+                                                f"{DEFAULT_URL}; else an embedded one)."),
+    token: str = typer.Option(None, "--token", help="Admin token (default $FLEET_ADMIN_TOKEN or the token file)."),
+    store: str = typer.Option("", "--store", help="Read history from this metrics store instead of the fleet's API."),
+    readonly: bool = typer.Option(False, "--readonly", help="Disable every action (also: readonly = true in config)."),
+    theme: str = typer.Option(None, "--theme", help="fleet-dark or fleet-light (remembered when switched with t)."),
+    interval: float = typer.Option(None, "--interval", min=0.2, max=60.0, help="Seconds between refreshes (1)."),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="The embedded fleet's model."),
+    web: bool = typer.Option(False, "--web", help="Serve the console to a browser instead (textual-serve)."),
+    port: int = typer.Option(8710, "--port", help="With --web: the port to serve on (127.0.0.1)."),
+) -> None:
+    """Open the fleet console: pools, workers, devices, traffic, events; actions from the keyboard."""
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        raise fail(str(exc)) from None
+    settings = replace(settings, readonly=readonly or settings.readonly, theme=theme or settings.theme,
+                       interval=interval or settings.interval)
+    if theme and theme not in ("fleet-dark", "fleet-light"):
+        raise fail(f"unknown theme {theme!r}: choose fleet-dark or fleet-light")
+    target = url or os.environ.get("FLEET_URL") or (DEFAULT_URL if answers(DEFAULT_URL) else None)
+    if web:
+        from fleetctl.console.web import serve_web
+
+        serve_web(target, port=port, token=token, readonly=settings.readonly)
+        return
+    attach(target, token=token, store=Path(store).expanduser() if store else None, settings=settings, model=model)
+
+
+def attach(url: str | None, *, token: str | None, store: Path | None, settings: ConsoleSettings, model: str) -> None:
+    from fleetctl.console.tui.app import run_console
+    from fleetctl.engine.server.admin_auth import read_admin_token
+
+    token = token or read_admin_token()
+    if url is not None:
+        run_console(normalize(url), store=store, token=token, settings=settings)
+        return
+    from fleetctl.console.fleet_cmds import store_path
+    from fleetctl.console.local_fleet import embedded_fleet_args, local_fleet
+    from fleetctl.console.models_cmd import resolve_model
+
+    fleet_store = store or store_path("")
+    print(f"fleetctl: no fleet answers at {DEFAULT_URL}: starting an embedded one ({model}) …", flush=True)
+    try:
+        with local_fleet(resolve_model(model), *embedded_fleet_args(), "--store", str(fleet_store)) as embedded:
+            run_console(embedded, embedded=True, store=fleet_store, token=token, settings=settings)
+    except RuntimeError as exc:
+        raise fail(str(exc).splitlines()[0]) from None
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=0.5).status_code in (200, 503)
+    except httpx.HTTPError:
+        return False
+
+
+def normalize(url: str) -> str:
+    """`127.0.0.1:8700` means http://127.0.0.1:8700."""
+    return (url if "://" in url else f"http://{url}").rstrip("/")

@@ -1,0 +1,161 @@
+"""The fleet console (Textual): the dashboard, refreshed from a FleetSource off the UI thread, and
+every worker action from the keyboard or the command palette. `run_console` is the entry point."""
+
+from pathlib import Path
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.widgets import Footer, Header, Static
+
+from fleetctl.console.tui.actions import ACTIONS, ACTIONS_BY_ID, READONLY_REASON
+from fleetctl.console.tui.flows import ActionFlows
+from fleetctl.console.tui.palette import ActionCommands
+from fleetctl.console.tui.screens.help import HelpScreen
+from fleetctl.console.tui.screens.worker_detail import WorkerDetail
+from fleetctl.console.tui.settings import ConsoleSettings, remember_theme
+from fleetctl.console.tui.snapshot import FleetSnapshot
+from fleetctl.console.tui.source import ActionError, FleetSource, HttpSource
+from fleetctl.console.tui.widgets.panels import DevicesPanel, EventsPanel, TrafficPanel
+from fleetctl.console.tui.widgets.pools import PoolPanel
+from fleetctl.console.tui.widgets.workers import WorkersTable
+from fleetctl.themes import DEFAULT_THEME, STYLESHEET, THEMES
+
+NARROW_COLUMNS = 100
+
+
+class FleetConsole(App[None]):
+    CSS_PATH = str(STYLESHEET)
+    COMMANDS = App.COMMANDS | {ActionCommands}
+    BINDINGS = [Binding(a.keys, f"act('{a.id}')", a.label, tooltip=a.description, id=a.id,
+                        show=a.id not in ("resume", "sort", "theme")) for a in ACTIONS]
+
+    def __init__(self, source: FleetSource, settings: ConsoleSettings | None = None, *,
+                 readonly: bool = False, title: str = "fleetctl", refresh: bool = True) -> None:
+        super().__init__()
+        self.source = source
+        self.settings = settings = settings or ConsoleSettings()
+        self.readonly = readonly or settings.readonly
+        self.title = title
+        self.sub_title = source.url + (" · read-only" if self.readonly else "")
+        self.snapshot = FleetSnapshot(reachable=False, error="connecting…")
+        self.flows = ActionFlows(self)
+        self._refresh = refresh
+
+    def compose(self) -> ComposeResult:
+        yield Header(icon="◆")
+        yield Static("", id="banner")
+        with Horizontal(id="top"):
+            yield PoolPanel("prefill")
+            yield PoolPanel("decode")
+        yield WorkersTable()
+        with Horizontal(id="bottom"):
+            yield TrafficPanel()
+            yield DevicesPanel()
+            yield EventsPanel()
+        yield Footer()
+
+    def on_mount(self) -> None:
+        for theme in THEMES.values():
+            self.register_theme(theme)
+        self.theme = self.settings.theme if self.settings.theme in THEMES else DEFAULT_THEME
+        if self.settings.keys:
+            self.set_keymap(self.settings.keys)
+        self.query_one(WorkersTable).focus()
+        if self._refresh:
+            self.refresh_snapshot()
+            self.set_interval(self.settings.interval, self.refresh_snapshot)
+
+    def on_resize(self) -> None:
+        self.screen.set_class(self.size.width < NARROW_COLUMNS, "narrow")
+
+    @work(exclusive=True, group="refresh")
+    async def refresh_snapshot(self) -> None:
+        self.show(await self.source.snapshot())
+        if isinstance(self.screen, WorkerDetail):
+            await self.refresh_detail(self.screen)
+
+    async def refresh_detail(self, detail: WorkerDetail) -> None:
+        try:
+            sessions = (await self.source.get(f"/fleet/workers/{detail.worker_id}/sessions"))["sessions"]
+        except ActionError:
+            sessions = None
+        detail.show(self.snapshot, sessions)
+
+    def show(self, snapshot: FleetSnapshot) -> None:
+        """Render a snapshot; when the fleet does not answer, keep the last picture under a banner."""
+        banner = self.query_one("#banner", Static)
+        banner.set_class(not snapshot.reachable, "shown")
+        if not snapshot.reachable:
+            banner.update(f"fleet unreachable: {snapshot.error} — retrying every {self.settings.interval:g} s")
+            return
+        self.snapshot = snapshot
+        self._match_pools(list(snapshot.pools))
+        for panel in self.query(PoolPanel):
+            panel.show(snapshot)
+        self.query_one(WorkersTable).show(snapshot)
+        for widget in (self.query_one(TrafficPanel), self.query_one(DevicesPanel), self.query_one(EventsPanel)):
+            widget.show(snapshot)
+
+    def _match_pools(self, roles: list[str]) -> None:
+        """One panel per pool the fleet has (prefill + decode, or mixed for a colocated fleet)."""
+        mounted = {panel.role: panel for panel in self.query(PoolPanel)}
+        if set(mounted) == set(roles):
+            return
+        for role, panel in mounted.items():
+            if role not in roles:
+                panel.remove()
+        top = self.query_one("#top", Horizontal)
+        for role in roles:
+            if role not in mounted:
+                top.mount(PoolPanel(role))
+
+    # ---- actions (key bindings, palette and help are all built from actions.ACTIONS) ----------------
+
+    def action_act(self, action_id: str) -> None:
+        action = ACTIONS_BY_ID[action_id]
+        if action.changes_fleet and self.readonly:
+            self.notify(READONLY_REASON, severity="warning")
+            return
+        worker = self.query_one(WorkersTable).selected_worker
+        if action.needs_worker and worker is None:
+            self.notify("select a worker first", severity="warning")
+            return
+        if action.changes_fleet:
+            self.flows.run(action_id, worker)
+            return
+        match action_id:
+            case "detail":
+                detail = WorkerDetail(worker)
+                self.push_screen(detail)
+                detail.call_after_refresh(lambda: detail.show(self.snapshot, None))
+            case "sort":
+                table = self.query_one(WorkersTable)
+                table.next_sort()
+                table.show(self.snapshot)
+            case "theme":
+                self.theme = next(name for name in THEMES if name != self.theme)
+                remember_theme(self.theme)
+            case "help":
+                self.push_screen(HelpScreen(self.effective_keys(), self.readonly))
+            case "quit":
+                self.exit()
+
+    def on_data_table_row_selected(self, event: WorkersTable.RowSelected) -> None:
+        if isinstance(event.data_table, WorkersTable):  # enter on a worker row (the table owns the key)
+            self.action_act("detail")
+
+    def effective_keys(self) -> dict[str, str]:
+        return {action.id: self.settings.keys.get(action.id, action.keys) for action in ACTIONS}
+
+    async def on_unmount(self) -> None:
+        await self.source.close()
+
+
+def run_console(url: str, *, embedded: bool = False, store: Path | None = None, readonly: bool = False,
+                title: str = "fleetctl", token: str | None = None, settings: ConsoleSettings | None = None) -> None:
+    """Attach the console to the fleet at `url` until the operator quits. `embedded` only changes the
+    title (the caller owns the fleet's lifetime)."""
+    source = HttpSource(url, token, store)
+    FleetConsole(source, settings, readonly=readonly, title=title + (" · embedded fleet" if embedded else "")).run()

@@ -1,0 +1,101 @@
+"""What each action asks the operator and sends to the fleet: pick a device or a checkpoint, confirm
+what cannot be undone, start the operation, follow it in a progress dialog. Runs in Textual workers
+(the dialogs are awaited), so the dashboard keeps refreshing underneath."""
+
+from typing import TYPE_CHECKING
+
+from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog, OperationDialog
+from fleetctl.console.tui.source import ActionError
+
+if TYPE_CHECKING:
+    from fleetctl.console.tui.app import FleetConsole
+
+LIVE_STATES = ("starting", "running", "draining")
+HOLD_CHOICES = [("60", "60 s"), ("300", "5 minutes (default)"), ("900", "15 minutes")]
+
+
+def free_devices(workers: list[dict], count: int = 6) -> list[str]:
+    """Devices no live worker holds, of the kind the fleet uses (cuda when it has GPU workers)."""
+    used = {w["device"] for w in workers if w["state"] in LIVE_STATES}
+    kind = "cuda" if any(w["device"].startswith("cuda") for w in workers) else "cpu"
+    highest = max((int(w["device"].split(":")[1]) for w in workers if w["device"].startswith(kind)), default=-1)
+    free = [f"{kind}:{i}" for i in range(highest + 1 + count) if f"{kind}:{i}" not in used]
+    return free[:count]
+
+
+class ActionFlows:
+    def __init__(self, app: "FleetConsole") -> None:
+        self.app = app
+
+    def run(self, action_id: str, worker: str | None) -> None:
+        self.app.run_worker(self.flow(action_id, worker), group="actions")
+
+    async def flow(self, action_id: str, worker: str | None) -> None:
+        try:
+            started = await getattr(self, action_id)(worker)
+        except ActionError as exc:
+            self.app.notify(f"{action_id}: {exc}", severity="error", timeout=8)
+            return
+        if started is not None:
+            result = await self.app.push_screen_wait(OperationDialog(self.app.source, started))
+            if result is not None:
+                self.app.refresh_snapshot()
+
+    async def _ask(self, title: str, choices: list[tuple[str, str]], free_text: str | None = None) -> str | None:
+        return await self.app.push_screen_wait(ChoiceDialog(title, choices, free_text))
+
+    async def _confirm(self, question: str) -> bool:
+        return await self.app.push_screen_wait(ConfirmDialog(question))
+
+    async def _device(self, title: str) -> str | None:
+        devices = free_devices(self.app.snapshot.workers)
+        return await self._ask(title, [(d, d) for d in devices], free_text="or type a device: cpu:N or cuda:N")
+
+    async def migrate(self, worker: str) -> dict | None:
+        target = await self._device(f"migrate {worker} to which device?")
+        if target is None or not await self._confirm(f"Migrate {worker} to {target}? Its sessions move with it."):
+            return None
+        return await self.app.source.post(f"/fleet/workers/{worker}/migrate", {"to": target})
+
+    async def checkpoint(self, worker: str) -> dict | None:
+        hold = await self._ask(f"checkpoint {worker}: hold its sessions for how long before they are recomputed "
+                               f"on peers?", HOLD_CHOICES)
+        if hold is None or not await self._confirm(f"Stand {worker} down with its state saved?"):
+            return None
+        return await self.app.source.post(f"/fleet/workers/{worker}/checkpoint", {"hold_s": float(hold)})
+
+    async def restore(self, _: str | None) -> dict | None:
+        saved = (await self.app.source.get("/fleet/checkpoints"))["checkpoints"]
+        choices = [(c["name"], f"{c['name']}  ({c['role']}, {c['sessions']} sessions)") for c in saved if c["valid"]]
+        name = await self._ask("restore which checkpoint?", choices)
+        if name is None:
+            return None
+        device = await self._device(f"restore {name} on which device?")
+        if device is None:
+            return None
+        return await self.app.source.post("/fleet/restore", {"checkpoint": name, "device": device})
+
+    async def drain(self, worker: str) -> dict | None:
+        if not await self._confirm(f"Drain {worker}? It takes no new sessions; its sessions finish there."):
+            return None
+        return await self.app.source.post(f"/fleet/workers/{worker}/drain", {})
+
+    async def resume(self, worker: str) -> dict | None:
+        return await self.app.source.post(f"/fleet/workers/{worker}/resume", {})
+
+    async def stop(self, worker: str) -> dict | None:
+        how = await self._ask(f"stop {worker}", [("drain", "drain first: its sessions finish, then it stops"),
+                                                 ("force", "force: recompute its sessions on peers now")])
+        if how is None or not await self._confirm(f"Stop {worker} ({how})?"):
+            return None
+        return await self.app.source.post(f"/fleet/workers/{worker}/stop", {"force": how == "force"})
+
+    async def start(self, _: str | None) -> dict | None:
+        roles = sorted(self.app.snapshot.pools)
+        role = await self._ask("start a worker of which role?", [(r, r) for r in roles])
+        if role is None:
+            return None
+        device = await self._device(f"start a {role} worker on which device?")
+        if device is None:
+            return None
+        return await self.app.source.post("/fleet/workers", {"role": role, "device": device})

@@ -1,0 +1,113 @@
+"""Modal dialogs: confirm a destructive action, pick one of several choices (a device, a checkpoint),
+and follow a long operation to its end with a progress bar fed by `/fleet/operations/{id}`."""
+
+import asyncio
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, OptionList, ProgressBar
+from textual.widgets.option_list import Option
+
+from fleetctl.console.tui.operations import describe_result, progress_of
+from fleetctl.console.tui.source import ActionError, FleetSource
+
+POLL_S = 0.2
+
+
+class ConfirmDialog(ModalScreen[bool]):
+    BINDINGS = [Binding("escape", "dismiss(False)", "Cancel"), Binding("y", "dismiss(True)", "Yes")]
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.question, classes="title")
+            with Horizontal(classes="buttons"):
+                yield Button("Cancel", id="no")
+                yield Button("Confirm (y)", id="yes", variant="error")
+
+    @on(Button.Pressed)
+    def answer(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+
+class ChoiceDialog(ModalScreen[str | None]):
+    """Pick one of `choices`; with `free_text`, an input also takes a value the list lacks."""
+
+    BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
+
+    def __init__(self, title: str, choices: list[tuple[str, str]], free_text: str | None = None) -> None:
+        super().__init__()
+        self.title_text = title
+        self.choices = choices  # (value, label)
+        self.free_text = free_text
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.title_text, classes="title")
+            if self.choices:
+                yield OptionList(*(Option(label, id=value) for value, label in self.choices), id="choices")
+            else:
+                yield Label("(nothing to choose from)")
+            if self.free_text is not None:
+                yield Input(placeholder=self.free_text, id="free")
+
+    @on(OptionList.OptionSelected)
+    def chosen(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    @on(Input.Submitted)
+    def typed(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+
+class OperationDialog(ModalScreen[dict | None]):
+    """Follows one operation; the result (or the failure) stays on screen until dismissed."""
+
+    BINDINGS = [Binding("escape,enter", "close", "Close")]
+
+    def __init__(self, source: FleetSource, operation: dict) -> None:
+        super().__init__()
+        self.source = source
+        self.operation = operation
+
+    def compose(self) -> ComposeResult:
+        op = self.operation
+        with Vertical(classes="dialog"):
+            yield Label(f"{op['kind']} {op['worker']}", classes="title", id="op-title")
+            yield ProgressBar(total=1.0, show_eta=False, id="op-progress")
+            yield Label(op["stage"], id="op-stage")
+            yield Label("", id="op-result")
+
+    def on_mount(self) -> None:
+        self.follow()
+
+    @work(exclusive=True)
+    async def follow(self) -> None:
+        op = self.operation
+        while op["state"] == "running":
+            self.show(op)
+            await asyncio.sleep(POLL_S)
+            try:
+                op = await self.source.get(f"/fleet/operations/{op['id']}")
+            except ActionError as exc:
+                self.query_one("#op-result", Label).update(f"lost track of the operation: {exc}")
+                return
+        self.operation = op
+        self.show(op)
+
+    def show(self, op: dict) -> None:
+        bar = self.query_one("#op-progress", ProgressBar)
+        fraction = progress_of(op)
+        bar.update(total=None if fraction is None else 1.0, progress=fraction or 0.0)
+        self.query_one("#op-stage", Label).update(op["stage"] if op["state"] == "running" else op["state"])
+        if op["state"] != "running":
+            self.query_one("#op-result", Label).update(describe_result(op) + "\n(enter to close)")
+
+    def action_close(self) -> None:
+        self.dismiss(self.operation if self.operation["state"] != "running" else None)

@@ -1,0 +1,59 @@
+"""One worker: its live numbers, five minutes of history, and the sessions it holds."""
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Label
+
+from fleetctl.console.tui.snapshot import FleetSnapshot
+from fleetctl.console.tui.widgets.chart import UsageChart
+from fleetctl.console.tui.widgets.format import percent, rate
+
+CHARTS = (("busy", "busy"), ("mfu", "MFU"), ("mbu", "MBU"))
+
+
+class WorkerDetail(Screen[None]):
+    BINDINGS = [Binding("escape,backspace", "app.pop_screen", "Back")]
+
+    def __init__(self, worker_id: str) -> None:
+        super().__init__()
+        self.worker_id = worker_id
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="detail-charts"):
+            yield Label("", id="detail-summary")
+            for metric, label in CHARTS:
+                with Horizontal(classes="metric-row"):
+                    yield Label(label, classes="metric-label", id=f"detail-{metric}-label")
+                    yield UsageChart(id=f"detail-{metric}", classes="compute" if metric == "mfu" else "bandwidth")
+            yield Label("", id="detail-tokens")
+        table = DataTable(id="sessions", cursor_type="row")
+        table.border_title = "sessions"
+        yield table
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#sessions", DataTable).add_columns("request", "stage", "prompt", "output", "age")
+
+    def show(self, snapshot: FleetSnapshot, sessions: list[dict] | None) -> None:
+        worker = snapshot.worker(self.worker_id)
+        if worker is None:
+            self.query_one("#detail-summary", Label).update(f"{self.worker_id}: no longer in the fleet")
+            return
+        self.query_one("#detail-charts").border_title = f"{worker['id']} · {worker['role']} · {worker['device']}"
+        self.query_one("#detail-summary", Label).update(
+            f"{worker['state']}  pid {worker['pid'] or '-'}  sessions {worker['sessions']}  "
+            f"KV {percent(worker['kv_usage'])}")
+        for metric, label in CHARTS:
+            self.query_one(f"#detail-{metric}-label", Label).update(f"{label:<5}{percent(worker[metric]):>8}")
+            series = snapshot.worker_series(self.worker_id, metric)
+            self.query_one(f"#detail-{metric}", UsageChart).series = tuple(series)
+        self.query_one("#detail-tokens", Label).update(f"tokens/s {rate(snapshot.tokens_per_s(self.worker_id))}")
+        table = self.query_one("#sessions", DataTable)
+        table.clear()
+        if sessions is None:
+            table.add_row("(this fleet does not list sessions)", "", "", "", "")
+            return
+        for s in sessions:
+            table.add_row(s["id"], s["stage"], str(s["prompt_tokens"]), str(s["output_tokens"]), f"{s['age_s']:.1f} s")

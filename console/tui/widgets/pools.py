@@ -1,0 +1,52 @@
+"""One pool (prefill, decode or mixed): busy, MFU and MBU now, five minutes of each as a sparkline,
+and a one-line verdict, so that an underfed or saturated phase shows at a glance."""
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Label
+
+from fleetctl.console.tui.snapshot import FleetSnapshot
+from fleetctl.console.tui.widgets.chart import UsageChart
+from fleetctl.console.tui.widgets.format import percent
+
+METRICS = (("busy", "busy"), ("mfu", "MFU (compute)"), ("mbu", "MBU (memory)"))
+# which metric a pool is judged by: prefill reads the prompt (compute), decode writes tokens (bandwidth)
+BOUND_BY = {"prefill": "mfu", "decode": "mbu", "mixed": "mfu"}
+
+
+def verdict(role: str, pool: dict) -> str:
+    if not pool.get("workers"):
+        return "no running worker"
+    busy = pool["busy"]
+    queue = pool.get("queue", 0)
+    if busy < 0.3 and not queue:
+        return f"underfed: idle {1 - busy:.0%} of the time"
+    if busy > 0.9 or queue:
+        return f"saturated: busy {busy:.0%}, {queue} waiting"
+    bound = "compute" if BOUND_BY[role] == "mfu" else "bandwidth"
+    return f"working: {bound} at {percent(pool[BOUND_BY[role]])} of peak"
+
+
+class PoolPanel(Vertical):
+    def __init__(self, role: str) -> None:
+        super().__init__(id=f"pool-{role}", classes=role)
+        self.role = role
+        self.border_title = role
+
+    def compose(self) -> ComposeResult:
+        for metric, label in METRICS:
+            with Horizontal(classes="metric-row"):
+                yield Label(label, classes="metric-label", id=f"{self.role}-{metric}-label")
+                kind = "compute" if metric == "mfu" else "bandwidth" if metric == "mbu" else "busy"
+                yield UsageChart(id=f"{self.role}-{metric}", classes=kind)
+        yield Label("", classes="verdict", id=f"{self.role}-verdict")
+
+    def show(self, snapshot: FleetSnapshot) -> None:
+        pool = snapshot.pools.get(self.role, {})
+        count = pool.get("workers", 0)
+        self.border_title = f"{self.role} · {count} worker{'s' if count != 1 else ''} · queue {pool.get('queue', 0)}"
+        for metric, label in METRICS:
+            value = percent(pool.get(metric))
+            self.query_one(f"#{self.role}-{metric}-label", Label).update(f"{label[:4]:<5}{value:>8}")
+            self.query_one(f"#{self.role}-{metric}", UsageChart).series = tuple(snapshot.pool_series(self.role, metric))
+        self.query_one(f"#{self.role}-verdict", Label).update(verdict(self.role, pool))

@@ -1,0 +1,66 @@
+"""The worker table: one row per worker, coloured by state, sortable, updated in place (rows keep
+their keys, so the cursor stays on the worker the operator selected)."""
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from fleetctl.console.tui.snapshot import FleetSnapshot
+from fleetctl.console.tui.widgets.format import percent, rate
+
+COLUMNS = ("worker", "role", "device", "state", "sessions", "KV", "busy", "MFU", "MBU", "tok/s")
+ROLE_ORDER = {"prefill": 0, "decode": 1, "mixed": 2}
+STATE_STYLES = {"running": "green", "starting": "cyan", "draining": "yellow", "checkpointed": "blue",
+                "stopped": "dim", "failed": "bold red"}
+
+
+def cells(worker: dict, snapshot: FleetSnapshot) -> tuple[Text | str, ...]:
+    style = STATE_STYLES.get(worker["state"], "")
+    return (Text(worker["id"], style=style), worker["role"], worker["device"], Text(worker["state"], style=style),
+            str(worker["sessions"]), percent(worker["kv_usage"]), percent(worker["busy"]), percent(worker["mfu"]),
+            percent(worker["mbu"]), rate(snapshot.tokens_per_s(worker["id"])))
+
+
+def sort_value(worker: dict, column: str, snapshot: FleetSnapshot) -> tuple:
+    values = {"worker": worker["id"], "role": ROLE_ORDER.get(worker["role"], 9), "device": worker["device"],
+              "state": worker["state"],
+              "sessions": -worker["sessions"], "KV": -worker["kv_usage"], "busy": -worker["busy"],
+              "MFU": -worker["mfu"], "MBU": -worker["mbu"], "tok/s": -snapshot.tokens_per_s(worker["id"])}
+    return values[column], ROLE_ORDER.get(worker["role"], 9), worker["id"]
+
+
+class WorkersTable(DataTable):
+    def __init__(self) -> None:
+        super().__init__(id="workers", cursor_type="row", zebra_stripes=True)
+        self.border_title = "workers"
+        self.sort_column = "role"
+
+    def on_mount(self) -> None:
+        for column in COLUMNS:
+            self.add_column(column, key=column)
+
+    @property
+    def selected_worker(self) -> str | None:
+        if not self.row_count:
+            return None
+        return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+
+    def next_sort(self) -> str:
+        self.sort_column = COLUMNS[(COLUMNS.index(self.sort_column) + 1) % len(COLUMNS)]
+        self.border_title = f"workers · sorted by {self.sort_column}"
+        return self.sort_column
+
+    def show(self, snapshot: FleetSnapshot) -> None:
+        selected = self.selected_worker
+        workers = sorted(snapshot.workers, key=lambda w: sort_value(w, self.sort_column, snapshot))
+        wanted = [w["id"] for w in workers]
+        present = [key.value for key in self.rows]
+        if present != wanted:  # rows came, went or moved: rebuild, keeping the selection
+            self.clear()
+            for worker in workers:
+                self.add_row(*cells(worker, snapshot), key=worker["id"])
+            if selected in wanted:
+                self.move_cursor(row=wanted.index(selected))
+            return
+        for worker in workers:
+            for column, value in zip(COLUMNS, cells(worker, snapshot), strict=True):
+                self.update_cell(worker["id"], column, value)

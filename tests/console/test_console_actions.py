@@ -1,0 +1,94 @@
+"""The console's actions from the keyboard: against a real fleet (worker processes on the tiny model)
+a decode worker is migrated to a free CPU slot while streams run, and every stream completes
+unchanged; in read-only mode the same keys change nothing and say why."""
+
+import asyncio
+import threading
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from console_fixture import FixtureSource
+from fleet_harness import generate_json, serve
+
+from fleetctl.console.tui.actions import ACTIONS, READONLY_REASON
+from fleetctl.console.tui.app import FleetConsole
+from fleetctl.console.tui.settings import ConsoleSettings
+from fleetctl.console.tui.source import HttpSource
+from fleetctl.console.tui.widgets.workers import WorkersTable
+
+PROMPTS = ["The quick brown fox", "Once upon a time there was a small model", "def add(a, b):"]
+FLEET = ("--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2", "--dtype", "float32",
+         "--deterministic", "--kv-blocks", "256")
+
+
+async def wait_for(pilot, condition, timeout: float = 60.0) -> None:
+    for _ in range(int(timeout / 0.1)):
+        if condition():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError("the console never got there")
+
+
+def select(app: FleetConsole, worker_id: str) -> None:
+    table = app.query_one(WorkersTable)
+    table.move_cursor(row=[key.value for key in table.rows].index(worker_id))
+
+
+def test_readonly_keys_change_nothing_and_say_why() -> None:
+    source = FixtureSource()
+
+    async def run() -> list[str]:
+        app = FleetConsole(source, ConsoleSettings(readonly=True))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.snapshot.reachable)
+            for action in ACTIONS:
+                if action.changes_fleet:
+                    await pilot.press(action.keys.split(",")[0])
+                    await pilot.pause(0.05)
+            return [n.message for n in app._notifications]
+
+    messages = asyncio.run(run())
+    changing = [a for a in ACTIONS if a.changes_fleet]
+    assert source.posted == []
+    assert messages.count(READONLY_REASON) == len(changing)
+
+
+@pytest.mark.fleet
+def test_migrate_a_decode_worker_from_the_keyboard(small_model_dir: Path) -> None:
+    reference = generate_json(small_model_dir, PROMPTS, "--dtype", "float32", "--deterministic", "--max-tokens", "200")
+    with serve(small_model_dir, *FLEET) as url:
+        texts: list[str] = []
+
+        def streams() -> None:
+            async def all_streams() -> list[str]:
+                api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+                done = await asyncio.gather(*(api.completions.create(
+                    model=small_model_dir.name, prompt=p, max_tokens=200, temperature=0) for p in PROMPTS))
+                return [d.choices[0].text for d in done]
+
+            texts.extend(asyncio.run(all_streams()))
+
+        clients = threading.Thread(target=streams)
+        clients.start()
+
+        async def drive() -> str:
+            app = FleetConsole(HttpSource(url, None), ConsoleSettings(interval=0.5))
+            async with app.run_test(size=(120, 40)) as pilot:
+                await wait_for(pilot, lambda: (app.snapshot.worker("decode-0") or {}).get("sessions", 0) >= 1)
+                select(app, "decode-0")
+                await pilot.press("m")
+                await pilot.pause(0.3)
+                await pilot.press("enter")  # the first free device: cpu:3
+                await pilot.pause(0.3)
+                await pilot.press("y")
+                await wait_for(pilot, lambda: (app.snapshot.worker("decode-0") or {}).get("device") == "cpu:3", 120)
+                await pilot.press("enter")  # close the result
+                return app.snapshot.worker("decode-0")["state"]
+
+        assert asyncio.run(drive()) == "running"
+        clients.join(300)
+        assert texts == [r["text"] for r in reference]
+        workers = {w["id"]: w for w in httpx.get(f"{url}/fleet/workers", timeout=10).json()["workers"]}
+        assert workers["decode-0"]["device"] == "cpu:3"

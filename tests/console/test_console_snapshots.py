@@ -1,0 +1,79 @@
+"""Pictures of the console (pytest-textual-snapshot) on a deterministic fixture fleet: the dashboard
+at 120×40 and 80×24, both themes, read-only, help, a worker's detail, and the migrate dialog with its
+progress bar. Update them with `pytest tests/console --snapshot-update` after a deliberate change."""
+
+from console_fixture import FixtureSource
+
+from fleetctl.console.tui.app import FleetConsole
+from fleetctl.console.tui.settings import ConsoleSettings
+
+WIDE, NARROW = (120, 40), (80, 24)
+
+
+def console(source: FixtureSource | None = None, **settings: object) -> FleetConsole:
+    return FleetConsole(source or FixtureSource(), ConsoleSettings(theme="fleet-dark", **settings))
+
+
+async def loaded(pilot) -> None:
+    """Wait until the first snapshot is on screen."""
+    for _ in range(50):
+        await pilot.pause(0.05)
+        if pilot.app.snapshot.reachable:
+            break
+    await pilot.pause(0.1)
+
+
+def test_dashboard(snap_compare) -> None:
+    assert snap_compare(console(), terminal_size=WIDE, run_before=loaded)
+
+
+def test_dashboard_at_80x24(snap_compare) -> None:
+    assert snap_compare(console(), terminal_size=NARROW, run_before=loaded)
+
+
+def test_dashboard_light_theme(snap_compare) -> None:
+    app = FleetConsole(FixtureSource(), ConsoleSettings(theme="fleet-light"))
+    assert snap_compare(app, terminal_size=WIDE, run_before=loaded)
+
+
+def test_readonly_dashboard(snap_compare) -> None:
+    assert snap_compare(console(readonly=True), terminal_size=WIDE, run_before=loaded)
+
+
+def test_unreachable_fleet_banner(snap_compare) -> None:
+    assert snap_compare(console(FixtureSource(reachable=False)), terminal_size=NARROW,
+                        run_before=lambda pilot: pilot.pause(0.3))
+
+
+def test_help(snap_compare) -> None:
+    async def open_help(pilot) -> None:
+        await loaded(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause(0.2)
+
+    assert snap_compare(console(), terminal_size=WIDE, run_before=open_help)
+
+
+def test_worker_detail(snap_compare) -> None:
+    async def open_detail(pilot) -> None:
+        await loaded(pilot)
+        await pilot.press("down", "down", "enter")
+        for _ in range(40):
+            await pilot.pause(0.05)
+        await pilot.pause(0.2)
+
+    assert snap_compare(console(), terminal_size=WIDE, run_before=open_detail)
+
+
+def test_migrate_dialog_with_progress(snap_compare) -> None:
+    async def migrate(pilot) -> None:
+        await loaded(pilot)
+        await pilot.press("down", "down", "m")
+        await pilot.pause(0.2)
+        await pilot.press("enter")  # the first free device
+        await pilot.pause(0.2)
+        await pilot.press("y")
+        for _ in range(20):
+            await pilot.pause(0.05)
+
+    assert snap_compare(console(FixtureSource(hold_at=1)), terminal_size=WIDE, run_before=migrate)
