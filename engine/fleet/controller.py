@@ -173,6 +173,14 @@ class Fleet:
     def has_role(self, role: WorkerRole) -> bool:
         return self.state.has_role(role)
 
+    def sessions(self, worker_id: str) -> list[dict]:
+        """The requests `worker_id` holds (prefilling, publishing or decoding them), oldest first."""
+        now = time.time()
+        held = [self.state.requests[rid] for rid in self.views[worker_id].requests if rid in self.state.requests]
+        return [{"id": r.request_id, "stage": r.stage.value, "prompt_tokens": len(r.prompt_token_ids),
+                 "output_tokens": len(r.output_token_ids), "age_s": round(now - r.times.arrival, 3)}
+                for r in sorted(held, key=lambda r: r.times.arrival)]
+
     def queue_length(self, role: WorkerRole) -> int:
         return self.dispatcher.queue_length(role)
 

@@ -49,6 +49,12 @@ def fleet_router(fleet: Fleet) -> APIRouter:
     async def workers() -> dict:
         return {"workers": workers_status(fleet)}
 
+    @router.get("/workers/{worker_id}/sessions")
+    async def sessions(worker_id: str) -> dict:
+        if worker_id not in fleet.views:
+            raise APIError(404, f"unknown worker {worker_id!r}", "not_found_error")
+        return {"worker": worker_id, "sessions": fleet.sessions(worker_id)}
+
     @router.post("/workers/{worker_id}/checkpoint")
     async def checkpoint(worker_id: str, body: CheckpointBody | None = None) -> JSONResponse:
         hold = body.hold_s if body else DEFAULT_HOLD_S

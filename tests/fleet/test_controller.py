@@ -109,3 +109,19 @@ def test_cancel_aborts_the_request_where_it_runs(tiny_model_dir: Path, tmp_path:
         assert [msg.request_id for msg in aborted] == [req.request_id]
 
     run(tiny_model_dir, tmp_path, scenario)
+
+
+def test_sessions_lists_what_a_worker_holds(tiny_model_dir: Path, tmp_path: Path) -> None:
+    long = SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True)
+
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        req = fleet.submit(PROMPTS[1], long)
+        while req.holder() is None or req.holder().startswith("prefill") or len(req.output_token_ids) < 3:
+            await asyncio.sleep(0.005)
+        [session] = fleet.sessions(req.holder())
+        assert session["id"] == req.request_id and session["stage"] == "decode"
+        assert session["prompt_tokens"] == len(PROMPTS[1]) and session["output_tokens"] >= 3
+        assert fleet.sessions("prefill-0") == []
+        fleet.cancel(req)
+
+    run(tiny_model_dir, tmp_path, scenario)
