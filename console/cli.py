@@ -2,6 +2,7 @@
 `fleetctl --help` stays fast."""
 
 import sys
+from importlib.metadata import version
 
 import typer
 
@@ -12,13 +13,34 @@ from fleetctl.console.generate_cmd import generate
 from fleetctl.console.models_cmd import models_app
 from fleetctl.console.ops_cmds import checkpoint, migrate, restore
 
+try:
+    from typer._click import exceptions as cli_errors  # newer typer vendors click
+except ImportError:
+    from click import exceptions as cli_errors
+
 app = typer.Typer(
     name="fleetctl",
-    help="Fleet console and serving engine for disaggregated LLM inference.",
+    help="Fleet console and serving engine for disaggregated LLM inference.\n\n"
+         "Start here: `fleetctl demo` (a fleet on the default model, synthetic traffic and the console), "
+         "`fleetctl serve` (a fleet with an OpenAI-compatible API on 127.0.0.1:8700), or "
+         "`fleetctl generate \"Hello\"` (one answer, no fleet). `fleetctl` alone on a terminal opens the console.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+def show_version(value: bool) -> None:
+    if value:
+        print(f"fleetctl {version('fleetctl')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def options(_: bool = typer.Option(False, "--version", callback=show_version, is_eager=True,
+                                   help="Print the version and exit.")) -> None:
+    """Fleet console and serving engine for disaggregated LLM inference."""
+
 app.command("console")(console)
 app.command("generate")(generate)
 app.command("serve")(serve)
@@ -34,6 +56,22 @@ app.add_typer(models_app, name="models")
 
 
 def main() -> None:
+    """Run the CLI; a usage error (unknown option, bad value) is one `fleetctl: error:` line, exit 2."""
     if len(sys.argv) == 1 and sys.stdin.isatty() and sys.stdout.isatty():
         sys.argv.append("console")  # `fleetctl` alone on a terminal opens the console
-    app()
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(prog_name="fleetctl", standalone_mode=False)  # an Exit comes back as its code
+        if isinstance(code, int):
+            sys.exit(code)
+    except cli_errors.NoArgsIsHelpError as exc:
+        print(exc.ctx.get_help() if exc.ctx else "")
+    except cli_errors.UsageError as exc:
+        where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
+        print(f"fleetctl: error: {exc.format_message().replace('Value error, ', '')}{where}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        print("fleetctl: error: interrupted", file=sys.stderr)
+        sys.exit(130)

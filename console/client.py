@@ -12,7 +12,9 @@ class FleetClientError(RuntimeError):
 
 
 def fleet_url(url: str | None = None) -> str:
-    return (url or os.environ.get("FLEET_URL") or DEFAULT_URL).rstrip("/")
+    """--url, else $FLEET_URL, else the default; `host:port` gets its `http://`."""
+    chosen = url or os.environ.get("FLEET_URL") or DEFAULT_URL
+    return (chosen if "://" in chosen else f"http://{chosen}").rstrip("/")
 
 
 class FleetClient:
@@ -34,7 +36,8 @@ class FleetClient:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise FleetClientError(f"no fleet answers at {self.url} ({exc.__class__.__name__})") from None
+            raise FleetClientError(f"no fleet answers at {self.url} ({exc.__class__.__name__}): start one with "
+                                   f"`fleetctl serve` or `fleetctl demo`, or point --url / $FLEET_URL at one") from None
         if response.is_error:
             try:
                 message = response.json()["error"]["message"]

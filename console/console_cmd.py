@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import typer
 
-from fleetctl.console.client import DEFAULT_URL
+from fleetctl.console.client import DEFAULT_URL, fleet_url
 from fleetctl.console.errors import fail
 from fleetctl.console.tui.settings import ConsoleSettings, SettingsError, load_settings
 from fleetctl.engine.model.registry import DEFAULT_MODEL
@@ -50,7 +50,7 @@ def attach(url: str | None, *, token: str | None, store: Path | None, settings: 
 
     token = token or read_admin_token()
     if url is not None:
-        run_console(normalize(url), store=store, token=token, settings=settings)
+        run_console(fleet_url(url), store=store, token=token, settings=settings)
         return
     from fleetctl.console.fleet_cmds import store_path
     from fleetctl.console.local_fleet import embedded_fleet_args, local_fleet
@@ -70,8 +70,3 @@ def answers(url: str) -> bool:
         return httpx.get(f"{url}/health", timeout=0.5).status_code in (200, 503)
     except httpx.HTTPError:
         return False
-
-
-def normalize(url: str) -> str:
-    """`127.0.0.1:8700` means http://127.0.0.1:8700."""
-    return (url if "://" in url else f"http://{url}").rstrip("/")

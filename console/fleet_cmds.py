@@ -1,7 +1,9 @@
 """`fleetctl serve`, `status`, `workers`."""
 
+import errno
 import json
 import re
+import socket
 from pathlib import Path
 
 import typer
@@ -51,14 +53,29 @@ def serve(
             fleet = Fleet(config)
         except FleetConfigError as exc:
             raise fail(str(exc)) from None
+    listener = bind(host, port)  # before any worker starts: a taken port fails in milliseconds, not after loading
     token = None if is_loopback(host) else load_or_create_admin_token()
-    server_config = uvicorn.Config(create_app(fleet, admin_token=token), host=host, port=port, log_level="warning")
+    server_config = uvicorn.Config(create_app(fleet, admin_token=token), log_level="warning")
     server = uvicorn.Server(server_config)
     announce(server, fleet, host)
     try:
-        server.run()
+        server.run(sockets=[listener])
     except RuntimeError as exc:
         raise fail(str(exc)) from None
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        reason = "is in use (pick another with --port, or 0 for any)" if exc.errno == errno.EADDRINUSE else exc.strerror
+        raise fail(f"cannot listen on {host}:{port}: {reason}") from None
+    listener.listen(2048)
+    return listener
 
 
 def store_path(option: str) -> Path:
@@ -140,15 +157,23 @@ def bench(
     """Load generator against a running fleet: throughput, goodput, TTFT/TPOT/E2E, handoff share."""
     import asyncio
 
+    import httpx
+
     from fleetctl.console.bench import run_bench
-    from fleetctl.console.client import fleet_url
+    from fleetctl.console.client import FleetClient, FleetClientError, fleet_url
     from fleetctl.console.traces import make_trace
 
+    target = fleet_url(url)
     try:
-        result = asyncio.run(run_bench(fleet_url(url), make_trace(trace, requests, rate, seed), trace.value,
+        FleetClient(target).get("/health")
+    except FleetClientError as exc:
+        if "no fleet answers" in str(exc):
+            raise fail(str(exc)) from None
+    try:
+        result = asyncio.run(run_bench(target, make_trace(trace, requests, rate, seed), trace.value,
                                        slo_ttft, slo_tpot))
-    except (OSError, ValueError, KeyError) as exc:
-        raise fail(f"bench failed against {fleet_url(url)}: {exc}") from None
+    except (httpx.HTTPError, OSError, ValueError, KeyError) as exc:
+        raise fail(f"bench failed against {target}: {exc.__class__.__name__}: {exc}") from None
     if as_json:
         print(json.dumps(result))
         return

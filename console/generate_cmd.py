@@ -5,7 +5,7 @@ import sys
 
 import typer
 
-from fleetctl.console.errors import user_errors
+from fleetctl.console.errors import fail, user_errors
 from fleetctl.console.models_cmd import resolve_model
 from fleetctl.engine.core.config import DType
 from fleetctl.engine.model.registry import DEFAULT_MODEL
@@ -18,7 +18,8 @@ def default_device() -> str:
 
 
 def generate(
-    prompts: list[str] = typer.Argument(..., help="One or more prompts; several run as one batch."),
+    prompts: list[str] = typer.Argument(..., help="One or more prompts (several run as one batch); - reads one "
+                                                "per line from stdin."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Store name or Hugging Face directory."),
     max_tokens: int = typer.Option(64, "--max-tokens", "-n", help="New tokens per prompt, at most."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 is greedy."),
@@ -35,12 +36,14 @@ def generate(
     ),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per prompt, one per line."),
 ) -> None:
-    """Generate text for PROMPT(s); streams to the terminal for a single prompt."""
+    """Generate text for PROMPT(s) on an embedded engine: one prompt streams as it is written; several run
+    as one batch and print one after another, each under its prompt."""
     with user_errors():
         from fleetctl.engine.core.config import EngineConfig, EngineSettings
         from fleetctl.engine.core.llm_engine import LLMEngine, result_of
         from fleetctl.engine.core.sequence import SamplingParams
 
+        prompts = read_prompts(prompts)
         params = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=tuple(stop),
             ignore_eos=ignore_eos,
@@ -51,17 +54,17 @@ def generate(
         engine = LLMEngine(config)
         texts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) if chat else p for p in prompts]
         seqs = [engine.add_request(t, params, request_id=f"prompt-{i}") for i, t in enumerate(texts)]
-        streams = [engine.text_stream(s.request_id) for s in seqs]
-        stream = len(prompts) == 1 and not as_json
+        text_streams = [engine.text_stream(s.request_id) for s in seqs]
+        streaming = len(prompts) == 1 and not as_json
         while engine.has_unfinished():
             for out in engine.step():
-                if stream and out.text_delta:
+                if streaming and out.text_delta:
                     sys.stdout.write(out.text_delta)
                     sys.stdout.flush()
-    if stream:
+    if streaming:
         sys.stdout.write("\n")
-    for i, (seq, stream) in enumerate(zip(seqs, streams, strict=True)):
-        result = result_of(seq, stream)
+    results = [result_of(seq, text) for seq, text in zip(seqs, text_streams, strict=True)]
+    for prompt, result in zip(prompts, results, strict=True):
         if as_json:
             print(json.dumps({
                 "text": result.text,
@@ -74,6 +77,22 @@ def generate(
                     "decode_tokens_per_s": round(result.decode_tokens_per_s, 2),
                 },
             }))
-        elif not stream:
-            print(f"--- [{i}] {prompts[i]!r} ({result.finish_reason})")
+        elif not streaming:
+            print(f"--- {prompt[:60]!r} ({result.finish_reason}, {len(result.token_ids)} tokens)")
             print(result.text)
+    if not as_json and sys.stderr.isatty():
+        tokens = sum(len(r.token_ids) for r in results)
+        rate = max(r.decode_tokens_per_s for r in results)
+        print(f"[{tokens} tokens · first token {results[0].ttft_s:.2f} s · {rate:.1f} tokens/s per sequence · "
+              f"{str(engine.dtype).removeprefix('torch.')} on {engine.device} · load {engine.load_seconds:.2f} s]",
+              file=sys.stderr)
+
+
+def read_prompts(prompts: list[str]) -> list[str]:
+    """`-` stands for the prompts on stdin, one per line (blank lines skipped)."""
+    expanded = []
+    for prompt in prompts:
+        expanded += [line for line in sys.stdin.read().splitlines() if line.strip()] if prompt == "-" else [prompt]
+    if not expanded:
+        raise fail("no prompt given (stdin was empty)")
+    return expanded

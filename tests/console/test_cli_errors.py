@@ -1,0 +1,76 @@
+"""Every mistake a user can make on the command line ends in one `fleetctl: error:` line on stderr and a
+non-zero exit — never a traceback — and the everyday commands behave as their help says."""
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from fleet_harness import fleetctl
+
+pytestmark = pytest.mark.fleet  # each case is a fresh `python -m fleetctl.console` process
+
+NO_FLEET = "127.0.0.1:9"  # discard port: nothing answers HTTP there; no scheme on purpose
+
+
+@pytest.mark.parametrize("args", [
+    ["generate", "--dtype", "fp8", "hello"],
+    ["serve", "--dtype", "fp8"],
+    ["bench", "--url", NO_FLEET],
+    ["bench", "--requests", "0"],
+    ["bench", "--trace", "nonsense"],
+    ["status", "--url", NO_FLEET],
+    ["workers", "--url", NO_FLEET, "--json"],
+    ["migrate", "decode-0", "--url", NO_FLEET, "--to", "cpu:3"],
+    ["migrate", "decode-0"],
+    ["no-such-command"],
+    ["classify", "--since", "ten minutes"],
+    ["serve", "--devices", "gpu:0,cpu:1"],
+])
+def test_a_bad_invocation_is_one_line(args: list[str]) -> None:
+    result = fleetctl(*args, timeout=60)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fleetctl: error: "), result.stderr
+    assert "Traceback" not in result.stdout
+
+
+def test_no_fleet_error_says_where_and_what_to_run() -> None:
+    message = fleetctl("status", "--url", NO_FLEET).stderr
+    assert f"http://{NO_FLEET}" in message and "fleetctl serve" in message
+
+
+def test_a_taken_port_fails_before_any_worker_starts(tiny_model_dir: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        start = time.monotonic()
+        result = fleetctl("serve", "--model", str(tiny_model_dir), "--port", str(port), timeout=60)
+        took = time.monotonic() - start
+    assert result.returncode != 0 and "is in use" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert took < 5.0, took  # seconds: no worker was started (a worker alone takes longer to load torch)
+
+
+def test_generate_several_prompts_prints_each_under_its_prompt(tiny_model_dir: Path) -> None:
+    result = fleetctl("generate", "--model", str(tiny_model_dir), "--max-tokens", "4", "first", "second")
+    assert result.returncode == 0, result.stderr
+    headers = [line for line in result.stdout.splitlines() if line.startswith("--- ")]
+    assert [h.split("'")[1] for h in headers] == ["first", "second"]
+
+
+def test_generate_reads_prompts_from_stdin(tiny_model_dir: Path) -> None:
+    import subprocess
+
+    from fleetctl.console.local_fleet import FLEETCTL
+
+    result = subprocess.run([*FLEETCTL, "generate", "--model", str(tiny_model_dir), "--max-tokens", "3", "--json", "-"],
+                            input="one\n\ntwo\nthree\n", capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 3
+
+
+def test_version_and_help() -> None:
+    assert fleetctl("--version").stdout.startswith("fleetctl ")
+    helped = fleetctl()
+    assert helped.returncode == 0 and "fleetctl demo" in helped.stdout  # not a TTY: help that says where to start
