@@ -55,9 +55,12 @@ class LLMEngine:
             self.kv_cache.allocator,
         )
         self.runner = ModelRunner(self.model, self.kv_cache)
+        # a sequence may grow only as far as the pool could hold it alone: one that outgrew the whole pool
+        # would be preempted forever and starve everything queued behind it
         self.max_model_len = min(
             settings.max_model_len or self.model_config.max_position_embeddings,
             self.model_config.max_position_embeddings,
+            self.kv_cache.allocator.num_blocks * spec.block_size,
         )
         self._seqs: dict[str, Sequence] = {}
         self._streams: dict[str, TextStream] = {}
@@ -77,8 +80,6 @@ class LLMEngine:
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         check_prompt(ids, self.model_config.vocab_size, self.max_model_len)
-        if not self.scheduler.fits_ever(len(ids) + 1):
-            raise PromptError(f"the prompt is {len(ids)} tokens; the KV cache holds fewer")
         return ids
 
     def add_request(

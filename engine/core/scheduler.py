@@ -42,9 +42,6 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def fits_ever(self, num_tokens: int) -> bool:
-        return self._blocks(num_tokens) <= self.allocator.num_blocks
-
     def schedule(self) -> ScheduledStep | None:
         prefill = self._schedule_prefill()
         if prefill:

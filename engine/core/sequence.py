@@ -25,6 +25,8 @@ class SamplingError(ValueError):
 
 
 MAX_TEMPERATURE = 2.0  # the bounds the engine, the OpenAI API and the CLI all check
+# Below this a temperature samples like argmax (its limit), and dividing logits by it would overflow to inf.
+GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
     def request_seed(self) -> int:
         """The seed a new request samples with: the given one, else a fresh random one."""

@@ -145,3 +145,19 @@ def test_bad_input_is_rejected(tiny_model_dir: Path) -> None:
         with pytest.raises(SamplingError):
             SamplingParams(**bad)
     assert not engine.has_unfinished()
+
+
+def test_a_sequence_never_outgrows_the_pool_and_never_blocks_the_queue(tiny_model_dir: Path) -> None:
+    """A 2-block pool holds 32 tokens: a request asking for more ends with `length` there (it would
+    otherwise be preempted forever, starving the request queued behind it)."""
+    engine = make_engine(tiny_model_dir, num_kv_blocks=2)
+    long = engine.add_request(list(range(3, 13)), SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True))
+    short = engine.add_request([5, 6, 7], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    for _ in range(200):
+        if not engine.has_unfinished():
+            break
+        engine.step()
+    assert not engine.has_unfinished()
+    assert long.finish_reason.value == "length" and long.num_tokens == 32
+    assert short.finish_reason.value == "length" and len(short.output_token_ids) == 4
+    assert engine.kv_cache.allocator.num_free == 2

