@@ -2,6 +2,7 @@
 
 import errno
 import json
+import os
 import re
 import socket
 from pathlib import Path
@@ -35,10 +36,12 @@ def serve(
     """Run a fleet and its HTTP server in the foreground."""
     import uvicorn
 
+    os.umask(0o077)  # everything the fleet writes (store, checkpoints, handoff buffers, token) is the user's alone
+
     from fleetctl.engine.core.config import EngineSettings
     from fleetctl.engine.fleet.config import FleetConfig, FleetConfigError
     from fleetctl.engine.fleet.controller import Fleet
-    from fleetctl.engine.server.admin_auth import is_loopback, load_or_create_admin_token
+    from fleetctl.engine.server.admin_auth import AdminTokenError, load_or_create_admin_token
     from fleetctl.engine.server.app import create_app
 
     with user_errors():
@@ -54,8 +57,11 @@ def serve(
         except FleetConfigError as exc:
             raise fail(str(exc)) from None
     listener = bind(host, port)  # before any worker starts: a taken port fails in milliseconds, not after loading
-    token = None if is_loopback(host) else load_or_create_admin_token()
-    server_config = uvicorn.Config(create_app(fleet, admin_token=token), log_level="warning")
+    try:
+        token = load_or_create_admin_token()
+    except AdminTokenError as exc:
+        raise fail(str(exc)) from None
+    server_config = uvicorn.Config(create_app(fleet, token, bound_host=host), log_level="warning")
     server = uvicorn.Server(server_config)
     announce(server, fleet, host)
     try:

@@ -11,7 +11,14 @@ import httpx
 from fleetctl.console.local_fleet import FLEETCTL
 from fleetctl.console.local_fleet import local_fleet as serve
 
-__all__ = ["fleetctl", "generate_json", "serve", "wait_until", "worker_pids"]
+__all__ = ["admin", "fleetctl", "generate_json", "serve", "wait_until", "worker_pids"]
+
+
+def admin() -> dict[str, str]:
+    """The header calls that change a fleet need (the token `serve` wrote under this test run's $FLEET_HOME)."""
+    from fleetctl.engine.server.admin_auth import read_admin_token
+
+    return {"Authorization": f"Bearer {read_admin_token()}"}
 
 
 def fleetctl(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

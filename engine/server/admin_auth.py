@@ -1,4 +1,5 @@
-"""The admin bearer token that guards /fleet/* when the server listens beyond loopback."""
+"""The admin bearer token that guards /fleet/* (see guard.py): `$FLEET_ADMIN_TOKEN`, or a token
+generated once into `$FLEET_HOME/admin-token` (mode 0600), which the CLI and console read."""
 
 import ipaddress
 import os
@@ -17,6 +18,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class AdminTokenError(RuntimeError):
+    """The token file exists but holds no token (never run without one: /fleet/* would be open)."""
+
+
 def admin_token_path() -> Path:
     return fleet_home() / "admin-token"
 
@@ -27,8 +32,11 @@ def load_or_create_admin_token() -> str:
         return token
     path = admin_token_path()
     if path.exists():
-        return path.read_text().strip()
-    path.parent.mkdir(parents=True, exist_ok=True)
+        token = path.read_text().strip()
+        if not token:
+            raise AdminTokenError(f"{path} is empty: delete it and a new token is generated at the next start")
+        return token
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     token = secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:

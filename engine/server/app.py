@@ -2,25 +2,24 @@
 Routes live by concern in `openai_routes` and `fleet_routes`; this file wires them, the error
 handlers, the admin guard, /health and /metrics."""
 
-import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from fleetctl.engine.fleet.controller import Fleet
-from fleetctl.engine.server.errors import APIError, api_error, invalid_request
+from fleetctl.engine.server.errors import APIError, api_error, invalid_request, too_large
 from fleetctl.engine.server.fleet_routes import fleet_router
-from fleetctl.engine.server.openai_protocol import error_body
+from fleetctl.engine.server.guard import BodyTooLarge, FleetGuard
 from fleetctl.engine.server.openai_routes import openai_router
 
 
-def create_app(fleet: Fleet, admin_token: str | None = None) -> FastAPI:
-    """admin_token: when set, /fleet/* requires `Authorization: Bearer <token>`."""
+def create_app(fleet: Fleet, admin_token: str | None, bound_host: str = "127.0.0.1") -> FastAPI:
+    """admin_token guards /fleet/* (see guard.py); None or "" closes every call that needs it."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -31,14 +30,8 @@ def create_app(fleet: Fleet, admin_token: str | None = None) -> FastAPI:
     app = FastAPI(title="fleetctl", lifespan=lifespan)
     app.add_exception_handler(APIError, api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, invalid_request)  # type: ignore[arg-type]
-
-    @app.middleware("http")
-    async def admin_guard(request: Request, call_next: Callable) -> object:
-        if admin_token and request.url.path.startswith("/fleet/"):
-            sent = request.headers.get("authorization", "")
-            if not secrets.compare_digest(sent.encode(), f"Bearer {admin_token}".encode()):
-                return JSONResponse(error_body("missing or wrong admin token", "authentication_error"), 401)
-        return await call_next(request)
+    app.add_exception_handler(BodyTooLarge, too_large)  # type: ignore[arg-type]
+    app.add_middleware(FleetGuard, bound_host=bound_host, admin_token=admin_token)
 
     app.include_router(openai_router(fleet))
     app.include_router(fleet_router(fleet))

@@ -4,6 +4,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from fleetctl.engine.server.guard import TOO_LARGE
 from fleetctl.engine.server.openai_protocol import error_body
 
 
@@ -16,6 +17,10 @@ class APIError(Exception):
 
 async def api_error(_: Request, exc: APIError) -> JSONResponse:
     return JSONResponse(error_body(exc.message, exc.kind, exc.code), exc.status, headers=exc.headers)
+
+
+async def too_large(_: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(error_body(TOO_LARGE, "invalid_request_error"), 413)
 
 
 async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:

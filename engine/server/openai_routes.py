@@ -1,6 +1,7 @@
 """The OpenAI-compatible routes: /v1/completions, /v1/chat/completions (SSE streaming, usage) and
 /v1/models."""
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 
@@ -16,6 +17,7 @@ from fleetctl.engine.server import openai_protocol as oai
 from fleetctl.engine.server.errors import APIError
 
 ChunkBuilder = Callable[[str, str | None], dict]  # (text delta, finish reason) -> one SSE payload
+MAX_CHARS_PER_TOKEN = 32  # no tokenizer needs more: longer prompts cannot fit the context, refuse them untokenized
 
 
 def openai_router(fleet: Fleet) -> APIRouter:
@@ -41,6 +43,13 @@ def openai_router(fleet: Fleet) -> APIRouter:
             raise APIError(429, f"the fleet is busy: {exc}", "rate_limit_error", headers={"Retry-After": "1"}) from None
         except NoWorkers as exc:
             raise APIError(503, str(exc), "service_unavailable") from None
+
+    async def tokenize(text: str) -> list[int]:
+        """Off the event loop (a long prompt takes a while), and only if it could fit the context at all."""
+        if len(text) > fleet.max_model_len * MAX_CHARS_PER_TOKEN:
+            raise APIError(400, f"the prompt is {len(text):,} characters; this model's context is "
+                                f"{fleet.max_model_len} tokens", "invalid_request_error")
+        return await asyncio.to_thread(fleet.tokenizer.encode, text)
 
     async def collect(req: TrackedRequest) -> str:
         text = ""
@@ -79,7 +88,7 @@ def openai_router(fleet: Fleet) -> APIRouter:
             if len(prompt) != 1:
                 raise APIError(400, "only one prompt per request is supported", "invalid_request_error")
             prompt = prompt[0]
-        ids = fleet.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        ids = await tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         req = admit(ids, body, body.max_tokens, 16)
         if body.stream:
             return sse(req, [], lambda text, reason: oai.completion_chunk(req.request_id, model_name, text, reason),
@@ -95,7 +104,7 @@ def openai_router(fleet: Fleet) -> APIRouter:
             prompt = fleet.tokenizer.apply_chat_template([{"role": m.role, "content": m.text()} for m in body.messages])
         except TokenizerError as exc:
             raise APIError(400, str(exc), "invalid_request_error") from None
-        ids = fleet.tokenizer.encode(prompt)
+        ids = await tokenize(prompt)
         req = admit(ids, body, body.max_completion_tokens or body.max_tokens, fleet.max_model_len)
         if body.stream:
             rid = req.request_id

@@ -17,6 +17,7 @@ from fleetctl.console.tui.app import FleetConsole
 from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.source import HttpSource
 from fleetctl.console.tui.widgets.workers import WorkersTable
+from fleetctl.engine.server.admin_auth import read_admin_token
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was a small model", "def add(a, b):"]
 FLEET = ("--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2", "--dtype", "float32",
@@ -74,7 +75,7 @@ def test_migrate_a_decode_worker_from_the_keyboard(small_model_dir: Path) -> Non
         clients.start()
 
         async def drive() -> str:
-            app = FleetConsole(HttpSource(url, None), ConsoleSettings(interval=0.5))
+            app = FleetConsole(HttpSource(url, read_admin_token()), ConsoleSettings(interval=0.5))
             async with app.run_test(size=(120, 40)) as pilot:
                 await wait_for(pilot, lambda: (app.snapshot.worker("decode-0") or {}).get("sessions", 0) >= 1)
                 select(app, "decode-0")

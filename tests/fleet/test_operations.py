@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from fleet_harness import fleetctl, generate_json, serve, wait_until
+from fleet_harness import admin, fleetctl, generate_json, serve, wait_until
 
 from fleetctl.engine.checkpoint.format import MANIFEST, read_checkpoint
 
@@ -57,7 +57,7 @@ def sessions(url: str, worker: str) -> int:
 
 
 def operation(url: str, path: str, body: dict) -> dict:
-    op = httpx.post(f"{url}{path}", json=body, timeout=30).json()
+    op = httpx.post(f"{url}{path}", json=body, headers=admin(), timeout=30).json()
     assert "id" in op, op
     return op
 
@@ -154,11 +154,11 @@ def test_operation_errors_change_nothing(small_model_dir: Path) -> None:
             ("/fleet/restore", {"checkpoint": "nope", "device": "cpu:2"}, 404),
         ]
         for path, body, status in cases:
-            response = httpx.post(f"{url}{path}", json=body, timeout=10)
+            response = httpx.post(f"{url}{path}", json=body, headers=admin(), timeout=10)
             assert response.status_code == status, (path, body, response.text)
             assert response.json()["error"]["message"]
         first = operation(url, "/fleet/workers/decode-0/migrate", {"to": "cpu:2"})
-        again = httpx.post(f"{url}/fleet/workers/decode-0/migrate", json={"to": "cpu:3"}, timeout=10)
+        again = httpx.post(f"{url}/fleet/workers/decode-0/migrate", json={"to": "cpu:3"}, headers=admin(), timeout=10)
         assert again.status_code == 409
         assert finished(url, first)["state"] == "done"
         assert fleetctl("migrate", "decode-0", "--to", "cpu:0", "--url", url).returncode != 0

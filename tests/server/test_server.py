@@ -6,6 +6,7 @@ in a fleet depends on timing, so without it greedy outputs could differ in the l
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -115,6 +116,46 @@ def test_bad_requests_get_openai_errors_and_server_keeps_serving(fleet_url: str)
     assert chat.status_code == 400
     ok = httpx.post(url, json={"model": "tiny-llama0", "prompt": "hi", "max_tokens": 3}, timeout=30)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"n": 2}, "n"),
+    ({"logprobs": True}, "logprobs"),
+    ({"best_of": 3}, "best_of"),
+])
+def test_parameters_not_implemented_are_refused_by_name(fleet_url: str, extra: dict, param: str) -> None:
+    body = {"model": "tiny-llama0", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2} | extra
+    response = httpx.post(f"{fleet_url}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 400 and param in response.json()["error"]["message"], response.text
+
+
+def test_neutral_values_of_unimplemented_parameters_are_accepted(fleet_url: str) -> None:
+    body = {"model": "tiny-llama0", "prompt": "hi", "max_tokens": 2, "n": 1, "presence_penalty": 0,
+            "logprobs": None, "echo": False}
+    assert httpx.post(f"{fleet_url}/v1/completions", json=body, timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("content", [
+    '{"model": "tiny-llama0", "messages": [{"role": "user", "content": [{"type": "image_url", "url": "x"}]}]}',
+    '{"model": "tiny-llama0", "messages": [{"role": "user", "content": [42]}]}',
+    '{"model": "tiny-llama0", "messages": [{"role": "user", "content": "\\ud800 lone"}]}',
+    '{"model": "tiny-llama0", "messages": [{"role": "user", "content": "hi"}], "stop": ["' + 'x' * 2000 + '"]}',
+])
+def test_malformed_chat_bodies_get_400_not_500(fleet_url: str, content: str) -> None:
+    response = httpx.post(f"{fleet_url}/v1/chat/completions", content=content,
+                          headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == 400, response.text
+
+
+def test_a_prompt_too_long_to_fit_is_refused_before_tokenizing(fleet_url: str) -> None:
+    start = time.perf_counter()
+    response = httpx.post(f"{fleet_url}/v1/completions", json={"model": "tiny-llama0", "prompt": "x" * 2_000_000},
+                          timeout=30)
+    assert response.status_code == 400 and "characters" in response.json()["error"]["message"]
+    assert time.perf_counter() - start < 5
 
 
 def test_metrics_parse_and_carry_design_names(fleet_url: str) -> None:
