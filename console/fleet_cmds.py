@@ -5,6 +5,7 @@ import json
 import os
 import re
 import socket
+import sys
 from pathlib import Path
 
 import typer
@@ -32,8 +33,17 @@ def serve(
     store: str = typer.Option("", "--store", help="SQLite metrics store (default $FLEET_HOME/fleet.db)."),
     max_queue: int = typer.Option(256, "--max-queue", min=0, help="Prompts waiting beyond this get HTTP 429."),
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", min=1, help="Sequences per worker batch."),
+    max_model_len: int = typer.Option(0, "--max-model-len", min=0,
+                                      help="Cap on prompt + output tokens (0: the model's context)."),
+    served_model_name: str = typer.Option("", "--served-model-name", help="The model name clients use "
+                                                                          "(default: the model's store name)."),
+    api_key: str = typer.Option("", "--api-key", envvar="FLEET_API_KEY",
+                                help="Require `Authorization: Bearer KEY` on /v1/* (also $FLEET_API_KEY)."),
+    access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="One line per HTTP request."),
 ) -> None:
-    """Run a fleet and its HTTP server in the foreground."""
+    """Run a fleet and its HTTP server in the foreground (a stats line every 10 s on stderr)."""
+    import logging
+
     import uvicorn
 
     os.umask(0o077)  # everything the fleet writes (store, checkpoints, handoff buffers, token) is the user's alone
@@ -47,11 +57,12 @@ def serve(
     with user_errors():
         try:
             engine = EngineSettings(dtype=dtype, deterministic=deterministic, max_num_seqs=max_num_seqs,
-                                    kv_memory_bytes=kv_memory * 2**20 or None, num_kv_blocks=kv_blocks or None)
+                                    kv_memory_bytes=kv_memory * 2**20 or None, num_kv_blocks=kv_blocks or None,
+                                    max_model_len=max_model_len or None)
             config = FleetConfig(
                 model_dir=resolve_model(model), prefill=prefill, decode=decode, colocated=colocated,
                 devices=tuple(d.strip() for d in devices.split(",") if d.strip()), engine=engine,
-                store_path=store_path(store), max_queue=max_queue,
+                store_path=store_path(store), max_queue=max_queue, served_model_name=served_model_name or None,
             )
             fleet = Fleet(config)
         except FleetConfigError as exc:
@@ -61,13 +72,22 @@ def serve(
         token = load_or_create_admin_token()
     except AdminTokenError as exc:
         raise fail(str(exc)) from None
-    server_config = uvicorn.Config(create_app(fleet, token, bound_host=host), log_level="warning")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    app = create_app(fleet, token, bound_host=host, api_key=api_key or None)
+    server_config = uvicorn.Config(app, log_level="warning", access_log=access_log, log_config=None)
+    logging.getLogger("uvicorn.access").setLevel(logging.INFO if access_log else logging.WARNING)
+    logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)  # failures are reported below, in one line
     server = uvicorn.Server(server_config)
     announce(server, fleet, host)
     try:
         server.run(sockets=[listener])
     except RuntimeError as exc:
         raise fail(str(exc)) from None
+    except SystemExit:  # uvicorn exits 3 when the app's startup fails: say why instead
+        if not app.state.startup_error:
+            raise
+    if app.state.startup_error:
+        raise fail(app.state.startup_error)
 
 
 def bind(host: str, port: int) -> socket.socket:

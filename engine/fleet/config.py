@@ -26,6 +26,7 @@ class FleetConfig:
     max_queue: int = 256  # prompts waiting in the controller beyond this get "busy" (HTTP 429)
     ready_timeout_s: float = 300.0
     store_path: Path | None = None  # the SQLite metrics store (None: keep metrics in memory only)
+    served_model_name: str | None = None  # the name clients ask for (default: the model directory's name)
 
     def __post_init__(self) -> None:
         if self.colocated < 0 or self.prefill < 0 or self.decode < 0:

@@ -4,6 +4,7 @@ recovery, operations. It holds no tensors and imports no torch; it runs on one a
 reader and a writer thread per worker pipe."""
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -29,6 +30,9 @@ from fleetctl.engine.worker.launcher import Launcher, LocalLauncher
 from fleetctl.engine.worker.spec import WorkerSpec
 from fleetctl.store.records import Phase, WorkerRole, WorkerState
 
+log = logging.getLogger("fleetctl.stats")
+STATS_LOG_S = 10.0
+
 
 class FleetBusy(RuntimeError):
     """The controller's queue is full (HTTP 429)."""
@@ -43,8 +47,9 @@ class Fleet:
         self.config = config
         self.model_config = ModelConfig.from_file(config.model_dir / "config.json")
         self.tokenizer = Tokenizer(config.model_dir, self.model_config.eos_token_ids)
-        self.max_model_len = self.model_config.max_position_embeddings
-        self.model_name = config.model_dir.name
+        limit = config.engine.max_model_len or self.model_config.max_position_embeddings
+        self.max_model_len = min(limit, self.model_config.max_position_embeddings)
+        self.model_name = config.served_model_name or config.model_dir.name
         self.url = ""
         specs = {s.worker_id: s for s in worker_specs(config)}
         self.state = FleetState(
@@ -80,18 +85,23 @@ class Fleet:
             if time.monotonic() > deadline:
                 raise RuntimeError("workers did not become ready in time")
             await asyncio.sleep(0.05)
-        dead = [v.worker_id for v in self.views.values() if v.state is WorkerState.FAILED]
+        dead = [f"{v.worker_id} ({v.last_error or 'exited'})" for v in self.views.values()
+                if v.state is WorkerState.FAILED]
         if dead:
             await self.stop()
-            raise RuntimeError(f"workers failed to start: {', '.join(dead)}")
-        if self.state.recorder:
-            self._ticker = asyncio.create_task(self._tick(self.state.recorder))
+            raise RuntimeError(f"workers failed to start: {'; '.join(dead)}")
+        self._ticker = asyncio.create_task(self._tick())
 
-    @staticmethod
-    async def _tick(recorder: FleetRecorder) -> None:
+    async def _tick(self) -> None:
+        """Once a second the store's rows; every STATS_LOG_S a line on the server's log."""
+        logged_at = time.monotonic()
         while True:
             await asyncio.sleep(1.0)
-            recorder.tick()
+            if self.state.recorder:
+                self.state.recorder.tick()
+            if time.monotonic() - logged_at >= STATS_LOG_S:
+                log.info("%s", self.stats.summary(self.state.all_views()))
+                logged_at = time.monotonic()
 
     async def stop(self) -> None:
         self.state.stopping = True
@@ -236,6 +246,8 @@ class Fleet:
             case m.Capacity():
                 view.free_blocks = msg.free_blocks
                 self.routing_changed()
+            case m.WorkerFailed():
+                view.last_error = msg.reason
             case m.CheckpointStarted() | m.CheckpointDone() | m.CheckpointFailed():
                 self.operations.on_worker_message(wid, msg)
 

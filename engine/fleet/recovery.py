@@ -26,11 +26,11 @@ class Recovery:
         if view.state is WorkerState.CHECKPOINTED:  # stood down on purpose: its sessions are held
             self._drop_published_kv(wid)
             return
-        was_running = view.state is WorkerState.RUNNING
+        was_running, was_starting = view.state is WorkerState.RUNNING, view.state is WorkerState.STARTING
         view.state = WorkerState.STOPPED if state.stopping else WorkerState.FAILED
         if state.recorder and was_running:
             state.recorder.worker_stopped(view, view.state, {"requests": len(view.requests)})
-        if state.stopping:
+        if state.stopping or was_starting:  # a worker that never started holds nothing; start() reports it
             return
         log.warning("worker %s died; recomputing its %d request(s)", wid, len(view.requests))
         state.stats.on_failure(view.role)

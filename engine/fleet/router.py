@@ -24,6 +24,7 @@ class WorkerView:
     device_name: str = ""
     peak_flops: float = 0.0
     peak_bytes_per_s: float = 0.0
+    last_error: str = ""  # why the worker's last process exited, in its own words
 
     @property
     def accepting(self) -> bool:

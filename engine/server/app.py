@@ -16,24 +16,33 @@ from fleetctl.engine.server.errors import APIError, api_error, invalid_request, 
 from fleetctl.engine.server.fleet_routes import fleet_router
 from fleetctl.engine.server.guard import BodyTooLarge, FleetGuard
 from fleetctl.engine.server.openai_routes import openai_router
+from fleetctl.engine.server.utility_routes import utility_router
 
 
-def create_app(fleet: Fleet, admin_token: str | None, bound_host: str = "127.0.0.1") -> FastAPI:
-    """admin_token guards /fleet/* (see guard.py); None or "" closes every call that needs it."""
+def create_app(fleet: Fleet, admin_token: str | None, bound_host: str = "127.0.0.1",
+               api_key: str | None = None) -> FastAPI:
+    """admin_token guards /fleet/* (see guard.py); None or "" closes every call that needs it. api_key,
+    when set, guards /v1/*."""
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await fleet.start()
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            await fleet.start()
+        except RuntimeError as exc:  # kept for `serve` to report in one line (uvicorn only logs it)
+            app.state.startup_error = str(exc)
+            raise
         yield
         await fleet.stop()
 
     app = FastAPI(title="fleetctl", lifespan=lifespan)
+    app.state.startup_error = None
     app.add_exception_handler(APIError, api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, invalid_request)  # type: ignore[arg-type]
     app.add_exception_handler(BodyTooLarge, too_large)  # type: ignore[arg-type]
-    app.add_middleware(FleetGuard, bound_host=bound_host, admin_token=admin_token)
+    app.add_middleware(FleetGuard, bound_host=bound_host, admin_token=admin_token, api_key=api_key)
 
     app.include_router(openai_router(fleet))
+    app.include_router(utility_router(fleet))
     app.include_router(fleet_router(fleet))
 
     @app.get("/health")

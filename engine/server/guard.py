@@ -6,7 +6,8 @@
 - a request body larger than MAX_BODY_BYTES is refused before it is read (413);
 - /fleet/* needs `Authorization: Bearer <admin token>`: calls that change the fleet always, reads too
   when the server listens beyond loopback. No token configured (or an empty one) refuses them: closed,
-  never open. /v1/* (the OpenAI API), /health and /metrics stay open, as vLLM's do.
+  never open. /v1/* (the OpenAI API) needs `Bearer <api key>` when one is set (`--api-key`,
+  `$FLEET_API_KEY`), as vLLM's does; /health, /version and /metrics stay open.
 """
 
 import json
@@ -28,10 +29,11 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
 
 class FleetGuard:
-    def __init__(self, app: ASGIApp, *, bound_host: str, admin_token: str | None) -> None:
+    def __init__(self, app: ASGIApp, *, bound_host: str, admin_token: str | None, api_key: str | None = None) -> None:
         self.app = app
         self.bound_host = bound_host
         self.token = admin_token or None  # "" is no token: nothing that needs one gets through
+        self.api_key = api_key or None
         self.loopback = is_loopback(bound_host)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -57,15 +59,21 @@ class FleetGuard:
         if origin is not None and _hostname(origin.split("://", 1)[-1]) != host:
             return 403, f"cross-origin requests are refused (Origin {origin})", "permission_error"
         path, method = scope["path"], scope["method"]
+        sent = headers.get("authorization", "")
+        if path.startswith("/v1/") and self.api_key is not None and not _bearer(sent, self.api_key):
+            return 401, "missing or wrong API key (Authorization: Bearer <key>)", "authentication_error"
         if not path.startswith("/fleet/") or (method in READS and self.loopback):
             return None
         if self.token is None:
             return 403, "no admin token is configured: /fleet/* is closed", "permission_error"
-        sent = headers.get("authorization", "")
-        if not secrets.compare_digest(sent.encode(), f"Bearer {self.token}".encode()):
+        if not _bearer(sent, self.token):
             return 401, "missing or wrong admin token (Authorization: Bearer …; see $FLEET_HOME/admin-token)", \
                 "authentication_error"
         return None
+
+
+def _bearer(sent: str, secret: str) -> bool:
+    return secrets.compare_digest(sent.encode(), f"Bearer {secret}".encode())
 
 
 def _hostname(authority: str) -> str:

@@ -96,6 +96,11 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as the chat template takes them."""
+    return [{"role": m.role, "content": m.text()} for m in messages]
+
+
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)

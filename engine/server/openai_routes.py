@@ -101,7 +101,7 @@ def openai_router(fleet: Fleet) -> APIRouter:
     async def chat(body: oai.ChatRequest) -> object:
         check_model(body.model)
         try:
-            prompt = fleet.tokenizer.apply_chat_template([{"role": m.role, "content": m.text()} for m in body.messages])
+            prompt = fleet.tokenizer.apply_chat_template(oai.template_messages(body.messages))
         except TokenizerError as exc:
             raise APIError(400, str(exc), "invalid_request_error") from None
         ids = await tokenize(prompt)

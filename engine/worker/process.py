@@ -1,19 +1,32 @@
 """A worker process's entry point. Importing this module costs nothing (no torch): the launcher in the
 controller names `worker_main` as the spawn target, and only the child imports the engine."""
 
+import contextlib
 import os
+import signal
+import traceback
 from multiprocessing.connection import Connection
 
+from fleetctl.engine.worker.protocol import WorkerFailed
 from fleetctl.engine.worker.spec import WorkerSpec
 
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
-    """Process entry point (multiprocessing spawn): pin to the slot's cores, then run the loop."""
+    """Process entry point (multiprocessing spawn): pin to the slot's cores, then run the loop. A worker
+    that cannot go on says why in one line (the controller reports it); FLEET_DEBUG=1 adds the traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's: it drains and stops workers
     if spec.cores:
         os.sched_setaffinity(0, spec.cores)
-    import torch
+    try:
+        import torch
 
-    from fleetctl.engine.worker.loop import Worker
+        from fleetctl.engine.worker.loop import Worker
 
-    torch.set_num_threads(max(1, len(spec.cores) or torch.get_num_threads()))
-    Worker(spec, conn).run()
+        torch.set_num_threads(max(1, len(spec.cores) or torch.get_num_threads()))
+        Worker(spec, conn).run()
+    except Exception as exc:
+        if os.environ.get("FLEET_DEBUG"):
+            traceback.print_exc()
+        with contextlib.suppress(OSError, ValueError):
+            conn.send(WorkerFailed(spec.worker_id, f"{type(exc).__name__}: {exc}"))
+        raise SystemExit(1) from None

@@ -127,6 +127,14 @@ class WorkerReady:
 
 
 @dataclass(frozen=True)
+class WorkerFailed:
+    """The worker's last words: why it is exiting (a model it cannot load, a device it cannot use, a bug)."""
+
+    worker_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     request_id: str
     token_id: int
