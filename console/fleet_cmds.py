@@ -151,7 +151,7 @@ def status(
     """Fleet summary: per-pool busy / MFU / MBU and the worker table."""
 
     def render(data: dict) -> None:
-        print(f"model {data['model']}  url {data['url']}")
+        print(f"model {data['model']}  url {data['url']}  (busy, MFU and MBU over the last {data['window_s']:g} s)")
         for name, pool in data["pools"].items():
             print(f"{name:<8} workers {pool['workers']}  busy {pool['busy']:.1%}  mfu {pool['mfu']:.2%}  "
                   f"mbu {pool['mbu']:.2%}  queue {pool['queue']}")

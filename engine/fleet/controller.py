@@ -252,7 +252,8 @@ class Fleet:
                 self.operations.on_worker_message(wid, msg)
 
     def _attribute_model_time(self, report: m.StepReport) -> None:
-        """Split the step's seconds among its sequences by their tokens in it (for `classify`)."""
+        """Split the step's seconds among its sequences by their tokens in it (for `classify`), and
+        note when a request's prefill began."""
         total = sum(report.seq_tokens) or 1
         for event, tokens in zip(report.tokens, report.seq_tokens, strict=True):
             req = self.state.requests.get(event.request_id)
@@ -260,6 +261,7 @@ class Fleet:
                 continue
             share = report.seconds * tokens / total
             if report.phase is Phase.PREFILL:
+                req.times.prefill_start = req.times.prefill_start or report.ended_at - report.seconds
                 req.prefill_model_s += share
             else:
                 req.decode_model_s += share
@@ -271,7 +273,11 @@ class Fleet:
                 self.state.send(wid, m.Abort(event.request_id))
             return
         req.output_token_ids.append(event.token_id)
-        req.times.first_token = req.times.first_token or time.time()
+        now = time.time()
+        if req.times.first_token is None:
+            req.times.first_token = now
+        elif req.times.second_token is None:
+            req.times.second_token = now
         delta = req.stream.push(event.token_id)
         if req.stream.stopped:
             self.dispatcher.release_everywhere(req)

@@ -32,7 +32,6 @@ class Dispatcher:
         """Prefill `req` (prompt and any output so far) on `view`'s worker."""
         req.stage = RequestStage.PREFILL
         req.prefill_worker = view.worker_id
-        req.times.dispatched = req.times.dispatched or time.time()
         view.requests.add(req.request_id)
         self.state.send(view.worker_id, _run_request(req))
 

@@ -38,8 +38,9 @@ class RequestTimes:
     """Seconds since the epoch (time.time()) at each transition; None until it happens."""
 
     arrival: float = field(default_factory=time.time)
-    dispatched: float | None = None
+    prefill_start: float | None = None  # when the first model step that computed its prompt began
     first_token: float | None = None
+    second_token: float | None = None  # the first token from decode (after the handoff, if any)
     handoff_start: float | None = None
     handoff_end: float | None = None
     finished: float | None = None
@@ -78,18 +79,23 @@ class TrackedRequest:
         return self.prefill_worker if self.stage in (RequestStage.PREFILL, RequestStage.HANDOFF) else None
 
     def record(self) -> dict:
+        """The timing breakdown: ttft_s = queue_s (arrival → its prefill step starts) + prefill_s (→ first
+        token back in the controller); then handoff_wall_s (KV on its way to a decode worker) and
+        first_decode_s (KV landed → first decoded token)."""
         t = self.times
         end = t.finished or time.time()
         first = t.first_token or end
+        started = t.prefill_start or first
         return {
             "request_id": self.request_id,
             "arrival": t.arrival,
-            "queue_s": (t.dispatched or end) - t.arrival,
-            "prefill_s": first - (t.dispatched or first),
+            "queue_s": started - t.arrival,
+            "prefill_s": first - started,
             "ttft_s": first - t.arrival,
             "handoff_s": t.handoff_seconds,
             "handoff_bytes": t.handoff_bytes,
             "handoff_wall_s": (t.handoff_end - t.handoff_start) if t.handoff_end and t.handoff_start else 0.0,
+            "first_decode_s": (t.second_token - (t.handoff_end or first)) if t.second_token else 0.0,
             "decode_s": end - first,
             "e2e_s": end - t.arrival,
             "prompt_tokens": len(self.prompt_token_ids),

@@ -2,6 +2,7 @@
 built from the controller's view."""
 
 from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.fleet.stats import BUSY_WINDOW_S
 from fleetctl.store.records import WorkerState
 
 
@@ -37,4 +38,5 @@ def fleet_status(fleet: Fleet) -> dict:
             "mbu": round(sum(w["mbu"] for w in members) / count, 6),
             "queue": fleet.queue_length(role),
         }
-    return {"model": fleet.model_name, "url": fleet.url, "workers": workers, "pools": pools}
+    return {"model": fleet.model_name, "url": fleet.url, "window_s": BUSY_WINDOW_S, "workers": workers,
+            "pools": pools}

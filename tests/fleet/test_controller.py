@@ -125,3 +125,15 @@ def test_sessions_lists_what_a_worker_holds(tiny_model_dir: Path, tmp_path: Path
         fleet.cancel(req)
 
     run(tiny_model_dir, tmp_path, scenario)
+
+
+def test_the_timing_breakdown_adds_up(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        reqs = [fleet.submit(p, PARAMS) for p in PROMPTS]
+        await asyncio.gather(*(tokens_of(fleet, r) for r in reqs))
+        for record in list(fleet.stats.records)[-len(reqs):]:
+            assert record["queue_s"] >= 0 and record["prefill_s"] >= 0
+            assert record["queue_s"] + record["prefill_s"] == pytest.approx(record["ttft_s"], abs=1e-6)
+            assert record["handoff_wall_s"] > 0 and record["first_decode_s"] > 0
+
+    run(tiny_model_dir, tmp_path, scenario)
