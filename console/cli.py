@@ -3,6 +3,7 @@
 
 import typer
 
+from fleetctl.console.demo_cmd import demo
 from fleetctl.console.devices_cmd import devices
 from fleetctl.console.fleet_cmds import bench, classify, serve, status, workers
 from fleetctl.console.generate_cmd import generate
@@ -18,6 +19,7 @@ app = typer.Typer(
 )
 app.command("generate")(generate)
 app.command("serve")(serve)
+app.command("demo")(demo)
 app.command("status")(status)
 app.command("workers")(workers)
 app.command("bench")(bench)
