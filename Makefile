@@ -7,7 +7,6 @@ FLEETCTL := $(VENV)/bin/fleetctl
 # machines); TORCH_SPEC/TORCH_PIP_ARGS override it, e.g. to point pip at a CPU wheel index.
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
-DEMO_PROMPT ?= In two sentences, why do LLM prefill and decode stress hardware differently?
 
 .PHONY: demo test test-fast install browser lint bench clean
 
@@ -23,9 +22,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --quiet -e '.[dev]'
 	touch $@
 
+# the embedded fleet + demo traffic + console (headless with a summary when there is no terminal)
 demo: install
 	$(FLEETCTL) models pull smollm2-135m
-	$(FLEETCTL) generate --chat --max-tokens 96 "$(DEMO_PROMPT)"
+	$(FLEETCTL) demo
 
 test: install browser
 	$(FLEETCTL) models pull smollm2-135m

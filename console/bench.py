@@ -31,7 +31,8 @@ def percentile_json(values: list[float]) -> dict[str, float]:
     return {name: round(getattr(cuts, name) or 0.0, 5) for name in ("p50", "p90", "p99")}
 
 
-async def _one(http: httpx.AsyncClient, model: str, req: TraceRequest, start: float) -> Outcome:
+async def stream_request(http: httpx.AsyncClient, model: str, req: TraceRequest, start: float) -> Outcome:
+    """One streamed completion sent at `start + req.arrival_s` (perf_counter time), timed at the client."""
     await asyncio.sleep(max(0.0, start + req.arrival_s - time.perf_counter()))
     sent = time.perf_counter()
     out = Outcome()
@@ -77,7 +78,7 @@ async def run_bench(url: str, trace: list[TraceRequest], trace_name: str, slo_tt
         model = (await http.get("/v1/models")).json()["data"][0]["id"]
         before = _metric_sums((await http.get("/metrics")).text)
         start = time.perf_counter()
-        outcomes = await asyncio.gather(*[_one(http, model, r, start) for r in trace])
+        outcomes = await asyncio.gather(*[stream_request(http, model, r, start) for r in trace])
         duration = time.perf_counter() - start
         after = _metric_sums((await http.get("/metrics")).text)
     ok = [o for o in outcomes if not o.error]

@@ -7,6 +7,7 @@ from importlib.metadata import version
 import typer
 
 from fleetctl.console.console_cmd import console
+from fleetctl.console.demo_cmd import demo
 from fleetctl.console.devices_cmd import devices
 from fleetctl.console.fleet_cmds import bench, classify, serve, status, workers
 from fleetctl.console.generate_cmd import generate
@@ -44,6 +45,7 @@ def options(_: bool = typer.Option(False, "--version", callback=show_version, is
 app.command("console")(console)
 app.command("generate")(generate)
 app.command("serve")(serve)
+app.command("demo")(demo)
 app.command("status")(status)
 app.command("workers")(workers)
 app.command("bench")(bench)

@@ -53,16 +53,16 @@ def attach(url: str | None, *, token: str | None, store: Path | None, settings: 
         run_console(fleet_url(url), store=store, token=token, settings=settings)
         return
     from fleetctl.console.fleet_cmds import store_path
-    from fleetctl.console.local_fleet import embedded_fleet_args, local_fleet
+    from fleetctl.console.local_fleet import FleetStartError, embedded_fleet_args, local_fleet
     from fleetctl.console.models_cmd import resolve_model
 
     fleet_store = store or store_path("")
     print(f"fleetctl: no fleet answers at {DEFAULT_URL}: starting an embedded one ({model}) …", flush=True)
     try:
-        with local_fleet(resolve_model(model), *embedded_fleet_args(), "--store", str(fleet_store)) as embedded:
-            run_console(embedded, embedded=True, store=fleet_store, token=token, settings=settings)
-    except RuntimeError as exc:
-        raise fail(str(exc).splitlines()[0]) from None
+        with local_fleet(resolve_model(model), *embedded_fleet_args(fleet_store)) as embedded:
+            run_console(embedded, embedded=True, store=fleet_store, token=read_admin_token(), settings=settings)
+    except FleetStartError as exc:
+        raise fail(exc.reason) from None
 
 
 def answers(url: str) -> bool:

@@ -1,5 +1,6 @@
-"""Synthetic request traces for `fleetctl bench`: prompt and output lengths drawn per trace kind,
-prompt text made of common words (so token counts are close to the requested lengths)."""
+"""Synthetic request traces for `fleetctl bench` (and `fleetctl demo`'s traffic): prompt and output
+lengths drawn per trace kind, prompt text made of common words (so token counts are close to the
+requested lengths)."""
 
 import random
 from dataclasses import dataclass
@@ -29,6 +30,11 @@ know while last might us great old year off come since against go came right use
 WORDS = tuple(_WORD_TEXT.split())
 
 
+def prompt_text(rng: random.Random, words: int) -> str:
+    """`words` common words drawn with `rng`: about one token each for a BPE trained on English."""
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
 @dataclass(frozen=True)
 class TraceRequest:
     prompt: str
@@ -45,8 +51,7 @@ def make_trace(kind: TraceKind, count: int, rate: float, seed: int = 0) -> list[
     requests = []
     for _ in range(count):
         words = rng.randint(p_lo, p_hi)
-        prompt = " ".join(rng.choice(WORDS) for _ in range(words))
-        requests.append(TraceRequest(prompt, words, rng.randint(o_lo, o_hi), clock))
+        requests.append(TraceRequest(prompt_text(rng, words), words, rng.randint(o_lo, o_hi), clock))
         if rate > 0:
             clock += rng.expovariate(rate)
     return requests

@@ -35,6 +35,8 @@ class Classification:
     requests: int
     prefill_share: float  # prefill_share + decode_share == 1 (both 0 when no model time was spent)
     decode_share: float
+    prefill_model_s: float  # the totals behind the shares, so that windows can be added up
+    decode_model_s: float
     buckets: list[ClassifyBucket]  # non-empty buckets only, by prompt bucket then output bucket
 
     def as_json(self) -> dict[str, object]:
@@ -66,4 +68,4 @@ def classify(db: Database, window_s: float, now: float | None = None) -> Classif
     decode = sum(r[4] for r in rows)
     prefill_share = _share(prefill, decode)
     decode_share = 1.0 - prefill_share if prefill + decode > 0 else 0.0
-    return Classification(window_s, sum(r[2] for r in rows), prefill_share, decode_share, buckets)
+    return Classification(window_s, sum(r[2] for r in rows), prefill_share, decode_share, prefill, decode, buckets)

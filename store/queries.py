@@ -1,5 +1,6 @@
 """Read side of the store: per-worker and per-pool utilization over a window, request latency
-percentiles, and the console's dashboard (everything its main screen shows, in one call).
+percentiles, KV handoff totals, and the console's dashboard (everything its main screen shows, in one
+call).
 
 A window is [now - window_s, now) on the samples' start times; rates are per second of the time
 each worker was covered by samples, so a worker started 10 s ago is not diluted by a 60 s window.
@@ -145,6 +146,25 @@ def request_latency(db: Database, window_s: float, now: float | None = None) -> 
     tpot = [(e2e - ttft) / (out - 1) for ttft, e2e, out in rows if out > 1]
     return RequestLatency(len(rows), percentiles([r[0] for r in rows]), percentiles(tpot),
                           percentiles([r[1] for r in rows]))
+
+
+@dataclass(frozen=True)
+class HandoffTotals:
+    count: int  # requests that arrived in the window and had their KV handed off (any outcome)
+    bytes: int
+    seconds: float
+    share_of_e2e: float  # handoff seconds over e2e seconds, of the requests that finished ok
+
+
+def handoff_totals(db: Database, window_s: float, now: float | None = None) -> HandoffTotals:
+    now = time.time() if now is None else now
+    count, nbytes, seconds, ok_handoff, ok_e2e = db.execute(
+        "SELECT TOTAL(handoff_bytes > 0), TOTAL(handoff_bytes), TOTAL(handoff_s), "
+        "TOTAL(CASE WHEN outcome = 'ok' THEN handoff_s END), TOTAL(CASE WHEN outcome = 'ok' THEN e2e_s END) "
+        "FROM requests WHERE ts >= ? AND ts < ?",
+        [now - window_s, now],
+    ).fetchone()
+    return HandoffTotals(int(count), int(nbytes), seconds, ok_handoff / ok_e2e if ok_e2e else 0.0)
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,8 @@ def openai_router(fleet: Fleet) -> APIRouter:
 
     @router.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "fleetctl"}]}
+        # max_model_len as vLLM names it: clients size their prompts from it (`fleetctl demo` does)
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "fleetctl",
+                                            "max_model_len": fleet.max_model_len}]}
 
     return router

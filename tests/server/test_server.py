@@ -160,6 +160,8 @@ def test_a_prompt_too_long_to_fit_is_refused_before_tokenizing(fleet_url: str) -
 
 def test_metrics_parse_and_carry_design_names(fleet_url: str) -> None:
     client(fleet_url).completions.create(model="tiny-llama0", prompt="hello", max_tokens=4, temperature=0)
+    model = httpx.get(f"{fleet_url}/v1/models", timeout=10).json()["data"][0]
+    assert (model["id"], model["max_model_len"]) == ("tiny-llama0", 512)
     text = httpx.get(f"{fleet_url}/metrics", timeout=10).text
     names = {family.name for family in text_string_to_metric_families(text)}
     assert names >= DESIGN_METRICS, DESIGN_METRICS - names

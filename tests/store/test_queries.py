@@ -1,10 +1,19 @@
-"""Read side: utilization per worker and pool, latency percentiles, classify, the dashboard."""
+"""Read side: utilization per worker and pool, latency percentiles, handoff totals, classify, the dashboard."""
+
+from dataclasses import replace
 
 import pytest
 
 from fleetctl.store.classify import bucket_labels, classify
 from fleetctl.store.db import open_db
-from fleetctl.store.queries import dashboard, percentiles, pool_utilization, request_latency, worker_utilization
+from fleetctl.store.queries import (
+    dashboard,
+    handoff_totals,
+    percentiles,
+    pool_utilization,
+    request_latency,
+    worker_utilization,
+)
 from fleetctl.store.records import (
     RequestOutcome,
     RequestRecord,
@@ -109,6 +118,21 @@ def test_request_latency_over_the_window(tmp_path):
     assert stats.e2e.p90 == pytest.approx(1.2 + 0.8 * 1.2)
 
 
+def test_handoff_totals_count_every_outcome_and_share_only_finished_requests(tmp_path):
+    db = write_requests(tmp_path, "handoff.db", [
+        replace(request("a", 10, 11, e2e=2.0), handoff_bytes=1000, handoff_s=0.01),
+        replace(request("b", 10, 11, e2e=3.0), handoff_bytes=3000, handoff_s=0.02),
+        replace(request("c", 10, 11, outcome=RequestOutcome.CANCELLED, e2e=0.5), handoff_bytes=500, handoff_s=0.4),
+        request("d", 10, 1, e2e=1.0),  # one token: never handed off
+        replace(request("e", 10, 11, ts=NOW - 3600), handoff_bytes=9, handoff_s=9.0),  # outside the window
+    ])
+    totals = handoff_totals(db, 60, now=NOW)
+    assert (totals.count, totals.bytes) == (3, 4500)
+    assert totals.seconds == pytest.approx(0.43)
+    assert totals.share_of_e2e == pytest.approx(0.03 / 6.0)
+    assert handoff_totals(db, 60, now=NOW + 3600).share_of_e2e == 0.0
+
+
 def write_requests(tmp_path, name: str, requests: list[RequestRecord]):
     path = tmp_path / name
     with MetricsWriter(path, CONFIG) as writer:
@@ -131,8 +155,10 @@ def test_classify_shape_and_shares(tmp_path):
     assert chat.prefill_share < mixed.prefill_share < rag.prefill_share
 
     body = mixed.as_json()
-    assert list(body) == ["window_s", "requests", "prefill_share", "decode_share", "buckets"]
+    assert list(body) == ["window_s", "requests", "prefill_share", "decode_share", "prefill_model_s",
+                          "decode_model_s", "buckets"]
     assert body["requests"] == 20
+    assert (body["prefill_model_s"], body["decode_model_s"]) == pytest.approx((10 * 0.82, 10 * 1.0))
     assert body["buckets"] == [
         {"prompt_tokens": "0-128", "output_tokens": "512-2048", "requests": 10,
          "prefill_share": pytest.approx(0.02 / 0.92)},
