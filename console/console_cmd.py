@@ -46,9 +46,7 @@ def console(
 
 def attach(url: str | None, *, token: str | None, store: Path | None, settings: ConsoleSettings, model: str) -> None:
     from fleetctl.console.tui.app import run_console
-    from fleetctl.engine.server.admin_auth import read_admin_token
 
-    token = token or read_admin_token()
     if url is not None:
         run_console(fleet_url(url), store=store, token=token, settings=settings)
         return
@@ -60,7 +58,7 @@ def attach(url: str | None, *, token: str | None, store: Path | None, settings: 
     print(f"fleetctl: no fleet answers at {DEFAULT_URL}: starting an embedded one ({model}) …", flush=True)
     try:
         with local_fleet(resolve_model(model), *embedded_fleet_args(fleet_store)) as embedded:
-            run_console(embedded, embedded=True, store=fleet_store, token=read_admin_token(), settings=settings)
+            run_console(embedded, embedded=True, store=fleet_store, token=token, settings=settings)
     except FleetStartError as exc:
         raise fail(exc.reason) from None
 

@@ -156,6 +156,9 @@ class FleetConsole(App[None]):
 def run_console(url: str, *, embedded: bool = False, store: Path | None = None, readonly: bool = False,
                 title: str = "fleetctl", token: str | None = None, settings: ConsoleSettings | None = None) -> None:
     """Attach the console to the fleet at `url` until the operator quits. `embedded` only changes the
-    title (the caller owns the fleet's lifetime)."""
-    source = HttpSource(url, token, store)
+    title (the caller owns the fleet's lifetime). The admin token defaults to $FLEET_ADMIN_TOKEN or the
+    token file a local fleet wrote."""
+    from fleetctl.engine.server.admin_auth import read_admin_token
+
+    source = HttpSource(url, token or read_admin_token(), store)
     FleetConsole(source, settings, readonly=readonly, title=title + (" · embedded fleet" if embedded else "")).run()
