@@ -2,7 +2,7 @@
 
 Conventions (the console's whole picture rests on them):
 - busy = model-step seconds in the second ÷ the second's wall time (the covered part of it, for a
-  worker's first and last second), capped at 1.
+  worker's first and last second). Never above 1 by construction (see the last point), never clamped.
 - mfu = FLOPs in the second ÷ wall time ÷ peak FLOP/s: over wall time, not busy
   time, so an idle worker shows low MFU. mfu / busy is the rate while stepping. mbu likewise, bytes.
 - A step that spans a second boundary is split by time: its busy seconds, FLOPs and bytes go to
@@ -10,8 +10,10 @@ Conventions (the console's whole picture rests on them):
   step's). Its step count, tokens and batch size go to the second in which it ended.
 - kv_usage and queue are gauges: the value after the last step that ended in the second, carried
   forward through idle seconds.
-- A step that arrives after its second was emitted (collect's grace period passed) is credited to
-  the oldest second still open, so no token or FLOP is ever lost.
+- A second stays open for the worker's longest step so far (plus grace_s, at most MAX_GRACE_S), so a
+  long prefill finds the seconds it ran in. A step that still arrives after its seconds were emitted
+  spills into the oldest open seconds, each filled only up to its length: no token or FLOP is lost,
+  and no second reads busier than it was long.
 """
 
 import logging
@@ -60,6 +62,11 @@ class _Bucket:
     kv_usage: float = 0.0
     queue: int = 0
 
+    def add(self, seconds: float, flops: int, nbytes: int) -> None:
+        self.busy_s += seconds
+        self.flops += flops
+        self.bytes += nbytes
+
 
 @dataclass(slots=True)
 class _Worker:
@@ -69,9 +76,13 @@ class _Worker:
     since: float
     next_bucket: int  # the oldest bucket not yet emitted
     stopped_at: float | None = None
+    longest_step_s: float = 0.0
     kv_usage: float = 0.0
     queue: int = 0
     buckets: dict[int, _Bucket] = field(default_factory=dict)
+
+
+MAX_GRACE_S = 30.0
 
 
 class StepAggregator:
@@ -98,38 +109,60 @@ class StepAggregator:
             if self.dropped_steps & (self.dropped_steps - 1) == 0:
                 log.warning("step dropped (%d so far): %r", self.dropped_steps, step)
             return
+        worker.longest_step_s = max(worker.longest_step_s, step.busy_s)
+        for k, seconds, flops, nbytes in self._pieces(step):
+            self._credit(worker, k, seconds, flops, nbytes)
+        bucket = self._open_bucket(worker, self._bucket(step.ts))
+        bucket.steps += 1
+        bucket.batch_sum += step.batch_size
+        if step.phase is Phase.PREFILL:
+            bucket.prefill_tokens += step.tokens
+        else:
+            bucket.decode_tokens += step.tokens
+        if step.ts >= bucket.gauge_ts:
+            bucket.gauge_ts, bucket.kv_usage, bucket.queue = step.ts, step.kv_usage, step.queue
+
+    def _pieces(self, step: StepRecord) -> list[tuple[int, float, int, int]]:
+        """(second, busy seconds, FLOPs, bytes) of the step in each second it overlaps; FLOPs and bytes
+        are whole numbers that add up to the step's exactly (the last piece takes the remainder)."""
         start = step.ts - step.busy_s
         first, last = self._bucket(start), self._bucket(step.ts)
-        flops, nbytes = round(step.flops), round(step.bytes)
-        for k in range(first, last + 1):
+        if first == last:
+            return [(last, step.busy_s, round(step.flops), round(step.bytes))]
+        pieces, flops, nbytes = [], round(step.flops), round(step.bytes)
+        for k in range(first, last):
+            lo, hi = max(start, k * self.config.bucket_s), (k + 1) * self.config.bucket_s
+            share = (hi - lo) / step.busy_s
+            part_flops, part_bytes = round(step.flops * share), round(step.bytes * share)
+            pieces.append((k, hi - lo, part_flops, part_bytes))
+            flops, nbytes = flops - part_flops, nbytes - part_bytes
+        return [*pieces, (last, step.ts - last * self.config.bucket_s, flops, nbytes)]
+
+    def _credit(self, worker: _Worker, k: int, seconds: float, flops: int, nbytes: int) -> None:
+        """Add busy time to second k — or, for a second already written, to the oldest open one — filling
+        each second only up to its length and carrying the rest forward: totals are kept exactly and no
+        second is ever busier than it was long."""
+        k = max(k, worker.next_bucket)
+        while True:
             bucket = self._open_bucket(worker, k)
-            lo, hi = max(start, k * self.config.bucket_s), min(step.ts, (k + 1) * self.config.bucket_s)
-            if k < last:
-                share = (hi - lo) / step.busy_s
-                bucket.busy_s += hi - lo
-                part_flops, part_bytes = round(step.flops * share), round(step.bytes * share)
-                bucket.flops += part_flops
-                bucket.bytes += part_bytes
-                flops, nbytes = flops - part_flops, nbytes - part_bytes
-                continue
-            bucket.busy_s += hi - lo if first < last else step.busy_s
-            bucket.flops += flops  # the remainder: the parts add up to the step exactly
-            bucket.bytes += nbytes
-            bucket.steps += 1
-            bucket.batch_sum += step.batch_size
-            if step.phase is Phase.PREFILL:
-                bucket.prefill_tokens += step.tokens
-            else:
-                bucket.decode_tokens += step.tokens
-            if step.ts >= bucket.gauge_ts:
-                bucket.gauge_ts, bucket.kv_usage, bucket.queue = step.ts, step.kv_usage, step.queue
+            room = max(0.0, (k + 1) * self.config.bucket_s - max(k * self.config.bucket_s, worker.since)
+                       - bucket.busy_s)
+            if seconds <= room + 1e-9:
+                bucket.add(seconds, flops, nbytes)
+                return
+            part_flops, part_bytes = round(flops * room / seconds), round(nbytes * room / seconds)
+            bucket.add(room, part_flops, part_bytes)
+            seconds, flops, nbytes, k = seconds - room, flops - part_flops, nbytes - part_bytes, k + 1
 
     def collect(self, now: float) -> list[WorkerSample]:
         """Rows for every second that closed more than grace_s before `now` (or before a stop)."""
         rows: list[WorkerSample] = []
         for worker_id, worker in list(self._workers.items()):
             if worker.stopped_at is None:
-                end = self._bucket(now - self.config.grace_s)  # buckets before this one are closed
+                # a second stays open as long as the worker's longest step: a 12 s prefill reports once,
+                # at its end, and must still find the seconds it ran in (capped: a dashboard must move)
+                grace = min(max(self.config.grace_s, worker.longest_step_s + self.config.grace_s), MAX_GRACE_S)
+                end = self._bucket(now - grace)  # buckets before this one are closed
             else:
                 end = math.ceil(worker.stopped_at / self.config.bucket_s)
             while worker.next_bucket < end:
@@ -164,7 +197,7 @@ class StepAggregator:
             worker_id=worker_id,
             role=worker.role,
             interval_s=interval,
-            busy=min(1.0, bucket.busy_s / interval),
+            busy=bucket.busy_s / interval,
             steps=bucket.steps,
             prefill_tokens=bucket.prefill_tokens,
             decode_tokens=bucket.decode_tokens,

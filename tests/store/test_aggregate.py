@@ -36,14 +36,26 @@ def test_busy_mfu_and_mbu_are_over_the_seconds_wall_time():
 def test_nothing_is_emitted_inside_the_grace_period():
     agg = aggregator()
     agg.add_step(step(100.5, 0.1))
-    assert agg.collect(now=101.2) == []  # second 100 closed 0.2 s ago: still open for late steps
-    assert len(agg.collect(now=101.5)) == 1
+    assert agg.collect(now=101.2) == []  # second 100 closed 0.2 s ago: still open (grace 0.5 + longest step 0.1)
+    assert len(agg.collect(now=101.6)) == 1
+
+
+def test_seconds_stay_open_as_long_as_the_longest_step():
+    """A 3 s prefill reports once, when it ends: its seconds must still be open then."""
+    agg = aggregator()
+    agg.add_step(step(100.5, 0.1))
+    agg.add_step(step(104.0, 3.0, phase=Phase.PREFILL, flops=3e9))
+    assert agg.collect(now=104.2) == []  # every second waits 3.5 s now: a step as long as 3 s may still come
+    rows = agg.collect(now=108)
+    assert [r.ts for r in rows] == [100.0, 101.0, 102.0, 103.0]
+    assert [r.busy for r in rows] == pytest.approx([0.1, 1.0, 1.0, 1.0])
+    assert sum(r.flops for r in rows) == 4 * 10**9
 
 
 def test_a_step_across_a_boundary_is_split_by_time_and_adds_up_exactly():
     agg = aggregator()
     agg.add_step(step(101.6, 1.2, phase=Phase.PREFILL, tokens=512, flops=1_000_000_001, nbytes=333))
-    rows = agg.collect(now=103)
+    rows = agg.collect(now=104)
     first, second = rows
     assert first.busy == pytest.approx(0.6) and second.busy == pytest.approx(0.6)
     assert first.flops + second.flops == 1_000_000_001
@@ -67,9 +79,9 @@ def test_idle_seconds_get_rows_and_gauges_carry_forward():
 def test_a_late_step_is_credited_to_the_oldest_open_second():
     agg = aggregator()
     agg.add_step(step(100.5, 0.1))
-    assert len(agg.collect(now=101.5)) == 1
+    assert len(agg.collect(now=101.6)) == 1
     agg.add_step(step(100.9, 0.2, tokens=5))  # second 100 was already written
-    [row] = agg.collect(now=102.5)
+    [row] = agg.collect(now=102.8)
     assert row.ts == 101.0 and row.decode_tokens == 5 and row.flops == 10**9
     assert row.busy == pytest.approx(0.2)
 
@@ -89,15 +101,15 @@ def test_first_and_last_seconds_cover_only_the_workers_lifetime():
     assert agg.collect(now=110) == []
 
 
-def test_busy_never_exceeds_one():
+def test_late_time_carries_forward_and_no_second_passes_one():
     agg = aggregator()
     agg.add_step(step(100.9, 0.9))
-    agg.collect(now=101.5)
-    agg.add_step(step(100.95, 0.05))  # late, lands on second 101, which is also fully busy
-    agg.add_step(step(101.99, 0.99))
-    [row] = agg.collect(now=102.5)
-    assert row.busy == 1.0
-    assert row.steps == 2
+    assert len(agg.collect(now=102.5)) == 1
+    agg.add_step(step(100.95, 0.05))  # late: second 100 is written, its 0.05 s go to second 101 ...
+    agg.add_step(step(101.99, 0.99))  # ... which then fills up: the overflow moves on to second 102
+    rows = agg.collect(now=105)
+    assert [r.busy for r in rows] == pytest.approx([1.0, 0.04])
+    assert sum(r.flops for r in rows) == 2 * 10**9 and rows[0].steps == 2
 
 
 def test_steps_from_unknown_workers_or_with_bad_times_are_dropped_and_config_is_checked():
