@@ -4,6 +4,7 @@ controller names `worker_main` as the spawn target, and only the child imports t
 import os
 from multiprocessing.connection import Connection
 
+from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.spec import WorkerSpec
 
 
@@ -16,4 +17,5 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     from fleetctl.engine.worker.loop import Worker
 
     torch.set_num_threads(max(1, len(spec.cores) or torch.get_num_threads()))
+    conn.send(m.WorkerLoading(spec.worker_id, os.getpid()))
     Worker(spec, conn).run()
