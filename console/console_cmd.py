@@ -4,14 +4,17 @@ embedded one on the default model and the local devices and stop it when the con
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import typer
 
 from fleetctl.console.client import DEFAULT_URL, fleet_url
 from fleetctl.console.errors import fail
-from fleetctl.console.tui.settings import ConsoleSettings, SettingsError, load_settings
 from fleetctl.engine.model.registry import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from fleetctl.console.tui.settings import ConsoleSettings
 
 
 def console(
@@ -27,6 +30,8 @@ def console(
     port: int = typer.Option(8710, "--port", help="With --web: the port to serve on (127.0.0.1)."),
 ) -> None:
     """Open the fleet console: pools, workers, devices, traffic, events; actions from the keyboard."""
+    from fleetctl.console.tui.settings import SettingsError, load_settings  # Textual only when it is used
+
     try:
         settings = load_settings()
     except SettingsError as exc:
@@ -44,7 +49,8 @@ def console(
     attach(target, token=token, store=Path(store).expanduser() if store else None, settings=settings, model=model)
 
 
-def attach(url: str | None, *, token: str | None, store: Path | None, settings: ConsoleSettings, model: str) -> None:
+def attach(url: str | None, *, token: str | None, store: Path | None, settings: "ConsoleSettings",
+           model: str) -> None:
     from fleetctl.console.tui.app import run_console
 
     if url is not None:

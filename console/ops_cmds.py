@@ -1,5 +1,5 @@
-"""`fleetctl checkpoint`, `restore`, `migrate`: start a fleet operation, follow it to the end (a
-progress display on a TTY), print its result."""
+"""`fleetctl checkpoint`, `restore`, `migrate` and the pool changes `start`, `drain`, `resume`, `stop`:
+start a fleet operation, follow it to the end (a status line on a TTY), print its result."""
 
 import json
 import sys
@@ -9,9 +9,11 @@ import typer
 
 from fleetctl.console.client import FleetClient, FleetClientError
 from fleetctl.console.errors import fail
+from fleetctl.store.records import WorkerRole
 
 URL_OPTION = typer.Option(None, "--url", help="Fleet URL (default $FLEET_URL or http://127.0.0.1:8700).")
 JSON_OPTION = typer.Option(False, "--json", help="One JSON object on stdout.")
+TIMEOUT_OPTION = typer.Option(600.0, "--timeout", help="Seconds to follow the operation before giving up on it.")
 
 
 def _follow(client: FleetClient, op: dict, timeout: float) -> dict:
@@ -40,19 +42,32 @@ def _run(path: str, body: dict, url: str | None, as_json: bool, timeout: float) 
         raise fail(str(exc)) from None
     if op["state"] == "running":
         raise fail(f"{op['kind']} of {op['worker']} still running after {timeout:.0f}s (operation {op['id']})")
-    if op["state"] == "failed":
-        raise fail(f"{op['kind']} of {op['worker']} failed: {op['error']}")
+    if op["state"] != "done":  # failed, or cancelled by a later operation
+        raise fail(f"{op['kind']} of {op['worker']} {op['state']}: {op['error']}")
     result = op["result"]
-    if as_json:
-        print(json.dumps(result))
-        return
-    if op["kind"] == "checkpoint":
-        print(f"{result['path']}\n{result['worker']}: {result['sessions']} session(s), {result['bytes']} bytes, "
-              f"{result['seconds']:.3f} s")
-        return
+    print(json.dumps(result) if as_json else _summary(op["kind"], result))
+
+
+def _summary(kind: str, result: dict) -> str:
+    """An operation's result in one or two lines for a person."""
+    worker = result["worker"]
+    if kind == "checkpoint":
+        return (f"{result['path']}\n{worker}: {result['sessions']} session(s), {result['bytes']} bytes, "
+                f"{result['seconds']:.3f} s")
+    if kind == "start":
+        return f"{worker} started on {result['device']} (pid {result['pid']}) in {result['seconds']:.1f} s"
+    if kind == "drain":
+        return (f"{worker} drained: {result['sessions_finished']} session(s) finished in {result['seconds']:.1f} s; "
+                f"it takes no new work (`fleetctl resume {worker}` or `fleetctl stop {worker}`)")
+    if kind == "resume":
+        called_off = f" (operation {result['cancelled_operation']} called off)" if result["cancelled_operation"] else ""
+        return f"{worker} takes new work again{called_off}"
+    if kind == "stop":
+        return (f"{worker} stopped: {result['sessions_finished']} session(s) finished, {result['sessions_moved']} "
+                f"moved to peers, {result['seconds']:.1f} s")
     mode = result["mode"] + (f": {result['reason']}" if result["reason"] else "")
-    print(f"{result['worker']} {result['from'] or '-'} -> {result['to']}: {mode}; {result['sessions']} session(s) "
-          f"moved, {result['bytes']} bytes, downtime {result['downtime_s']:.3f} s")
+    return (f"{worker} {result['from'] or '-'} -> {result['to']}: {mode}; {result['sessions']} session(s) moved, "
+            f"{result['bytes']} bytes, downtime {result['downtime_s']:.3f} s")
 
 
 def checkpoint(
@@ -61,7 +76,7 @@ def checkpoint(
                                                       "they are recomputed on peers."),
     url: str = URL_OPTION,
     as_json: bool = JSON_OPTION,
-    timeout: float = typer.Option(600.0, "--timeout"),
+    timeout: float = TIMEOUT_OPTION,
 ) -> None:
     """Stand a worker down with its complete state saved; its sessions pause until `restore`."""
     _run(f"/fleet/workers/{worker}/checkpoint", {"hold_s": hold}, url, as_json, timeout)
@@ -72,7 +87,7 @@ def restore(
     device: str = typer.Option(..., "--device", help="cpu:N or cuda:N."),
     url: str = URL_OPTION,
     as_json: bool = JSON_OPTION,
-    timeout: float = typer.Option(600.0, "--timeout"),
+    timeout: float = TIMEOUT_OPTION,
 ) -> None:
     """Bring a checkpointed worker back on DEVICE (same role)."""
     _run("/fleet/restore", {"checkpoint": checkpoint_path, "device": device}, url, as_json, timeout)
@@ -83,7 +98,50 @@ def migrate(
     to: str = typer.Option(..., "--to", help="Destination device: cpu:N or cuda:N."),
     url: str = URL_OPTION,
     as_json: bool = JSON_OPTION,
-    timeout: float = typer.Option(600.0, "--timeout"),
+    timeout: float = TIMEOUT_OPTION,
 ) -> None:
     """Checkpoint WORKER, restore it on --to, re-route its live sessions; the source resumes on failure."""
     _run(f"/fleet/workers/{worker}/migrate", {"to": to}, url, as_json, timeout)
+
+
+def start(
+    role: WorkerRole = typer.Option(..., "--role", help="prefill or decode (a disaggregated fleet), mixed "
+                                                        "(a colocated one)."),
+    device: str = typer.Option(..., "--device", help="A free device: cpu:N or cuda:N."),
+    url: str = URL_OPTION,
+    as_json: bool = JSON_OPTION,
+    timeout: float = TIMEOUT_OPTION,
+) -> None:
+    """Start a worker of ROLE on DEVICE (the next free id, e.g. decode-2); it takes traffic once loaded."""
+    _run("/fleet/workers", {"role": role.value, "device": device}, url, as_json, timeout)
+
+
+def drain(
+    worker: str = typer.Argument(..., help="Worker id, e.g. decode-0."),
+    url: str = URL_OPTION,
+    as_json: bool = JSON_OPTION,
+    timeout: float = TIMEOUT_OPTION,
+) -> None:
+    """Route WORKER nothing new and wait until its sessions have finished; it keeps running, drained."""
+    _run(f"/fleet/workers/{worker}/drain", {}, url, as_json, timeout)
+
+
+def resume(
+    worker: str = typer.Argument(..., help="Worker id, e.g. decode-0."),
+    url: str = URL_OPTION,
+    as_json: bool = JSON_OPTION,
+    timeout: float = TIMEOUT_OPTION,
+) -> None:
+    """Let a drained (or draining) WORKER take new work again; calls off a drain in progress."""
+    _run(f"/fleet/workers/{worker}/resume", {}, url, as_json, timeout)
+
+
+def stop(
+    worker: str = typer.Argument(..., help="Worker id, e.g. decode-0."),
+    force: bool = typer.Option(False, "--force", help="Do not wait: recompute its sessions on peers now."),
+    url: str = URL_OPTION,
+    as_json: bool = JSON_OPTION,
+    timeout: float = TIMEOUT_OPTION,
+) -> None:
+    """Drain WORKER, then shut its process down (with --force, move its sessions to peers at once)."""
+    _run(f"/fleet/workers/{worker}/stop", {"force": force}, url, as_json, timeout)

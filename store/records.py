@@ -37,6 +37,8 @@ class WorkerState(StrEnum):
 class EventKind(StrEnum):
     START = "start"
     STOP = "stop"
+    DRAIN = "drain"  # a drain finished: the worker holds no session and takes no new work
+    RESUME = "resume"  # a drained (or draining) worker takes work again
     CHECKPOINT = "checkpoint"
     RESTORE = "restore"
     MIGRATE = "migrate"

@@ -1,7 +1,8 @@
 """The fleet controller: starts workers, admits requests and streams their tokens back, and routes
 every worker message to the part that handles it — dispatch (prompts, endings), handoff routing,
-recovery, operations. It holds no tensors and imports no torch; it runs on one asyncio loop, with a
-reader and a writer thread per worker pipe."""
+recovery, operations (checkpoint / restore / migrate, and the pool changes start / drain / resume /
+stop). It holds no tensors and imports no torch; it runs on one asyncio loop, with a reader and a
+writer thread per worker pipe."""
 
 import asyncio
 import logging
@@ -15,7 +16,9 @@ from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.config import FleetConfig, worker_specs
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.handoff import HandoffRouting
-from fleetctl.engine.fleet.operations import FleetOperations
+from fleetctl.engine.fleet.lifecycle import WorkerLifecycle
+from fleetctl.engine.fleet.operation import OperationRunner
+from fleetctl.engine.fleet.operations import CheckpointOperations
 from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.recovery import Recovery
 from fleetctl.engine.fleet.request import RequestStage, StreamEvent, TrackedRequest
@@ -59,7 +62,9 @@ class Fleet:
         self.dispatcher = Dispatcher(self.state)
         self.handoffs = HandoffRouting(self.state, self.dispatcher)
         self.recovery = Recovery(self.state, self.dispatcher, self.handoffs)
-        self.operations = FleetOperations(self.state, self)
+        self.operations = OperationRunner(self.state, self)
+        self.checkpoints = CheckpointOperations(self.operations)
+        self.lifecycle = WorkerLifecycle(self.operations)
         self._launcher = launcher or LocalLauncher()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ticker: asyncio.Task | None = None
@@ -118,12 +123,12 @@ class Fleet:
         recorder = self.state.recorder
         if recorder:
             for view in self.views.values():
-                if view.state is WorkerState.RUNNING:
+                if view.state in (WorkerState.RUNNING, WorkerState.DRAINING):
                     view.state = WorkerState.STOPPED
                     recorder.worker_stopped(view, WorkerState.STOPPED)
             recorder.close()
 
-    # ---- what operations ask of the controller (operations.WorkerHost) ------------------------
+    # ---- what operations ask of the controller (operation.WorkerHost) -------------------------
 
     def launch(self, spec: WorkerSpec) -> WorkerLink:
         assert self._loop is not None, "the fleet is not started"
@@ -142,8 +147,8 @@ class Fleet:
         self.handoffs.dispatch()
         self.dispatcher.dispatch_queued()
 
-    def recompute_held(self, wid: str) -> None:
-        self.recovery.recompute_held(wid)
+    def recompute_held(self, wid: str, kv_kept: bool = True) -> None:
+        self.recovery.recompute_held(wid, kv_kept)
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -199,6 +204,8 @@ class Fleet:
     def _on_link_message(self, link: WorkerLink, msg: object) -> None:
         if self.state.links.get(link.worker_id) is link:
             self._on_message(link.worker_id, msg)
+        elif isinstance(msg, m.Restored | m.RestoreFailed):
+            self.checkpoints.on_restore_message(link, msg)
         else:
             self.operations.on_foreign_message(link, msg)
 
@@ -219,20 +226,20 @@ class Fleet:
                     msg.device_name, msg.peak_flops, msg.peak_bytes_per_s)
                 if self.state.recorder:
                     self.state.recorder.worker_started(view)
-                self.dispatcher.dispatch_queued()
+                self.routing_changed()  # a new decode worker takes pending handoffs too
             case m.StepReport():
                 view.free_blocks, view.running, view.waiting = msg.free_blocks, msg.running, msg.waiting
                 self.stats.on_step(view, msg)
                 if self.state.recorder:
                     self.state.recorder.on_step(view, msg)
                 if msg.tokens:
-                    self.operations.on_progress(wid)
+                    self.checkpoints.on_progress(wid)
                 self._attribute_model_time(msg)
                 for event in msg.tokens:
                     self._on_token(wid, event)
                 self.handoffs.dispatch()
             case m.Prefilled():
-                self.operations.on_progress(wid)  # a restored prefill worker re-publishes, without tokens
+                self.checkpoints.on_progress(wid)  # a restored prefill worker re-publishes, without tokens
                 self.handoffs.on_prefilled(wid, msg)
             case m.Adopted():
                 self.handoffs.on_adopted(wid, msg)
@@ -249,7 +256,7 @@ class Fleet:
             case m.WorkerFailed():
                 view.last_error = msg.reason
             case m.CheckpointStarted() | m.CheckpointDone() | m.CheckpointFailed():
-                self.operations.on_worker_message(wid, msg)
+                self.checkpoints.on_worker_message(wid, msg)
 
     def _attribute_model_time(self, report: m.StepReport) -> None:
         """Split the step's seconds among its sequences by their tokens in it (for `classify`), and

@@ -8,7 +8,7 @@ from fleetctl.engine.fleet.request import RequestStage, StreamEvent, TrackedRequ
 from fleetctl.engine.fleet.router import WorkerView
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.worker import protocol as m
-from fleetctl.store.records import WorkerRole, WorkerState
+from fleetctl.store.records import WorkerRole
 
 
 class Dispatcher:
@@ -94,7 +94,7 @@ class Dispatcher:
         views = self.state.views
         if req.prefill_worker is not None:
             views[req.prefill_worker].requests.discard(req.request_id)
-            if views[req.prefill_worker].state is WorkerState.FAILED and req.handle is not None:
+            if views[req.prefill_worker].gone and req.handle is not None:
                 req.handle.unlink()  # its producer is gone: clean up its shared buffer here
             else:
                 self.state.send(req.prefill_worker, m.ReleaseKV(req.request_id))
@@ -104,10 +104,10 @@ class Dispatcher:
         """Stop `req` on every worker that holds a copy of it."""
         views = self.state.views
         for wid in {req.prefill_worker, req.decode_worker} - {None}:
-            if views[wid].state is not WorkerState.FAILED and req.request_id in views[wid].requests:
+            if not views[wid].gone and req.request_id in views[wid].requests:
                 self.state.send(wid, m.Abort(req.request_id))
             views[wid].requests.discard(req.request_id)
-        if req.handle is not None and views[req.prefill_worker].state is WorkerState.FAILED:
+        if req.handle is not None and views[req.prefill_worker].gone:
             req.handle.unlink()
         req.handle = None
 

@@ -52,7 +52,7 @@ class HandoffRouting:
     def on_adopted(self, wid: str, msg: m.Adopted) -> None:
         req = self.state.requests.get(msg.request_id)
         self.state.views[wid].free_blocks = msg.free_blocks
-        if req is None or req.done:
+        if req is None or req.done or req.decode_worker != wid:  # ended, or re-routed off a stopping worker
             self.state.send(wid, m.Abort(msg.request_id))
             return
         req.stage = RequestStage.DECODE
@@ -66,7 +66,7 @@ class HandoffRouting:
         req = self.state.requests.get(msg.request_id)
         view = self.state.views[wid]
         view.requests.discard(msg.request_id)
-        if req is None or req.done:
+        if req is None or req.done or req.decode_worker != wid:
             return
         req.decode_worker = None
         if msg.retryable:

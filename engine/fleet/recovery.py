@@ -26,7 +26,8 @@ class Recovery:
         if view.state is WorkerState.CHECKPOINTED:  # stood down on purpose: its sessions are held
             self._drop_published_kv(wid)
             return
-        was_running, was_starting = view.state is WorkerState.RUNNING, view.state is WorkerState.STARTING
+        was_running = view.state in (WorkerState.RUNNING, WorkerState.DRAINING)
+        was_starting = view.state is WorkerState.STARTING
         view.state = WorkerState.STOPPED if state.stopping else WorkerState.FAILED
         if state.recorder and was_running:
             state.recorder.worker_stopped(view, view.state, {"requests": len(view.requests)})
@@ -43,8 +44,10 @@ class Recovery:
             if req.prefill_worker == wid and req.stage is RequestStage.HANDOFF and req.decode_worker is None:
                 req.handle = None
 
-    def recompute_held(self, wid: str) -> None:
-        """Continue every request `wid` holds on a surviving worker of the same role, from its tokens."""
+    def recompute_held(self, wid: str, kv_kept: bool = True) -> None:
+        """Continue every request `wid` holds on a surviving worker of the same role, from its tokens.
+        `kv_kept`: the KV it published to shared memory outlives it (a process that died; one shut down
+        on purpose removes its buffers as it exits)."""
         view = self.state.views[wid]
         for rid in list(view.requests):
             req = self.state.requests.get(rid)
@@ -61,6 +64,10 @@ class Recovery:
                 self.dispatcher.recompute(req, view.role)
             elif req.prefill_worker == wid and req.handle is not None and not req.handle.outlives_producer:
                 self.dispatcher.recompute(req, WorkerRole.DECODE)  # device memory died with its producer
-            # a shm handle outlives its producer: the pending handoff proceeds
+            elif req.prefill_worker == wid and req.decode_worker is None and not (kv_kept and req.handle):
+                # its KV was never published (a stood-down worker dropped it) or goes with the process
+                req.handle = None
+                self.dispatcher.recompute(req, WorkerRole.DECODE)
+            # otherwise a shm handle outlives its producer: the pending (or arriving) handoff proceeds
         self.handoffs.dispatch()
         self.dispatcher.dispatch_queued()

@@ -31,6 +31,12 @@ class WorkerView:
         return self.state is WorkerState.RUNNING
 
     @property
+    def gone(self) -> bool:
+        """Its process exited or is shutting down: nothing more is sent to it, and the KV it published
+        is the controller's to clean up."""
+        return self.state in (WorkerState.FAILED, WorkerState.STOPPED)
+
+    @property
     def kv_usage(self) -> float:
         return 1 - self.free_blocks / self.num_kv_blocks if self.num_kv_blocks else 0.0
 

@@ -1,16 +1,24 @@
-"""/fleet/*: the fleet's status and workers, its long operations (checkpoint, restore, migrate: 202 and
-an operation id to poll), checkpoints, and recent requests' timing breakdowns."""
+"""/fleet/*: the fleet's status and workers, its long operations (checkpoint, restore, migrate, and the
+pool changes start, drain, resume, stop: 202 and an operation id to poll), checkpoints, recent requests'
+timing breakdowns, and the store's history for remote consoles."""
 
+import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from fleetctl.engine.fleet.controller import Fleet
-from fleetctl.engine.fleet.operations import DEFAULT_HOLD_S, Operation, OperationError
+from fleetctl.engine.fleet.operation import Operation, OperationError
+from fleetctl.engine.fleet.operations import DEFAULT_HOLD_S
 from fleetctl.engine.server.errors import APIError
 from fleetctl.engine.server.status import fleet_status, workers_status
+from fleetctl.store.db import open_db
+from fleetctl.store.history import HistoryError, history
+
+MAX_HISTORY_S = 7 * 86400.0  # what the store keeps
 
 
 class CheckpointBody(BaseModel):
@@ -24,6 +32,15 @@ class MigrateBody(BaseModel):
 class RestoreBody(BaseModel):
     checkpoint: str
     device: str
+
+
+class StartBody(BaseModel):
+    role: str  # checked by the operation, which knows the fleet's layout
+    device: str
+
+
+class StopBody(BaseModel):
+    force: bool = False
 
 
 def _operation_error(exc: OperationError) -> APIError:
@@ -55,22 +72,39 @@ def fleet_router(fleet: Fleet) -> APIRouter:
             raise APIError(404, f"unknown worker {worker_id!r}", "not_found_error")
         return {"worker": worker_id, "sessions": fleet.sessions(worker_id)}
 
+    @router.post("/workers")
+    async def start_worker(body: StartBody) -> JSONResponse:
+        return start(lambda: fleet.lifecycle.start(body.role, body.device))
+
+    @router.post("/workers/{worker_id}/drain")
+    async def drain(worker_id: str) -> JSONResponse:
+        return start(lambda: fleet.lifecycle.drain(worker_id))
+
+    @router.post("/workers/{worker_id}/resume")
+    async def resume(worker_id: str) -> JSONResponse:
+        return start(lambda: fleet.lifecycle.resume(worker_id))
+
+    @router.post("/workers/{worker_id}/stop")
+    async def stop(worker_id: str, body: StopBody | None = None) -> JSONResponse:
+        force = body.force if body else False
+        return start(lambda: fleet.lifecycle.stop(worker_id, force))
+
     @router.post("/workers/{worker_id}/checkpoint")
     async def checkpoint(worker_id: str, body: CheckpointBody | None = None) -> JSONResponse:
         hold = body.hold_s if body else DEFAULT_HOLD_S
-        return start(lambda: fleet.operations.checkpoint(worker_id, hold))
+        return start(lambda: fleet.checkpoints.checkpoint(worker_id, hold))
 
     @router.post("/workers/{worker_id}/migrate")
     async def migrate(worker_id: str, body: MigrateBody) -> JSONResponse:
-        return start(lambda: fleet.operations.migrate(worker_id, body.to))
+        return start(lambda: fleet.checkpoints.migrate(worker_id, body.to))
 
     @router.post("/restore")
     async def restore(body: RestoreBody) -> JSONResponse:
-        return start(lambda: fleet.operations.restore(body.checkpoint, body.device))
+        return start(lambda: fleet.checkpoints.restore(body.checkpoint, body.device))
 
     @router.get("/checkpoints")
     async def checkpoints() -> dict:
-        return {"checkpoints": fleet.operations.list_checkpoints()}
+        return {"checkpoints": fleet.checkpoints.list_checkpoints()}
 
     @router.get("/operations/{op_id}")
     async def get_operation(op_id: str) -> dict:
@@ -85,4 +119,27 @@ def fleet_router(fleet: Fleet) -> APIRouter:
         records = list(fleet.stats.records)
         return {"requests": records[-limit:] if limit else []}
 
+    @router.get("/history")
+    async def store_history(since: float = Query(default=300.0, gt=0, le=MAX_HISTORY_S),
+                            bucket: float = Query(default=5.0, ge=1)) -> dict:
+        """Series, traffic and events of the last `since` seconds from the metrics store (`store.history`)."""
+        path = fleet.config.store_path
+        if path is None:
+            raise APIError(404, "this fleet keeps no metrics store, so it has no history", "not_found_error")
+        if bucket > since:
+            raise APIError(400, f"bucket ({bucket:g} s) must not be longer than since ({since:g} s)",
+                           "invalid_request_error")
+        try:
+            return await asyncio.to_thread(_read_history, path, since, bucket)
+        except HistoryError as exc:
+            raise APIError(400, str(exc), "invalid_request_error") from None
+
     return router
+
+
+def _read_history(path: Path, since: float, bucket: float) -> dict:
+    db = open_db(path)  # one connection per call, in the calling thread: reads never wait on the event loop
+    try:
+        return history(db, since, bucket)
+    finally:
+        db.close()

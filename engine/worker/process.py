@@ -7,7 +7,7 @@ import signal
 import traceback
 from multiprocessing.connection import Connection
 
-from fleetctl.engine.worker.protocol import WorkerFailed
+from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.spec import WorkerSpec
 
 
@@ -23,10 +23,11 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         from fleetctl.engine.worker.loop import Worker
 
         torch.set_num_threads(max(1, len(spec.cores) or torch.get_num_threads()))
+        conn.send(m.WorkerLoading(spec.worker_id, os.getpid()))
         Worker(spec, conn).run()
     except Exception as exc:
         if os.environ.get("FLEET_DEBUG"):
             traceback.print_exc()
         with contextlib.suppress(OSError, ValueError):
-            conn.send(WorkerFailed(spec.worker_id, f"{type(exc).__name__}: {exc}"))
+            conn.send(m.WorkerFailed(spec.worker_id, f"{type(exc).__name__}: {exc}"))
         raise SystemExit(1) from None

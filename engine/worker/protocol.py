@@ -115,6 +115,14 @@ class Restore:
 
 
 @dataclass(frozen=True)
+class WorkerLoading:
+    """The process is up (torch imported) and is loading the model; WorkerReady follows."""
+
+    worker_id: str
+    pid: int
+
+
+@dataclass(frozen=True)
 class WorkerReady:
     worker_id: str
     pid: int

@@ -133,5 +133,6 @@ def test_without_a_terminal_it_runs_headless_and_fails_in_one_line(tmp_path: Pat
     assert (no_fleet.returncode, no_fleet.stdout) == (1, "")
     assert no_fleet.stderr.splitlines() == [
         "fleetctl: no terminal on stdout: running headless for 5 s",
-        f"fleetctl: error: no fleet answers at {url} (ConnectError)",
+        f"fleetctl: error: no fleet answers at {url} (ConnectError): start one with `fleetctl serve` or "
+        "`fleetctl demo`, or point --url / $FLEET_URL at one",
     ]

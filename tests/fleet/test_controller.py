@@ -1,4 +1,4 @@
-"""The controller against in-process fake workers (tests/fleet/fake_workers.py): the request path
+"""The controller against in-process fake workers (tests/fake_workers.py): the request path
 through prefill → handoff → decode, recovery when a decode worker dies, admission errors and
 cancellation — no torch, no processes."""
 
@@ -7,12 +7,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from fake_workers import FakeLauncher, expected_tokens
+from fake_workers import FakeLauncher, expected_tokens, run_fleet, tokens_of
 
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.controller import Fleet, FleetBusy, NoWorkers
-from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.worker import protocol as m
 from fleetctl.store.records import WorkerState
 
@@ -23,24 +21,8 @@ PARAMS = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 def run(model_dir: Path, tmp_path: Path, scenario: Callable[[Fleet, FakeLauncher], Awaitable[None]],
         die_after: dict[str, int] | None = None, **config: object) -> FakeLauncher:
     launcher = FakeLauncher(tmp_path, die_after)
-    layout = {"prefill": 1, "decode": 2, "devices": ("cpu:0", "cpu:1", "cpu:2")} | config
-
-    async def main() -> None:
-        fleet = Fleet(FleetConfig(model_dir, **layout), launcher=launcher)
-        await fleet.start()
-        try:
-            await asyncio.wait_for(scenario(fleet, launcher), 20)
-        finally:
-            await fleet.stop()
-
-    asyncio.run(main())
+    run_fleet(model_dir, launcher, scenario, **config)
     return launcher
-
-
-async def tokens_of(fleet: Fleet, req: TrackedRequest) -> list[int]:
-    events = [event async for event in fleet.stream(req)]
-    assert events[-1].error is None, events[-1].error
-    return [e.token_id for e in events if e.token_id is not None]
 
 
 def test_requests_flow_through_prefill_handoff_and_decode(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -1,0 +1,165 @@
+"""Pool changes, each an operation (`operation.py`): start a worker of a role on a free device, drain one
+(it takes no new prompt or handoff, and the operation ends when it holds no session), resume a drained
+one, and stop one — drained first, or with `force` its sessions recomputed on its peers at once — its
+process shut down and reaped.
+
+A draining worker keeps serving what it holds. A drain (or the drain inside a stop) can be called off by
+`resume`; nothing else may act on a worker while an operation runs on it."""
+
+import asyncio
+import time
+
+from fleetctl.engine.fleet.operation import Operation, OperationCancelled, OperationError, OperationRunner, OpKind
+from fleetctl.engine.fleet.router import WorkerView
+from fleetctl.store.records import EventKind, WorkerRole, WorkerState
+
+DRAIN_POLL_S = 0.05
+
+
+class WorkerLifecycle:
+    def __init__(self, runner: OperationRunner) -> None:
+        self.runner = runner
+        self.state = runner.state
+        self.host = runner.host
+        self._draining: dict[str, bool] = {}  # id of an operation waiting for a drain -> called off by resume
+
+    # ---- starting operations (validation happens here, synchronously: 4xx before any change) ----
+
+    def start(self, role: str, device: str) -> Operation:
+        worker_role = self._fleet_role(role)
+        self.runner.check_device(device, exclude=None)
+        op = Operation(OpKind.START, self._next_id(worker_role), device=device)
+        return self.runner.launch(op, self._start(op, worker_role, device))
+
+    def drain(self, worker_id: str) -> Operation:
+        view = self.runner.running_worker(worker_id)
+        self._check_not_last(view, "drain")
+        view.state = WorkerState.DRAINING  # routes nothing new to it from here on
+        op = Operation(OpKind.DRAIN, worker_id)
+        self._draining[op.id] = False
+        return self.runner.launch(op, self._drain(op, view, len(view.requests)))
+
+    def resume(self, worker_id: str) -> Operation:
+        view = self.runner.known_worker(worker_id)
+        busy = self.runner.busy_with(worker_id)
+        if busy is not None and busy.id not in self._draining:
+            raise OperationError(409, f"another operation is running on {worker_id} ({busy.kind.value} {busy.id})")
+        if view.state is not WorkerState.DRAINING:
+            raise OperationError(409, f"{worker_id} is {view.state.value}, not draining")
+        if busy is not None:
+            self._draining[busy.id] = True
+        view.state = WorkerState.RUNNING
+        self.host.routing_changed()
+        op = Operation(OpKind.RESUME, worker_id)
+        return self.runner.launch(op, self._resume(op, busy))
+
+    def stop(self, worker_id: str, force: bool = False) -> Operation:
+        view = self.runner.idle_worker(worker_id)
+        if view.state not in (WorkerState.RUNNING, WorkerState.DRAINING):
+            raise OperationError(409, f"{worker_id} is {view.state.value}, not running")
+        if view.state is WorkerState.RUNNING:
+            self._check_not_last(view, "stop")
+        view.state = WorkerState.DRAINING
+        op = Operation(OpKind.STOP, worker_id)
+        if not force:
+            self._draining[op.id] = False
+        return self.runner.launch(op, self._stop(op, view, len(view.requests), force))
+
+    def _fleet_role(self, role: str) -> WorkerRole:
+        try:
+            worker_role = WorkerRole(role)
+        except ValueError:
+            raise OperationError(400, f"unknown role {role!r}: use {', '.join(r.value for r in WorkerRole)}") from None
+        config = self.state.config
+        if worker_role not in config.roles:
+            layout = ("colocated: it runs mixed workers only" if config.colocated
+                      else "disaggregated: it runs prefill and decode workers")
+            raise OperationError(400, f"this fleet is {layout}, not {worker_role.value} workers")
+        return worker_role
+
+    def _next_id(self, role: WorkerRole) -> str:
+        """The lowest `<role>-N` no worker of this fleet has had and no running operation is starting."""
+        n = 0
+        while f"{role.value}-{n}" in self.state.views or self.runner.busy_with(f"{role.value}-{n}"):
+            n += 1
+        return f"{role.value}-{n}"
+
+    def _check_not_last(self, view: WorkerView, verb: str) -> None:
+        """Refuse to take the last running worker of a role out of service: the fleet needs that role."""
+        peers = [v for v in self.state.views.values() if v.role is view.role and v.worker_id != view.worker_id]
+        if any(v.state is WorkerState.RUNNING for v in peers):
+            return
+        in_flight = sum(1 for r in self.state.requests.values() if not r.done)
+        why = (f"{in_flight} request(s) are in flight" if in_flight
+               else f"the fleet would be left without a {view.role.value} worker")
+        resumable = [v.worker_id for v in peers if self._resumable(v)]
+        fix = f"resume {resumable[0]}" if resumable else f"start another {view.role.value} worker"
+        raise OperationError(409, f"cannot {verb} {view.worker_id}: it is the last running {view.role.value} worker "
+                                  f"and {why}; {fix} first")
+
+    def _resumable(self, view: WorkerView) -> bool:
+        """Draining, drained, or draining inside a stop: what `resume` accepts."""
+        busy = self.runner.busy_with(view.worker_id)
+        return view.state is WorkerState.DRAINING and (busy is None or busy.id in self._draining)
+
+    # ---- the operations ------------------------------------------------------------------------
+
+    async def _start(self, op: Operation, role: WorkerRole, device: str) -> dict:
+        started = time.time()
+        link = await self.runner.start_process(op, role, device, "starting process")
+        self.host.take_over(op.worker_id, link, link.ready)
+        return {"worker": op.worker_id, "role": role.value, "device": device, "pid": link.pid,
+                "seconds": round(time.time() - started, 3)}
+
+    async def _drain(self, op: Operation, view: WorkerView, held: int) -> dict:
+        """`held`: the sessions the worker held when it stopped taking new ones."""
+        started = time.time()
+        await self._drain_sessions(op, view)
+        seconds = round(time.time() - started, 3)
+        self.state.record_event(EventKind.DRAIN, view.worker_id, {"sessions_finished": held, "seconds": seconds})
+        return {"worker": view.worker_id, "sessions_finished": held, "seconds": seconds}
+
+    async def _resume(self, op: Operation, called_off: Operation | None) -> dict:
+        cancelled = called_off.id if called_off else None
+        self.state.record_event(EventKind.RESUME, op.worker_id, {"cancelled_operation": cancelled})
+        return {"worker": op.worker_id, "cancelled_operation": cancelled}
+
+    async def _stop(self, op: Operation, view: WorkerView, held: int, force: bool) -> dict:
+        started = time.time()
+        if force:
+            if view.state is not WorkerState.DRAINING:
+                raise RuntimeError(f"{view.worker_id} {view.state.value} before it could be stopped")
+            finished, moved = held - len(view.requests), len(view.requests)
+            op.stage = f"moving {moved} session(s) to peers"
+            view.state = WorkerState.STOPPED
+            # it removes the KV it published as it exits: its pending handoffs are recomputed too
+            self.host.recompute_held(view.worker_id, kv_kept=False)
+        else:
+            await self._drain_sessions(op, view)
+            finished, moved = held, 0
+            view.state = WorkerState.STOPPED
+        op.stage = "stopping"
+        await self.runner.shut_down(self.state.links[view.worker_id])
+        if self.state.recorder:
+            self.state.recorder.worker_stopped(view, WorkerState.STOPPED, {
+                "sessions_finished": finished, "sessions_moved": moved, "force": force})
+        return {"worker": view.worker_id, "sessions_finished": finished, "sessions_moved": moved,
+                "seconds": round(time.time() - started, 3)}
+
+    async def _drain_sessions(self, op: Operation, view: WorkerView) -> None:
+        """Wait until the (draining) worker holds no session. Raises OperationCancelled when a resume
+        calls the drain off (the operation's id was entered in `_draining` when it was accepted)."""
+        try:
+            while True:
+                if self._draining[op.id]:
+                    raise OperationCancelled(f"{view.worker_id} was resumed with {len(view.requests)} "
+                                             f"session(s) left to drain")
+                if view.state is not WorkerState.DRAINING:
+                    raise RuntimeError(f"{view.worker_id} {view.state.value} while draining; its sessions were "
+                                       f"recomputed on peers")
+                if not view.requests:
+                    return
+                op.stage = f"draining: {len(view.requests)} session(s) left"
+                await asyncio.sleep(DRAIN_POLL_S)
+        finally:
+            del self._draining[op.id]

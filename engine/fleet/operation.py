@@ -1,0 +1,242 @@
+"""A long operation on the fleet's workers as an operator follows it (`/fleet/operations/{id}`), and what
+every kind shares: one operation per worker at a time, the device a new process starts on reserved
+until the operation ends, waiting on worker messages, and starting a worker process (a new worker, or
+the standby of a restore or a migration). The kinds themselves live in `operations` (checkpoint,
+restore, migrate) and `lifecycle` (start, drain, resume, stop)."""
+
+import asyncio
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+from fleetctl.engine.checkpoint.format import CheckpointError
+from fleetctl.engine.core.device_names import DeviceError, check_device
+from fleetctl.engine.fleet.config import pinned_cores
+from fleetctl.engine.fleet.router import WorkerView
+from fleetctl.engine.fleet.state import FleetState
+from fleetctl.engine.fleet.worker_link import WorkerLink
+from fleetctl.engine.worker import protocol as m
+from fleetctl.engine.worker.spec import WorkerSpec
+from fleetctl.store.records import DeviceKind, WorkerRole, WorkerState
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 300.0
+SHUTDOWN_TIMEOUT_S = 30.0  # a worker that has not exited by then is killed
+LIVE = (WorkerState.RUNNING, WorkerState.STARTING, WorkerState.DRAINING)
+
+
+class OpKind(StrEnum):
+    CHECKPOINT = "checkpoint"
+    RESTORE = "restore"
+    MIGRATE = "migrate"
+    START = "start"
+    DRAIN = "drain"
+    RESUME = "resume"
+    STOP = "stop"
+
+
+class OpState(StrEnum):
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # called off by a later operation (a drain cut short by resume)
+
+
+class OperationError(Exception):
+    """A request for an operation that cannot start; `status` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class OperationCancelled(Exception):
+    """Raised inside an operation that a later one called off; the message says by what."""
+
+
+@dataclass
+class Operation:
+    kind: OpKind
+    worker_id: str
+    device: str | None = None  # where the operation starts a process: reserved while it runs
+    id: str = field(default_factory=lambda: f"op-{uuid.uuid4().hex[:12]}")
+    state: OpState = OpState.RUNNING
+    stage: str = "queued"
+    started: float = field(default_factory=time.time)
+    result: dict | None = None
+    error: str | None = None
+    writer_pid: int | None = None
+    destination_pid: int | None = None
+
+    def as_json(self) -> dict:
+        return {"id": self.id, "kind": self.kind.value, "worker": self.worker_id, "device": self.device,
+                "state": self.state.value, "stage": self.stage, "started": self.started, "result": self.result,
+                "error": self.error, "writer_pid": self.writer_pid, "destination_pid": self.destination_pid}
+
+
+class WorkerHost(Protocol):
+    """What operations need from the controller: processes it starts and links it reads."""
+
+    def launch(self, spec: WorkerSpec) -> WorkerLink:
+        """Start a worker process; its messages reach the runner's on_foreign_* until it takes over."""
+
+    def take_over(self, worker_id: str, link: WorkerLink, ready: m.WorkerReady) -> None:
+        """Make `link` the process of `worker_id` (a new worker, a restore, a migration's destination)."""
+
+    def routing_changed(self) -> None:
+        """A worker's state changed outside a message: route what was waiting."""
+
+    def recompute_held(self, worker_id: str, kv_kept: bool = True) -> None:
+        """Continue every request `worker_id` holds on a peer of its role (`kv_kept`: whether the KV it
+        published to shared memory survives it)."""
+
+
+class OperationRunner:
+    def __init__(self, state: FleetState, host: WorkerHost) -> None:
+        self.state = state
+        self.host = host
+        self.ops: dict[str, Operation] = {}
+        self._busy: dict[str, str] = {}  # worker id -> running operation id
+        self._waiters: dict[tuple[object, str], asyncio.Future] = {}
+
+    # ---- checks every kind makes before it starts (4xx, nothing changed) -------------------------
+
+    def get(self, op_id: str) -> Operation:
+        if op_id not in self.ops:
+            raise OperationError(404, f"no operation {op_id!r}")
+        return self.ops[op_id]
+
+    def busy_with(self, worker_id: str) -> Operation | None:
+        """The operation running on `worker_id`, if one is."""
+        op_id = self._busy.get(worker_id)
+        return self.ops[op_id] if op_id else None
+
+    def known_worker(self, worker_id: str) -> WorkerView:
+        view = self.state.views.get(worker_id)
+        if view is None:
+            raise OperationError(404, f"unknown worker {worker_id!r}")
+        return view
+
+    def idle_worker(self, worker_id: str) -> WorkerView:
+        """A known worker no operation is running on."""
+        view = self.known_worker(worker_id)
+        busy = self.busy_with(worker_id)
+        if busy is not None:
+            raise OperationError(409, f"another operation is running on {worker_id} ({busy.kind.value} {busy.id})")
+        return view
+
+    def running_worker(self, worker_id: str) -> WorkerView:
+        view = self.idle_worker(worker_id)
+        if view.state is not WorkerState.RUNNING:
+            raise OperationError(409, f"{worker_id} is {view.state.value}, not running")
+        return view
+
+    def check_device(self, device: str, exclude: str | None) -> None:
+        """`device` names a device of this machine that no live worker (other than `exclude`) runs on
+        and no running operation is starting a process on."""
+        try:
+            check_device(device, indexed=True)
+        except DeviceError as exc:
+            raise OperationError(400, str(exc)) from None
+        for view in self.state.views.values():
+            if view.device == device and view.state in LIVE and view.worker_id != exclude:
+                raise OperationError(409, f"{device} already hosts {view.worker_id}")
+        for op in self.ops.values():
+            if op.state is OpState.RUNNING and op.device == device:
+                raise OperationError(409, f"{device} is the target of another operation ({op.kind.value} {op.id})")
+
+    # ---- running -------------------------------------------------------------------------------
+
+    def launch(self, op: Operation, work: Coroutine[Any, Any, dict]) -> Operation:
+        self.ops[op.id] = op
+        self._busy[op.worker_id] = op.id
+
+        async def run() -> None:
+            try:
+                op.result = await work
+                op.state, op.stage = OpState.DONE, "done"
+            except OperationCancelled as exc:
+                op.state, op.error = OpState.CANCELLED, str(exc)
+            except (OperationError, CheckpointError, RuntimeError, TimeoutError) as exc:
+                op.state, op.error = OpState.FAILED, str(exc)
+            except Exception as exc:  # a bug: the operation must still end, and say why
+                log.exception("operation %s failed", op.id)
+                op.state, op.error = OpState.FAILED, f"internal error: {exc!r}"
+            finally:
+                if self._busy.get(op.worker_id) == op.id:  # a resume may have taken the worker over
+                    del self._busy[op.worker_id]
+
+        asyncio.get_running_loop().create_task(run())
+        return op
+
+    def expect(self, key: object, event: str) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self._waiters[(key, event)] = future
+        return future
+
+    def wait(self, key: object, event: str, timeout: float = START_TIMEOUT_S) -> Coroutine[Any, Any, Any]:
+        return asyncio.wait_for(self.expect(key, event), timeout)
+
+    def take(self, key: object, event: str) -> asyncio.Future | None:
+        return self._waiters.pop((key, event), None)
+
+    def resolve(self, key: object, event: str, value: object) -> None:
+        future = self._waiters.pop((key, event), None)
+        if future is not None and not future.done():
+            future.set_result(value)
+
+    # ---- worker processes ------------------------------------------------------------------------
+
+    def on_foreign_message(self, link: WorkerLink, msg: object) -> None:
+        """Start-up messages from a process an operation started, before it takes over its id."""
+        if isinstance(msg, m.WorkerLoading):
+            op = self.busy_with(link.worker_id)
+            if op is not None:
+                op.stage = "loading model"
+        elif isinstance(msg, m.WorkerReady):
+            self.resolve(link, "ready", msg)
+
+    def on_foreign_exit(self, link: WorkerLink) -> None:
+        gone = m.RestoreFailed(f"the new {link.worker_id} process exited")
+        self.resolve(link, "ready", gone)
+        self.resolve(link, "restored", gone)
+
+    async def start_process(self, op: Operation, role: WorkerRole, device: str, stage: str) -> WorkerLink:
+        """A new process for `op.worker_id` on `device`, model loaded, not yet routed to (it takes over
+        its id when the operation says so)."""
+        link = self.host.launch(self.spec_for(op.worker_id, role, device))
+        op.destination_pid, op.stage = link.pid, stage
+        try:
+            ready = await self.wait(link, "ready")
+        except TimeoutError:
+            ready = None
+        if not isinstance(ready, m.WorkerReady):
+            link.kill()
+            await asyncio.to_thread(link.join, SHUTDOWN_TIMEOUT_S)
+            why = "did not start in time" if ready is None else "exited during startup"
+            raise RuntimeError(f"the new {op.worker_id} process on {device} {why}")
+        link.ready = ready
+        return link
+
+    def spec_for(self, worker_id: str, role: WorkerRole, device: str) -> WorkerSpec:
+        """The spec `worker_id` runs with on `device`: its own, or for a worker this fleet did not start
+        (a new one, or another fleet's checkpoint) its peers', with that id and role; pinned to its
+        CPU slot's cores as the fleet's slots are."""
+        specs = self.state.specs
+        base = specs[worker_id] if worker_id in specs else next(iter(specs.values()))
+        cpu_devices = {v.device for v in self.state.views.values()
+                       if check_device(v.device, indexed=True).kind is DeviceKind.CPU}
+        return dataclasses.replace(base, worker_id=worker_id, role=role, device=device,
+                                   cores=pinned_cores(device, cpu_devices))
+
+    @staticmethod
+    async def shut_down(link: WorkerLink) -> None:
+        """Ask the process to exit and reap it (killed if it has not exited in SHUTDOWN_TIMEOUT_S)."""
+        link.send(m.Shutdown())
+        await asyncio.to_thread(link.join, SHUTDOWN_TIMEOUT_S)
