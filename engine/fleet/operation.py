@@ -201,9 +201,12 @@ class OperationRunner:
                 op.stage = "loading model"
         elif isinstance(msg, m.WorkerReady):
             self.resolve(link, "ready", msg)
+        elif isinstance(msg, m.WorkerFailed):
+            link.last_error = msg.reason
 
     def on_foreign_exit(self, link: WorkerLink) -> None:
-        gone = m.RestoreFailed(f"the new {link.worker_id} process exited")
+        why = f": {link.last_error}" if link.last_error else ""
+        gone = m.RestoreFailed(f"the new {link.worker_id} process exited{why}")
         self.resolve(link, "ready", gone)
         self.resolve(link, "restored", gone)
 

@@ -25,6 +25,7 @@ class WorkerLink:
         self.worker_id = launched.spec.worker_id
         self.incarnation = next(_incarnations)  # a migrated worker keeps its id; links tell them apart
         self.ready: m.WorkerReady | None = None  # kept for a process that has not taken over yet
+        self.last_error = ""  # the process's own words if it failed (WorkerFailed)
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._loop = loop
         self._on_message = on_message
