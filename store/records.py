@@ -43,6 +43,7 @@ class EventKind(StrEnum):
     RESTORE = "restore"
     MIGRATE = "migrate"
     FAILURE = "failure"
+    BUSY = "busy"  # requests refused with 429 (the queue was full); at most one event per BUSY_EVENT_S
 
 
 class RequestOutcome(StrEnum):

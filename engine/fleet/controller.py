@@ -31,10 +31,11 @@ from fleetctl.engine.model.tokenizer import Tokenizer
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.launcher import Launcher, LocalLauncher
 from fleetctl.engine.worker.spec import WorkerSpec
-from fleetctl.store.records import Phase, WorkerRole, WorkerState
+from fleetctl.store.records import EventKind, Phase, WorkerRole, WorkerState
 
 log = logging.getLogger("fleetctl.stats")
 STATS_LOG_S = 10.0
+BUSY_EVENT_S = 5.0
 
 
 class FleetBusy(RuntimeError):
@@ -68,6 +69,7 @@ class Fleet:
         self._launcher = launcher or LocalLauncher()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ticker: asyncio.Task | None = None
+        self._refused, self._refusal_logged = 0, float("-inf")
 
     @property
     def views(self) -> dict[str, WorkerView]:
@@ -159,6 +161,7 @@ class Fleet:
             if not self.state.has_role(role):
                 raise NoWorkers(f"no {role.value} worker is available")
         if len(self.state.queued) >= self.config.max_queue:
+            self._record_refusal()
             raise FleetBusy(f"{len(self.state.queued)} requests are already queued")
         request_id = request_id or f"req-{uuid.uuid4().hex[:16]}"
         eos = frozenset() if params.ignore_eos else self.tokenizer.eos_token_ids
@@ -170,6 +173,13 @@ class Fleet:
         self.state.queued.append(req)
         self.dispatcher.dispatch_queued()
         return req
+
+    def _record_refusal(self) -> None:
+        """Count 429s; one store event per BUSY_EVENT_S says how many (a burst must not flood the store)."""
+        self._refused += 1
+        if time.monotonic() - self._refusal_logged >= BUSY_EVENT_S:
+            self.state.record_event(EventKind.BUSY, None, {"refused": self._refused, "queued": len(self.state.queued)})
+            self._refused, self._refusal_logged = 0, time.monotonic()
 
     @staticmethod
     async def stream(req: TrackedRequest) -> AsyncIterator[StreamEvent]:

@@ -119,3 +119,15 @@ def test_the_timing_breakdown_adds_up(tiny_model_dir: Path, tmp_path: Path) -> N
             assert record["handoff_wall_s"] > 0 and record["first_decode_s"] > 0
 
     run(tiny_model_dir, tmp_path, scenario)
+
+
+def test_refusals_become_one_busy_event_per_interval(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        events: list[tuple] = []
+        fleet.state.record_event = lambda kind, wid, details: events.append((kind, details))  # type: ignore[method-assign]
+        for _ in range(5):
+            with pytest.raises(FleetBusy):
+                fleet.submit(PROMPTS[0], PARAMS)
+        assert [(kind.value, details["refused"]) for kind, details in events] == [("busy", 1)]
+
+    run(tiny_model_dir, tmp_path, scenario, max_queue=0)
