@@ -93,3 +93,55 @@ def test_migrate_a_decode_worker_from_the_keyboard(small_model_dir: Path) -> Non
         assert texts == [r["text"] for r in reference]
         workers = {w["id"]: w for w in httpx.get(f"{url}/fleet/workers", timeout=10).json()["workers"]}
         assert workers["decode-0"]["device"] == "cpu:3"
+
+
+@pytest.mark.fleet
+def test_start_drain_and_stop_a_worker_from_the_keyboard(small_model_dir: Path) -> None:
+    reference = generate_json(small_model_dir, PROMPTS, "--dtype", "float32", "--deterministic", "--max-tokens", "120")
+    with serve(small_model_dir, *FLEET) as url:
+        texts: list[str] = []
+
+        def streams() -> None:
+            async def all_streams() -> list[str]:
+                api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+                done = await asyncio.gather(*(api.completions.create(
+                    model=small_model_dir.name, prompt=p, max_tokens=120, temperature=0) for p in PROMPTS))
+                return [d.choices[0].text for d in done]
+
+            texts.extend(asyncio.run(all_streams()))
+
+        clients = threading.Thread(target=streams)
+        clients.start()
+
+        async def drive() -> list[str]:
+            app = FleetConsole(HttpSource(url, read_admin_token()), ConsoleSettings(interval=0.5))
+            states = []
+            async with app.run_test(size=(120, 40)) as pilot:
+                await wait_for(pilot, lambda: app.snapshot.reachable)
+                await pilot.press("n")  # start: role (decode is listed first), then the first free device
+                await pilot.pause(0.3)
+                await pilot.press("enter")
+                await pilot.pause(0.3)
+                await pilot.press("enter")
+                await wait_for(pilot, lambda: (app.snapshot.worker("decode-2") or {}).get("state") == "running", 120)
+                await pilot.press("enter")  # close the result
+                states.append(app.snapshot.worker("decode-2")["device"])
+                select(app, "decode-2")
+                await pilot.press("d", "y")
+                await wait_for(pilot, lambda: app.snapshot.worker("decode-2")["state"] == "draining", 60)
+                await pilot.pause(0.5)
+                await pilot.press("enter")
+                states.append(app.snapshot.worker("decode-2")["state"])
+                select(app, "decode-2")
+                await pilot.press("x")
+                await pilot.pause(0.3)
+                await pilot.press("enter")  # "drain first"
+                await pilot.pause(0.3)
+                await pilot.press("y")
+                await wait_for(pilot, lambda: app.snapshot.worker("decode-2")["state"] == "stopped", 120)
+                states.append(app.snapshot.worker("decode-2")["state"])
+            return states
+
+        assert asyncio.run(drive()) == ["cpu:3", "draining", "stopped"]
+        clients.join(300)
+        assert texts == [r["text"] for r in reference]
