@@ -54,7 +54,8 @@ def serve(
     from fleetctl.engine.server.admin_auth import AdminTokenError, load_or_create_admin_token
     from fleetctl.engine.server.app import create_app
 
-    with user_errors():
+    listener = bind(host, port)  # first: a taken port fails in milliseconds, before a model is even looked at
+    with user_errors(on_error=listener.close):
         try:
             engine = EngineSettings(dtype=dtype, deterministic=deterministic, max_num_seqs=max_num_seqs,
                                     kv_memory_bytes=kv_memory * 2**20 or None, num_kv_blocks=kv_blocks or None,
@@ -66,8 +67,8 @@ def serve(
             )
             fleet = Fleet(config)
         except FleetConfigError as exc:
+            listener.close()
             raise fail(str(exc)) from None
-    listener = bind(host, port)  # before any worker starts: a taken port fails in milliseconds, not after loading
     try:
         token = load_or_create_admin_token()
     except AdminTokenError as exc:

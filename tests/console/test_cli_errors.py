@@ -2,7 +2,6 @@
 non-zero exit — never a traceback — and the everyday commands behave as their help says."""
 
 import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -40,16 +39,14 @@ def test_no_fleet_error_says_where_and_what_to_run() -> None:
     assert f"http://{NO_FLEET}" in message and "fleetctl serve" in message
 
 
-def test_a_taken_port_fails_before_any_worker_starts(tiny_model_dir: Path) -> None:
+def test_a_taken_port_fails_before_anything_else(tmp_path: Path) -> None:
+    """The port is checked first: with a model that does not even exist, the error is still the port's."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        start = time.monotonic()
-        result = fleetctl("serve", "--model", str(tiny_model_dir), "--port", str(port), timeout=60)
-        took = time.monotonic() - start
+        result = fleetctl("serve", "--model", str(tmp_path / "no-such-model"), "--port", str(port), timeout=60)
     assert result.returncode != 0 and "is in use" in result.stderr and len(result.stderr.strip().splitlines()) == 1
-    assert took < 5.0, took  # seconds: no worker was started (a worker alone takes longer to load torch)
 
 
 def test_generate_several_prompts_prints_each_under_its_prompt(tiny_model_dir: Path) -> None:

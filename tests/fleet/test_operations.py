@@ -66,7 +66,7 @@ def current(url: str, op: dict) -> dict:
     return httpx.get(f"{url}/fleet/operations/{op['id']}", timeout=10).json()
 
 
-def finished(url: str, op: dict, timeout: float = 120) -> dict:
+def finished(url: str, op: dict, timeout: float = 600) -> dict:
     deadline = time.monotonic() + timeout
     while op["state"] == "running" and time.monotonic() < deadline:
         time.sleep(0.02)
