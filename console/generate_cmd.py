@@ -34,6 +34,9 @@ def generate(
     deterministic: bool = typer.Option(
         False, "--deterministic", help="Batch-invariant numerics: each output independent of its batch."
     ),
+    prefix_cache: bool = typer.Option(
+        True, "--prefix-cache/--no-prefix-cache", help="Reuse the KV of prompt prefixes already computed."
+    ),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per prompt, one per line."),
 ) -> None:
     """Generate text for PROMPT(s) on an embedded engine: one prompt streams as it is written; several run
@@ -49,7 +52,7 @@ def generate(
             ignore_eos=ignore_eos,
         )
         model_dir = resolve_model(model)
-        settings = EngineSettings(dtype=dtype, deterministic=deterministic)
+        settings = EngineSettings(dtype=dtype, deterministic=deterministic, prefix_cache=prefix_cache)
         config = EngineConfig(model_dir=model_dir, device=device or default_device(), settings=settings)
         engine = LLMEngine(config)
         texts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) if chat else p for p in prompts]

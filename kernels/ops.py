@@ -47,6 +47,13 @@ def _use_triton(x: torch.Tensor) -> bool:
     return _TRITON_EVERYWHERE or (_TRITON_ON_CUDA and x.is_cuda)
 
 
+def backend(device: torch.device) -> str:
+    """What computes the row-wise ops and attention on `device`: triton, triton-interpret or torch."""
+    if _TRITON_EVERYWHERE:
+        return "triton-interpret"
+    return "triton" if _TRITON_ON_CUDA and device.type == "cuda" else "torch"
+
+
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,6 +138,7 @@ __all__ = [
     "FAST",
     "MODE",
     "RowOps",
+    "backend",
     "decode_attention",
     "invariant_attention",
     "linear",

@@ -11,7 +11,8 @@ from fleetctl.engine.core.sequence import Sequence, SequenceStatus
 
 def snapshot(engine: LLMEngine) -> tuple[list[SessionRecord], torch.Tensor]:
     """Records of every unfinished session and kv [layers, 2, n_blocks, block_size, Hkv, d] on the CPU,
-    holding only the blocks those sessions use; each record's block_table indexes into it."""
+    holding only the blocks those sessions use, each once (sessions sharing a cached prefix share its
+    blocks); each record's block_table indexes into it."""
     records, used_blocks = snapshot_records(engine)
     index = torch.tensor(used_blocks, dtype=torch.int64, device=engine.device)
     return records, engine.kv_cache.tensor.index_select(2, index).cpu()
@@ -22,7 +23,8 @@ def snapshot_records(engine: LLMEngine) -> tuple[list[SessionRecord], list[int]]
     scheduler = engine.scheduler
     block_size = engine.kv_cache.spec.block_size
     seqs = [*scheduler.running, *scheduler.parked.values(), *scheduler.waiting]
-    records, used_blocks = [], []
+    records = []
+    index: dict[int, int] = {}  # pool block -> its place in the kv tensor, in first-use order
     for seq in seqs:
         cached = seq.num_cached_tokens if seq.status is not SequenceStatus.WAITING else 0
         count = blocks_for(cached, block_size)
@@ -34,12 +36,11 @@ def snapshot_records(engine: LLMEngine) -> tuple[list[SessionRecord], list[int]]
             seed=seq.seed,
             status=seq.status,
             num_cached_tokens=cached,
-            block_table=list(range(len(used_blocks), len(used_blocks) + count)),
+            block_table=[index.setdefault(block, len(index)) for block in seq.block_table[:count]],
             stop_criteria=StopCriteria(eos_token_ids=sorted(engine.tokenizer.eos_token_ids),
                                        max_tokens=seq.params.max_tokens, max_model_len=engine.max_model_len),
         ))
-        used_blocks += seq.block_table[:count]
-    return records, used_blocks
+    return records, list(index)
 
 
 def payload_of(kv: torch.Tensor) -> KVPayload:

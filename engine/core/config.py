@@ -25,6 +25,7 @@ GPU_KV_FRACTION = 0.85  # share of the device memory left free after loading the
 class EngineSettings:
     dtype: DType = DType.AUTO
     deterministic: bool = False  # batch-invariant numerics: a sequence's tokens do not depend on its batch
+    prefix_cache: bool = True  # reuse the KV blocks of cached prompt prefixes (block_manager)
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 4096
     kv_memory_bytes: int | None = None  # cap for the KV pool; None sizes it from free memory

@@ -1,10 +1,11 @@
-"""The worker's paged KV pool: its shape, its tensor, and the allocator that owns its blocks."""
+"""The worker's paged KV pool: its shape, its tensor, and the block manager that owns its blocks."""
 
 from dataclasses import dataclass
 
 import torch
 
-from fleetctl.engine.core.block_allocator import BLOCK_SIZE, BlockAllocator
+from fleetctl.engine.core.block_allocator import BLOCK_SIZE
+from fleetctl.engine.core.block_manager import BlockManager
 from fleetctl.engine.model.config import ModelConfig
 
 
@@ -27,12 +28,15 @@ class KVCacheSpec:
 
 
 class KVCache:
-    """The pool tensor [layers, 2, blocks, block_size, kv_heads, head_dim] and its allocator.
+    """The pool tensor [layers, 2, blocks, block_size, kv_heads, head_dim] and its block manager;
+    `prefix_root` (block_hash.KVSalt.root) turns on prefix caching.
 
     Zero-initialised: masked attention multiplies unused slots by exactly 0, which must not meet NaN.
     """
 
-    def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device) -> None:
+    def __init__(
+        self, spec: KVCacheSpec, num_blocks: int, device: torch.device, prefix_root: bytes | None = None
+    ) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
         self.spec = spec
@@ -40,7 +44,7 @@ class KVCache:
             spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim,
             dtype=spec.dtype, device=device,
         )
-        self.allocator = BlockAllocator(num_blocks)
+        self.allocator = BlockManager(num_blocks, spec.block_size, prefix_root)
 
     @property
     def usage(self) -> float:

@@ -1,12 +1,15 @@
 """One engine: a model on one device with its KV pool, scheduler and runner. A worker process
 (and `fleetctl generate`) drives it step by step."""
 
+import hashlib
 import time
 from dataclasses import dataclass
 
 import torch
 
-from fleetctl.engine.core.block_allocator import blocks_for
+import fleetctl
+from fleetctl.engine.core.block_allocator import KV_LAYOUT_VERSION, blocks_for
+from fleetctl.engine.core.block_hash import KVSalt, Numerics, PrefixDigest
 from fleetctl.engine.core.config import DEFAULT_CPU_KV_BYTES, GPU_KV_FRACTION, EngineConfig
 from fleetctl.engine.core.devices import available_memory, resolve_dtype, torch_device
 from fleetctl.engine.core.kv_cache import KVCache, KVCacheSpec
@@ -18,9 +21,12 @@ from fleetctl.engine.core.sequence import FinishReason, SamplingParams, Sequence
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.llama import LlamaModel
 from fleetctl.engine.model.loader import load_weights
-from fleetctl.engine.model.prepared import load_cpu_weights
+from fleetctl.engine.model.prepared import load_cpu_weights, weights_key
 from fleetctl.engine.model.tokenizer import Tokenizer
+from fleetctl.kernels import ops
 from fleetctl.store.records import Phase
+
+DIGEST_BLOCKS = 4096  # cap on a prefix digest: 64 KiB of hashes, 65,536 tokens of prefixes
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,8 @@ class LLMEngine:
             weights = load_weights(config.model_dir, self.model_config, self.dtype, self.device)
         self.model = LlamaModel(self.model_config, weights, deterministic=settings.deterministic)
         spec = KVCacheSpec.for_model(self.model_config, self.dtype)
-        self.kv_cache = KVCache(spec, self._pool_blocks(spec), self.device)
+        root = self._salt(spec).root() if settings.prefix_cache else None
+        self.kv_cache = KVCache(spec, self._pool_blocks(spec), self.device, root)
         self.scheduler = Scheduler(
             SchedulerConfig(spec.block_size, settings.max_num_seqs, settings.max_num_batched_tokens),
             self.kv_cache.allocator,
@@ -76,6 +83,20 @@ class LLMEngine:
         if settings.kv_memory_bytes:
             budget = min(budget, settings.kv_memory_bytes)
         return max(1, int(budget // spec.bytes_per_block))
+
+    def _salt(self, spec: KVCacheSpec) -> KVSalt:
+        model_dir = self.config.model_dir
+        config_digest = hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()
+        return KVSalt(
+            model=f"{weights_key(model_dir)}:{config_digest}",
+            dtype=str(self.dtype).removeprefix("torch."),
+            numerics=Numerics.DETERMINISTIC if self.config.settings.deterministic else Numerics.FAST,
+            device_kind=self.device.type,
+            kernels=ops.backend(self.device),
+            engine_version=fleetctl.__version__,
+            kv_layout=KV_LAYOUT_VERSION,
+            block_size=spec.block_size,
+        )
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -117,12 +138,16 @@ class LLMEngine:
 
     def adopt(self, seq: Sequence, kv: torch.Tensor, parked: bool = False) -> None:
         """Take `seq` with kv [layers, 2, n_blocks, block_size, Hkv, d]: the K/V of every token but its
-        last. `parked` keeps it out of decode (a restored prefill worker's sequence awaiting handoff)."""
+        last. `parked` keeps it out of decode (a restored prefill worker's sequence awaiting handoff).
+        Leading blocks this engine caches already are shared rather than copied (so sessions restored
+        from one checkpoint share their common prefix again); the copied full blocks are registered
+        under this engine's salt, which a fleet's workers share (one EngineSettings for all)."""
         if seq.request_id in self._seqs:
             raise PromptError(f"request id {seq.request_id!r} is already running")
-        self.scheduler.admit_prefilled(seq)
-        blocks = torch.tensor(seq.block_table[: kv.shape[2]], device=self.device)
-        self.kv_cache.tensor.index_copy_(2, blocks, kv.to(self.device, non_blocking=True))
+        hits = self.scheduler.admit_prefilled(seq)  # blocks the prefix cache holds already: no copy
+        blocks = torch.tensor(seq.block_table[hits : kv.shape[2]], dtype=torch.int64, device=self.device)
+        self.kv_cache.tensor.index_copy_(2, blocks, kv[:, :, hits:].to(self.device, non_blocking=True))
+        self.kv_cache.allocator.cache_full_blocks(seq, hits * self.kv_cache.spec.block_size)
         if parked:
             self.scheduler.park(seq)
         self._register(seq)
@@ -153,6 +178,14 @@ class LLMEngine:
             stream.flush()
             self._streams[seq.request_id] = stream
 
+    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
+        """Leading tokens of `token_ids` (whole blocks) whose K/V this engine holds now."""
+        return len(self.kv_cache.allocator.match(token_ids)) * self.kv_cache.spec.block_size
+
+    def prefix_digest(self, limit: int = DIGEST_BLOCKS) -> PrefixDigest:
+        """What this engine caches, for a KV-aware router (see block_hash.PrefixDigest)."""
+        return self.kv_cache.allocator.digest(limit)
+
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
@@ -170,6 +203,8 @@ class LLMEngine:
             self.last_step = None
             return []
         tokens, self.last_step = self.runner.run(scheduled)
+        for seq, new in zip(scheduled.seqs, self.last_step.new_tokens, strict=True):
+            self.kv_cache.allocator.cache_full_blocks(seq, seq.num_cached_tokens - new)
         park = self.config.prefill_only and scheduled.phase is Phase.PREFILL
         outputs = []
         for seq, token in zip(scheduled.seqs, tokens, strict=True):

@@ -21,8 +21,9 @@ class StepStats:
     num_tokens: int  # tokens run through the model
     context_tokens: int  # keys attended over, summed across sequences
     seconds: float
-    new_tokens: tuple[int, ...]  # per sequence: tokens run this step
+    new_tokens: tuple[int, ...]  # per sequence: tokens run this step (computed; the cost model charges these)
     context_lens: tuple[int, ...]  # per sequence: keys attended over (cached + new)
+    cached_tokens: tuple[int, ...]  # per sequence: prompt tokens served from the prefix cache (0 in decode)
 
 
 class ModelRunner:
@@ -43,6 +44,7 @@ class ModelRunner:
         logits = self.model.logits(hidden)
         tokens = sample(logits, seqs)
         new_tokens = tuple(s.num_tokens - s.num_cached_tokens for s in seqs)
+        cached_tokens = tuple(s.num_cached_tokens if is_prefill else 0 for s in seqs)
         context_lens = tuple(s.num_tokens for s in seqs)
         for seq in seqs:
             seq.num_cached_tokens = seq.num_tokens
@@ -54,6 +56,7 @@ class ModelRunner:
             seconds=time.perf_counter() - start,
             new_tokens=new_tokens,
             context_lens=context_lens,
+            cached_tokens=cached_tokens,
         )
         return tokens, stats
 

@@ -3,12 +3,19 @@
 Each step is either a prefill batch (new or preempted sequences, whole context at once) or a decode
 batch (one token for every running sequence). When a decode step needs a block and none is free,
 the most recently admitted sequence is preempted: its blocks are freed and it is recomputed later.
+
+A sequence admitted for prefill takes the cached blocks of its longest cached prefix (see
+block_manager) and computes only the rest — never less than its last token, whose logits are sampled
+from: the reuse stops at the last full block *before* the one holding that token. A prompt cached
+whole thus recomputes its last block (1 to 16 tokens) into a fresh block, rather than writing into a
+block other sequences share.
 """
 
 from collections import deque
 from dataclasses import dataclass
 
-from fleetctl.engine.core.block_allocator import BlockAllocator, OutOfBlocks, blocks_for
+from fleetctl.engine.core.block_allocator import OutOfBlocks, blocks_for
+from fleetctl.engine.core.block_manager import BlockManager
 from fleetctl.engine.core.sequence import Sequence, SequenceStatus
 from fleetctl.store.records import Phase
 
@@ -31,7 +38,7 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, allocator: BlockAllocator) -> None:
+    def __init__(self, config: SchedulerConfig, allocator: BlockManager) -> None:
         self.config = config
         self.allocator = allocator
         self.waiting: deque[Sequence] = deque()
@@ -65,34 +72,44 @@ class Scheduler:
         seq.status = SequenceStatus.PARKED
         self.parked[seq.request_id] = seq
 
-    def admit_prefilled(self, seq: Sequence) -> None:
+    def admit_prefilled(self, seq: Sequence) -> int:
         """Take a sequence whose KV for all but its last token arrives from elsewhere: allocate its blocks
-        and schedule it straight into decode."""
-        needed = self._blocks(seq.num_tokens)
+        and schedule it straight into decode. Returns how many leading blocks came from the prefix cache
+        (their K/V need no copy)."""
         if len(self.running) >= self.config.max_num_seqs:
             raise OutOfBlocks(f"decode batch is full ({self.config.max_num_seqs} sequences)")
-        seq.block_table = self.allocator.allocate(needed)
+        hits = self._cached_prefix(seq)
+        seq.block_table = self.allocator.allocate(self._blocks(seq.num_tokens) - len(hits), hits)
         seq.num_cached_tokens = seq.num_tokens - 1
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
+        return len(hits)
 
     def _schedule_prefill(self) -> list[Sequence]:
         batch: list[Sequence] = []
         tokens = 0
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            needed = self._blocks(seq.num_tokens)
-            over_budget = batch and tokens + seq.num_tokens > self.config.max_num_batched_tokens
-            if over_budget or not self.allocator.can_allocate(needed):
+            hits = self._cached_prefix(seq)
+            needed = self._blocks(seq.num_tokens) - len(hits)
+            cached = len(hits) * self.config.block_size
+            computed = seq.num_tokens - cached
+            over_budget = batch and tokens + computed > self.config.max_num_batched_tokens
+            if over_budget or not self.allocator.can_allocate(needed, hits):
                 break
             self.waiting.popleft()
-            seq.block_table = self.allocator.allocate(needed)
-            seq.num_cached_tokens = 0
+            seq.block_table = self.allocator.allocate(needed, hits)
+            seq.num_cached_tokens = cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.append(seq)
-            tokens += seq.num_tokens
+            tokens += computed
         return batch
+
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks for the longest cached prefix of `seq`, leaving its last token's block to compute."""
+        hits = self.allocator.match(seq.token_ids, self.allocator.block_hashes(seq))
+        return hits[: (seq.num_tokens - 1) // self.config.block_size]
 
     def _schedule_decode(self) -> list[Sequence]:
         batch: list[Sequence] = []

@@ -74,6 +74,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     block_table: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0  # tokens whose K/V sit in this sequence's blocks
+    block_hashes: list[bytes] = field(default_factory=list)  # its full blocks' hash chain (prefix cache), so far
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     last_token_time: float | None = None

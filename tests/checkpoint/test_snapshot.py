@@ -67,3 +67,38 @@ def test_snapshot_restore_continues_token_identically(tiny_model_dir: Path) -> N
         after = run_all(target)
         for rid, tokens in expected.items():
             assert before[rid] + after[rid] == tokens, (rid, restore)
+
+
+def test_sessions_sharing_a_cached_prefix_are_saved_and_restored_sharing_it(tiny_model_dir: Path) -> None:
+    """The shared blocks are saved once and restored once (both sessions point at the same pool blocks
+    again), the sessions continue token-identically, and every block comes back afterwards."""
+    shared = [(11 * i + 5) % 300 + 3 for i in range(40)]
+    prompts = {"a": [*shared, 7, 8, 9], "b": [*shared, 20, 21, 22, 23, 24]}
+    expected = {rid: engine(tiny_model_dir).generate([p], PARAMS)[0].token_ids for rid, p in prompts.items()}
+    source = engine(tiny_model_dir)
+    before: dict[str, list[int]] = {}
+    for rid, prompt in prompts.items():  # one prefill step each: b reads a's first two blocks
+        source.add_request(prompt, PARAMS, request_id=rid)
+        for out in source.step():
+            before.setdefault(out.request_id, []).append(out.token_id)
+    for _ in range(3):
+        for out in source.step():
+            before[out.request_id].append(out.token_id)
+    assert source.sequence("a").block_table[:2] == source.sequence("b").block_table[:2]
+    records, kv = snapshot(source)
+    tables = {r.request_id: r.block_table for r in records}
+    assert tables["a"][:2] == tables["b"][:2]
+    assert kv.shape[2] == len({b for table in tables.values() for b in table}) == sum(map(len, tables.values())) - 2
+    for prefix_cache in (True, False):
+        settings = EngineSettings(dtype="float32", deterministic=True, num_kv_blocks=64, prefix_cache=prefix_cache)
+        target = LLMEngine(EngineConfig(model_dir=tiny_model_dir, settings=settings))
+        restore_with_kv(target, records, kv)
+        a, b = target.sequence("a"), target.sequence("b")
+        assert (a.block_table[:2] == b.block_table[:2]) is prefix_cache  # without a cache: two copies
+        after = run_all(target)
+        assert {rid: before[rid] + after[rid] for rid in prompts} == expected
+        manager = target.kv_cache.allocator
+        assert manager.num_used == 0 and manager.num_free == manager.num_blocks
+    for rid in prompts:
+        source.release(rid)
+    assert source.kv_cache.allocator.num_used == 0

@@ -1,8 +1,10 @@
 """Deterministic mode is batch-invariant by construction: a sequence's logits — every bit of them, at
 every position — equal its solo run whatever it is batched with: random batch sizes and prompt
 lengths, late joins, preemption by recompute (a small KV pool), several prompts prefilled in one
-varlen step; in fp32 and bf16. Comparing logits rather than tokens catches differences too small to
-flip a token on this prompt, which would flip one on another."""
+varlen step; in fp32 and bf16. The batched engine caches prefixes and many prompts share one, so a
+prefill often starts after blocks another sequence wrote (or its own, before a preemption); the solo
+run has the cache off. Comparing logits rather than tokens catches differences too small to flip a
+token on this prompt, which would flip one on another."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,11 +23,14 @@ from fleetctl.engine.core.sequence import SamplingParams, Sequence
 from fleetctl.kernels.batch_invariant import ROW_TILE, per_row_tile
 
 MAX_TOKENS = 6
+SHARED_PREFIX = [(11 * i + 5) % 300 + 3 for i in range(480)]
 SEQUENCE = st.tuples(
     st.integers(1, 480),  # prompt length
     st.integers(0, 8),  # the step at which it joins
     st.one_of(st.none(), st.integers(0, 2**31)),  # None: greedy; else the sampling seed
+    st.sampled_from([0, 0, 40, 64, 200]),  # leading prompt tokens taken from SHARED_PREFIX
 )
+Arrival = tuple[int, int, int | None, int]  # a SEQUENCE example
 
 
 def params(seed: int | None) -> SamplingParams:
@@ -34,8 +39,10 @@ def params(seed: int | None) -> SamplingParams:
     return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9, top_p=0.95, seed=seed, ignore_eos=True)
 
 
-def prompt(length: int, salt: int) -> list[int]:
-    return [(7 * i + 13 * salt) % 300 + 3 for i in range(length)]  # inside the tiny vocabulary (384)
+def prompt(length: int, salt: int, shared: int = 0) -> list[int]:
+    """`shared` leading tokens from SHARED_PREFIX, the rest this prompt's own (inside the tiny vocabulary, 384)."""
+    shared = min(shared, length)
+    return SHARED_PREFIX[:shared] + [(7 * i + 13 * salt) % 300 + 3 for i in range(length - shared)]
 
 
 @contextmanager
@@ -56,40 +63,41 @@ def recorded_logits() -> Iterator[dict[tuple[str, int], torch.Tensor]]:
         model_runner.sample = sample
 
 
-def check_invariance(model_dir: Path, dtype: str, sequences: list[tuple[int, int, int | None]],
+def check_invariance(model_dir: Path, dtype: str, sequences: list[Arrival],
                      num_kv_blocks: int) -> None:
-    def engine(blocks: int = 512) -> LLMEngine:
-        settings = EngineSettings(dtype=dtype, deterministic=True, num_kv_blocks=blocks, max_num_batched_tokens=2048)
+    def engine(blocks: int = 512, prefix_cache: bool = False) -> LLMEngine:
+        settings = EngineSettings(dtype=dtype, deterministic=True, num_kv_blocks=blocks, max_num_batched_tokens=2048,
+                                  prefix_cache=prefix_cache)
         return LLMEngine(EngineConfig(model_dir, settings=settings))
 
     @cache
-    def solo(length: int, salt: int, seed: int | None) -> dict[int, torch.Tensor]:
+    def solo(length: int, salt: int, seed: int | None, shared: int) -> dict[int, torch.Tensor]:
         with recorded_logits() as rows:
-            engine().generate([prompt(length, salt)], params(seed))
+            engine().generate([prompt(length, salt, shared)], params(seed))
         return {position: row for (_, position), row in rows.items()}
 
-    batched = engine(num_kv_blocks)
+    batched = engine(num_kv_blocks, prefix_cache=True)
     arrivals = sorted(enumerate(sequences), key=lambda item: item[1][1])
     step = 0
     with recorded_logits() as rows:
         while arrivals or batched.has_unfinished():
             while arrivals and arrivals[0][1][1] <= step:
-                i, (length, _, seed) = arrivals.pop(0)
-                batched.add_request(prompt(length, i), params(seed), request_id=str(i))
+                i, (length, _, seed, shared) = arrivals.pop(0)
+                batched.add_request(prompt(length, i, shared), params(seed), request_id=str(i))
             batched.step()
             step += 1
-    for i, (length, _, seed) in enumerate(sequences):
-        alone = solo(length, i, seed)
+    for i, (length, _, seed, shared) in enumerate(sequences):
+        alone = solo(length, i, seed, shared)
         assert len(alone) == MAX_TOKENS
         for position, row in alone.items():
-            assert torch.equal(rows[(str(i), position)], row), (i, length, seed, position)
+            assert torch.equal(rows[(str(i), position)], row), (i, length, seed, shared, position)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sequences=st.lists(SEQUENCE, min_size=1, max_size=32), num_kv_blocks=st.sampled_from([40, 80, 512]))
-def test_every_sequence_equals_its_solo_run(small_model_dir: Path, dtype: str,
-                                            sequences: list[tuple[int, int, int | None]], num_kv_blocks: int) -> None:
+def test_every_sequence_equals_its_solo_run(small_model_dir: Path, dtype: str, sequences: list[Arrival],
+                                            num_kv_blocks: int) -> None:
     check_invariance(small_model_dir, dtype, sequences, num_kv_blocks)
 
 
@@ -97,7 +105,7 @@ def test_every_sequence_equals_its_solo_run(small_model_dir: Path, dtype: str,
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sequences=st.lists(SEQUENCE, min_size=2, max_size=10))
 def test_smollm2_bf16_sequences_equal_their_solo_runs(smollm2_dir: Path,
-                                                      sequences: list[tuple[int, int, int | None]]) -> None:
+                                                      sequences: list[Arrival]) -> None:
     check_invariance(smollm2_dir, "bfloat16", sequences, 512)
 
 

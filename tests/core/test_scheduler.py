@@ -1,9 +1,11 @@
-"""Scheduler + BlockAllocator without a model: tokens are simulated the way the runner and engine
-produce them (runner: num_cached_tokens = num_tokens; engine: append the sampled token)."""
+"""Scheduler + BlockManager (prefix caching off here: tests/core/test_prefix_cache.py has it on) without a model:
+tokens are simulated the way the runner and engine produce them (runner: num_cached_tokens = num_tokens;
+engine: append the sampled token)."""
 
 import pytest
 
 from fleetctl.engine.core.block_allocator import BlockAllocator, OutOfBlocks
+from fleetctl.engine.core.block_manager import BlockManager
 from fleetctl.engine.core.scheduler import Scheduler, SchedulerConfig
 from fleetctl.engine.core.sequence import SamplingParams, Sequence, SequenceStatus
 from fleetctl.store.records import Phase
@@ -12,7 +14,7 @@ BLOCK = 4
 
 
 def make_scheduler(num_blocks: int = 64, **limits: int) -> Scheduler:
-    return Scheduler(SchedulerConfig(block_size=BLOCK, **limits), BlockAllocator(num_blocks))
+    return Scheduler(SchedulerConfig(block_size=BLOCK, **limits), BlockManager(num_blocks, BLOCK))
 
 
 def seq(num_prompt: int, request_id: str = "") -> Sequence:

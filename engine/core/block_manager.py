@@ -1,0 +1,161 @@
+"""Who holds the KV pool's blocks, with automatic prefix caching. Torch-free: it owns block numbers,
+never tensors, and decides nothing about sequences (the scheduler does).
+
+Every block is in exactly one of three states:
+- free: in the free list, its K/V worth nothing;
+- referenced: held by one or more sequences (a reference count); a full block whose hash is
+  registered can be held by several at once, since no sequence writes into a full block again;
+- cached: unreferenced, its hash still registered and its K/V intact; kept in least-recently-used
+  order and reclaimed (its hash forgotten) only when an allocation finds the free list empty.
+
+A block gets its hash once it is full *and* written (`cache_full_blocks`, after every step): a
+partly filled block is still being written and is never shared. With caching off (no salt root)
+nothing is hashed, every released block goes straight back to the free list, and the blocks handed
+out are exactly those the plain free list would hand out.
+
+Released blocks enter the LRU order last block first, so a chain loses its tail before its head: a
+block is only reachable through all the blocks before it.
+"""
+
+from collections import OrderedDict, abc
+from dataclasses import dataclass
+
+from fleetctl.engine.core.block_allocator import BLOCK_SIZE, BlockAllocator, OutOfBlocks
+from fleetctl.engine.core.block_hash import PrefixDigest, chain_hashes
+from fleetctl.engine.core.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class CachedBlock:
+    """A registered block's identity: its hash and the full preimage, checked on every hit."""
+
+    block_hash: bytes
+    parent: bytes
+    tokens: tuple[int, ...]
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int = BLOCK_SIZE, root: bytes | None = None) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.root = root  # the salt's root digest (block_hash.KVSalt); None: prefix caching off
+        self._free_list = BlockAllocator(num_blocks)  # referenced and cached blocks count as used there
+        self._refs: dict[int, int] = {}
+        self._by_hash: dict[bytes, int] = {}
+        self._cached: dict[int, CachedBlock] = {}  # every registered block, referenced or not
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # registered and unreferenced, LRU first
+
+    @property
+    def num_free(self) -> int:
+        """Blocks an allocation can have now: free ones and cached ones it may reclaim."""
+        return self._free_list.num_free + len(self._evictable)
+
+    @property
+    def num_used(self) -> int:
+        """Blocks held by at least one sequence."""
+        return len(self._refs)
+
+    @property
+    def num_cached(self) -> int:
+        """Unreferenced blocks kept for their K/V (counted in num_free too)."""
+        return len(self._evictable)
+
+    def ref_count(self, block: int) -> int:
+        return self._refs.get(block, 0)
+
+    def can_allocate(self, count: int, reuse: abc.Sequence[int] = ()) -> bool:
+        """Whether `count` fresh blocks and the cached blocks `reuse` (from `match`) can be had now."""
+        return count + sum(1 for block in reuse if block not in self._refs) <= self.num_free
+
+    def allocate(self, count: int, reuse: abc.Sequence[int] = ()) -> list[int]:
+        """Take a reference on each block of `reuse` and on `count` fresh blocks; returns them in that order."""
+        if not self.can_allocate(count, reuse):
+            raise OutOfBlocks(f"need {count} KV blocks, {self.num_free} free")
+        for block in reuse:
+            if block in self._refs:
+                self._refs[block] += 1
+            else:
+                del self._evictable[block]
+                self._refs[block] = 1
+        fresh = [self._fresh() for _ in range(count)]
+        return [*reuse, *fresh]
+
+    def free(self, blocks: abc.Sequence[int]) -> None:
+        """Drop one reference on each block; an unreferenced block is cached if registered, else freed
+        (into the free list in the given order, as without caching)."""
+        if unheld := [block for block in blocks if block not in self._refs]:
+            raise ValueError(f"KV blocks {unheld} freed twice or never allocated")
+        plain: list[int] = []
+        for block in reversed(blocks):
+            refs = self._refs[block]
+            if refs > 1:
+                self._refs[block] = refs - 1
+                continue
+            del self._refs[block]
+            if block in self._cached:
+                self._evictable[block] = None
+            else:
+                plain.append(block)
+        self._free_list.free(plain[::-1])
+
+    def block_hashes(self, seq: Sequence) -> list[bytes]:
+        """`seq`'s hash chain over all its full blocks, extended in place as the sequence grows."""
+        if self.root is not None and len(seq.block_hashes) < seq.num_tokens // self.block_size:
+            seq.block_hashes = chain_hashes(self.root, seq.token_ids, self.block_size, seq.block_hashes)
+        return seq.block_hashes
+
+    def match(self, token_ids: abc.Sequence[int], hashes: abc.Sequence[bytes] | None = None) -> list[int]:
+        """The cached blocks holding the longest run of `token_ids`' leading full blocks (none with
+        caching off). `hashes`: their chain when known (`block_hashes`)."""
+        if self.root is None:
+            return []
+        if hashes is None:
+            hashes = chain_hashes(self.root, token_ids, self.block_size)
+        blocks: list[int] = []
+        parent = self.root
+        for i, digest in enumerate(hashes):
+            block = self._by_hash.get(digest)
+            if block is None or self._cached[block] != CachedBlock(digest, parent, self._tokens(token_ids, i)):
+                break
+            blocks.append(block)
+            parent = digest
+        return blocks
+
+    def cache_full_blocks(self, seq: Sequence, written_from: int) -> None:
+        """Register the blocks of `seq` that became full with the tokens just written, positions
+        `written_from` … `seq.num_cached_tokens - 1`. A block whose hash is registered already (two
+        sequences computed the same tokens in one step) stays unregistered and is freed as a plain block."""
+        if self.root is None:
+            return
+        full = seq.num_cached_tokens // self.block_size
+        first = written_from // self.block_size
+        if first >= full:
+            return
+        hashes = self.block_hashes(seq)
+        tokens = seq.token_ids
+        for i in range(first, full):
+            digest = hashes[i]
+            if digest in self._by_hash:
+                continue
+            block = seq.block_table[i]
+            parent = hashes[i - 1] if i else self.root
+            self._by_hash[digest] = block
+            self._cached[block] = CachedBlock(digest, parent, self._tokens(tokens, i))
+
+    def digest(self, limit: int) -> PrefixDigest:
+        """At most `limit` registered hashes: those of referenced blocks first, then the most recently used."""
+        held = [info.block_hash for block, info in self._cached.items() if block in self._refs]
+        recent = [self._cached[block].block_hash for block in reversed(self._evictable)]
+        return PrefixDigest(self.root or b"", self.block_size, frozenset((held + recent)[:limit]))
+
+    def _tokens(self, token_ids: abc.Sequence[int], index: int) -> tuple[int, ...]:
+        return tuple(token_ids[index * self.block_size : (index + 1) * self.block_size])
+
+    def _fresh(self) -> int:
+        if self._free_list.num_free:
+            block = self._free_list.allocate(1)[0]
+        else:  # reclaim the least recently used cached block
+            block, _ = self._evictable.popitem(last=False)
+            del self._by_hash[self._cached.pop(block).block_hash]
+        self._refs[block] = 1
+        return block
