@@ -4,7 +4,8 @@ the cache on and one with it off, same model, same dtype, same run, the two turn
 alternation so that both see the same machine. Per turn: prompt tokens computed, TTFT, and the
 prefix hit ratio; then the totals and the share of model time spent decoding. With --repeats N the
 conversation runs N times on fresh engines and each turn's TTFT is the fastest of the N (a shared
-machine only ever adds time).
+machine only ever adds time; there, --threads 1 also gives steadier numbers, as oversubscribed
+OpenMP threads spin).
 
     python scripts/bench_prefix_cache.py [--model smollm2-135m] [--dtype bfloat16] [--device cpu] [--threads 2]
                                          [--repeats 1]
