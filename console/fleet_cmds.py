@@ -28,6 +28,8 @@ def serve(
     port: int = typer.Option(8700, "--port", help="0 picks a free port (printed)."),
     dtype: DType = typer.Option(DType.AUTO, "--dtype", help="auto: bf16 on GPUs and CPUs with native bf16, else fp32."),
     deterministic: bool = typer.Option(False, "--deterministic", help="Batch-invariant numerics in every worker."),
+    prefix_cache: bool = typer.Option(True, "--prefix-cache/--no-prefix-cache",
+                                      help="Reuse the KV of prompts' shared leading blocks (on by default)."),
     kv_memory: int = typer.Option(0, "--kv-memory", min=0, help="Cap each worker's KV pool, MiB (0: from memory)."),
     kv_blocks: int = typer.Option(0, "--kv-blocks", min=0, help="Exact KV blocks per worker (overrides --kv-memory)."),
     store: str = typer.Option("", "--store", help="SQLite metrics store (default $FLEET_HOME/fleet.db)."),
@@ -59,7 +61,7 @@ def serve(
         try:
             engine = EngineSettings(dtype=dtype, deterministic=deterministic, max_num_seqs=max_num_seqs,
                                     kv_memory_bytes=kv_memory * 2**20 or None, num_kv_blocks=kv_blocks or None,
-                                    max_model_len=max_model_len or None)
+                                    max_model_len=max_model_len or None, prefix_cache=prefix_cache)
             config = FleetConfig(
                 model_dir=resolve_model(model), prefill=prefill, decode=decode, colocated=colocated,
                 devices=tuple(d.strip() for d in devices.split(",") if d.strip()), engine=engine,
