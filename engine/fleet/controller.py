@@ -1,11 +1,12 @@
 """The fleet controller: starts workers, admits requests and streams their tokens back, and routes
-every worker message to the part that handles it — dispatch (prompts, endings), handoff routing,
-recovery, operations (checkpoint / restore / migrate, and the pool changes start / drain / resume /
-stop). It holds no tensors and imports no torch; it runs on one asyncio loop, with a reader and a
-writer thread per worker pipe."""
+every worker message to the part that handles it — dispatch (prompts, endings), token streams, handoff
+routing, recovery, the watchdog and the supervisor (hung and dead workers), operations (checkpoint /
+restore / migrate, and the pool changes start / drain / resume / stop). It holds no tensors and imports
+no torch; it runs on one asyncio loop, with a reader and a writer thread per worker pipe."""
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,17 +22,21 @@ from fleetctl.engine.fleet.operation import OperationRunner
 from fleetctl.engine.fleet.operations import CheckpointOperations
 from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.recovery import Recovery
-from fleetctl.engine.fleet.request import RequestStage, StreamEvent, TrackedRequest
+from fleetctl.engine.fleet.request import StreamEvent, TrackedRequest
 from fleetctl.engine.fleet.router import WorkerView
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.fleet.stats import FleetStats
+from fleetctl.engine.fleet.supervisor import Supervisor
+from fleetctl.engine.fleet.tokens import TokenStreams
+from fleetctl.engine.fleet.watchdog import Watchdog
 from fleetctl.engine.fleet.worker_link import WorkerLink
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.tokenizer import Tokenizer
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.launcher import Launcher, LocalLauncher
+from fleetctl.engine.worker.shm_files import sweep, sweep_dead_fleets
 from fleetctl.engine.worker.spec import WorkerSpec
-from fleetctl.store.records import EventKind, Phase, WorkerRole, WorkerState
+from fleetctl.store.records import EventKind, WorkerRole, WorkerState
 
 log = logging.getLogger("fleetctl.stats")
 STATS_LOG_S = 10.0
@@ -44,6 +49,14 @@ class FleetBusy(RuntimeError):
 
 class NoWorkers(RuntimeError):
     """No live worker is left for a role the request needs (HTTP 503)."""
+
+
+class FleetClosing(NoWorkers):
+    """The fleet is shutting down and admits no new request (HTTP 503)."""
+
+
+class RequestIdInUse(ValueError):
+    """A client-chosen request id that a request in flight already has (HTTP 400)."""
 
 
 class Fleet:
@@ -61,14 +74,17 @@ class Fleet:
             stats=FleetStats(), recorder=FleetRecorder(config.store_path) if config.store_path else None,
         )
         self.dispatcher = Dispatcher(self.state)
+        self.tokens = TokenStreams(self.state, self.dispatcher)
         self.handoffs = HandoffRouting(self.state, self.dispatcher)
         self.recovery = Recovery(self.state, self.dispatcher, self.handoffs)
         self.operations = OperationRunner(self.state, self)
         self.checkpoints = CheckpointOperations(self.operations)
         self.lifecycle = WorkerLifecycle(self.operations)
+        self.supervisor = Supervisor(self.operations, self.dispatcher.fail_stranded)
+        self.watchdog = Watchdog(self.state)
         self._launcher = launcher or LocalLauncher()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ticker: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
         self._refused, self._refusal_logged = 0, float("-inf")
 
     @property
@@ -83,6 +99,8 @@ class Fleet:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if swept := sweep_dead_fleets(self.config.shm_dir):
+            log.info("removed %d KV handoff buffer(s) left by fleets that were killed", swept)
         for wid, spec in self.state.specs.items():
             link = self.launch(spec)
             self.state.links[wid] = link
@@ -97,31 +115,45 @@ class Fleet:
         if dead:
             await self.stop()
             raise RuntimeError(f"workers failed to start: {'; '.join(dead)}")
-        self._ticker = asyncio.create_task(self._tick())
+        self._tasks = [asyncio.create_task(self._tick()), asyncio.create_task(self.watchdog.run())]
 
     async def _tick(self) -> None:
-        """Once a second the store's rows; every STATS_LOG_S a line on the server's log."""
+        """Once a second the store's rows and a check for requests left without a worker to go to (a
+        catch-all: each change of a worker's state checks too); every STATS_LOG_S a line on the log."""
         logged_at = time.monotonic()
         while True:
             await asyncio.sleep(1.0)
+            self.dispatcher.fail_stranded()
             if self.state.recorder:
                 self.state.recorder.tick()
             if time.monotonic() - logged_at >= STATS_LOG_S:
                 log.info("%s", self.stats.summary(self.state.all_views()))
                 logged_at = time.monotonic()
 
+    async def drain(self, grace_s: float) -> None:
+        """Shutting down: admit nothing new (503), let the requests in flight finish for up to `grace_s`
+        seconds, then end the rest with one clear error."""
+        self.state.closing = True
+        deadline = time.monotonic() + grace_s
+        while self.state.requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for req in list(self.state.requests.values()):
+            self.dispatcher.abandon(req, f"the fleet shut down before this request finished ({grace_s:g} s grace)")
+
     async def stop(self) -> None:
         self.state.stopping = True
+        for task in self._tasks:
+            task.cancel()
+        self.supervisor.stop()
+        self.checkpoints.stop()
         links = list(self.state.links.values())
         for link in links:
             link.send(m.Shutdown())
-        for link in links:
-            await asyncio.to_thread(link.join, 10.0)
+        await asyncio.gather(*(asyncio.to_thread(link.join, 10.0) for link in links))
         await asyncio.sleep(0.1)  # let the reader threads' exit notices run
         for req in list(self.state.requests.values()):
             self.dispatcher.fail(req, "the fleet is shutting down")
-        if self._ticker:
-            self._ticker.cancel()
+        sweep(self.config.shm_dir, lambda buffer: buffer.fleet_pid == os.getpid())  # whatever a killed worker left
         recorder = self.state.recorder
         if recorder:
             for view in self.views.values():
@@ -148,6 +180,7 @@ class Fleet:
     def routing_changed(self) -> None:
         self.handoffs.dispatch()
         self.dispatcher.dispatch_queued()
+        self.dispatcher.fail_stranded()
 
     def recompute_held(self, wid: str, kv_kept: bool = True) -> None:
         self.recovery.recompute_held(wid, kv_kept)
@@ -155,10 +188,15 @@ class Fleet:
     # ---- requests ----------------------------------------------------------------------------
 
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "") -> TrackedRequest:
-        """Admit a request (raises PromptError, NoWorkers, FleetBusy); read its events with `stream`."""
+        """Admit a request (raises PromptError, RequestIdInUse, FleetClosing, NoWorkers, FleetBusy); read its
+        events with `stream`."""
         check_prompt(prompt_token_ids, self.model_config.vocab_size, self.max_model_len)
+        if request_id in self.state.requests:
+            raise RequestIdInUse(f"request id {request_id!r} is already in flight")
+        if self.state.closing:
+            raise FleetClosing("the fleet is shutting down")
         for role in self.config.roles:
-            if not self.state.has_role(role):
+            if not self.state.serves(role):
                 raise NoWorkers(f"no {role.value} worker is available")
         if len(self.state.queued) >= self.config.max_queue:
             self._record_refusal()
@@ -190,10 +228,8 @@ class Fleet:
                 return
 
     def cancel(self, req: TrackedRequest) -> None:
-        """The client went away: stop the work wherever it is."""
-        if not req.done:
-            self.dispatcher.release_everywhere(req)
-            self.dispatcher.finish(req, "abort")
+        """The client went away: stop the work wherever it is (a no-op for a request that ended)."""
+        self.dispatcher.cancel(req)
 
     def has_role(self, role: WorkerRole) -> bool:
         return self.state.has_role(role)
@@ -213,6 +249,7 @@ class Fleet:
 
     def _on_link_message(self, link: WorkerLink, msg: object) -> None:
         if self.state.links.get(link.worker_id) is link:
+            self.watchdog.heard(link.worker_id)
             self._on_message(link.worker_id, msg)
         elif isinstance(msg, m.Restored | m.RestoreFailed):
             self.checkpoints.on_restore_message(link, msg)
@@ -220,20 +257,35 @@ class Fleet:
             self.operations.on_foreign_message(link, msg)
 
     def _on_link_exit(self, link: WorkerLink) -> None:
-        if self.state.links.get(link.worker_id) is link:
-            self.recovery.on_worker_exit(link.worker_id)
-        else:
+        wid = link.worker_id
+        if self.state.links.get(wid) is not link:
             self.operations.on_foreign_exit(link)
+            return
+        self.operations.resolve(wid, "checkpoint", m.CheckpointFailed("the worker exited"))
+        if self.recovery.on_worker_exit(wid):
+            self.supervisor.on_failure(wid)  # first: requests for its role may wait for the restart
+            self.recovery.recompute_held(wid, failed=True)
+            self._sweep_buffers_of(self.views[wid].pid)
+        self.routing_changed()
+
+    def _sweep_buffers_of(self, pid: int | None) -> None:
+        """A dead worker's KV buffers that no request will read (published, but never announced)."""
+        wanted = {req.handle.location for req in self.state.requests.values() if req.handle is not None}
+        sweep(self.config.shm_dir, lambda buffer: buffer.fleet_pid == os.getpid() and buffer.producer_pid == pid
+              and str(buffer.path) not in wanted)
 
     def _on_message(self, wid: str, msg: object) -> None:
         view = self.views[wid]
         match msg:
+            case m.Heartbeat():
+                pass  # heard (the watchdog's clock), nothing else
             case m.WorkerReady():
-                view.state, view.pid = WorkerState.RUNNING, msg.pid
+                view.state, view.pid, view.last_error = WorkerState.RUNNING, msg.pid, ""
                 view.num_kv_blocks, view.block_size = msg.num_kv_blocks, msg.block_size
                 view.free_blocks = msg.num_kv_blocks
                 view.device_name, view.peak_flops, view.peak_bytes_per_s = (
                     msg.device_name, msg.peak_flops, msg.peak_bytes_per_s)
+                self.watchdog.heard(wid)
                 if self.state.recorder:
                     self.state.recorder.worker_started(view)
                 self.routing_changed()  # a new decode worker takes pending handoffs too
@@ -244,9 +296,7 @@ class Fleet:
                     self.state.recorder.on_step(view, msg)
                 if msg.tokens:
                     self.checkpoints.on_progress(wid)
-                self._attribute_model_time(msg)
-                for event in msg.tokens:
-                    self._on_token(wid, event)
+                self.tokens.on_step(wid, msg)
                 self.handoffs.dispatch()
             case m.Prefilled():
                 self.checkpoints.on_progress(wid)  # a restored prefill worker re-publishes, without tokens
@@ -256,10 +306,7 @@ class Fleet:
             case m.AdoptFailed():
                 self.handoffs.on_adopt_failed(wid, msg)
             case m.RequestFailed():
-                req = self.state.requests.get(msg.request_id)
-                view.requests.discard(msg.request_id)
-                if req:
-                    self.dispatcher.fail(req, msg.message)
+                self.recovery.on_request_failed(wid, msg)
             case m.Capacity():
                 view.free_blocks = msg.free_blocks
                 self.routing_changed()
@@ -267,44 +314,3 @@ class Fleet:
                 view.last_error = msg.reason
             case m.CheckpointStarted() | m.CheckpointDone() | m.CheckpointFailed():
                 self.checkpoints.on_worker_message(wid, msg)
-
-    def _attribute_model_time(self, report: m.StepReport) -> None:
-        """Split the step's seconds among its sequences by their tokens in it (for `classify`), and
-        note when a request's prefill began."""
-        total = sum(report.seq_tokens) or 1
-        for event, tokens in zip(report.tokens, report.seq_tokens, strict=True):
-            req = self.state.requests.get(event.request_id)
-            if req is None:
-                continue
-            share = report.seconds * tokens / total
-            if report.phase is Phase.PREFILL:
-                req.times.prefill_start = req.times.prefill_start or report.ended_at - report.seconds
-                req.prefill_model_s += share
-            else:
-                req.decode_model_s += share
-
-    def _on_token(self, wid: str, event: m.TokenEvent) -> None:
-        req = self.state.requests.get(event.request_id)
-        if req is None or req.done or req.holder() != wid:
-            if not event.finished:  # a session continued elsewhere (or cancelled): stop this copy
-                self.state.send(wid, m.Abort(event.request_id))
-            return
-        req.output_token_ids.append(event.token_id)
-        now = time.time()
-        if req.times.first_token is None:
-            req.times.first_token = now
-        elif req.times.second_token is None:
-            req.times.second_token = now
-        delta = req.stream.push(event.token_id)
-        if req.stream.stopped:
-            self.dispatcher.release_everywhere(req)
-            self.dispatcher.finish(req, "stop", StreamEvent(event.token_id, delta, finish_reason="stop"))
-        elif event.finished:
-            self.views[wid].requests.discard(req.request_id)
-            reason = event.finish_reason or "stop"
-            self.dispatcher.finish(req, reason,
-                                   StreamEvent(event.token_id, delta + req.stream.flush(), finish_reason=reason))
-        else:
-            if req.stage is RequestStage.PREFILL and self.views[wid].role is WorkerRole.PREFILL:
-                req.stage = RequestStage.HANDOFF
-            req.events.put_nowait(StreamEvent(token_id=event.token_id, text=delta))

@@ -96,6 +96,7 @@ class Worker:
             self.transport.release(handle)
         self.engine.release(request_id)
         self.send(m.RequestFailed(request_id, f"{type(exc).__name__}: {exc}", retry=True))
+        self.send(m.Capacity(self.spec.worker_id, self.engine.kv_cache.allocator.num_free))
 
     def handle(self, msg: object) -> None:
         match msg:

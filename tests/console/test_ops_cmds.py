@@ -25,7 +25,8 @@ from fleetctl.engine.server.app import create_app
 @pytest.fixture
 def url(tiny_model_dir: Path, tmp_path: Path) -> Iterator[str]:
     (tmp_path / "shm").mkdir()
-    config = FleetConfig(tiny_model_dir, prefill=1, decode=2, devices=("cpu:0", "cpu:1", "cpu:2"))
+    config = FleetConfig(tiny_model_dir, prefill=1, decode=2, devices=("cpu:0", "cpu:1", "cpu:2"),
+                         shm_dir=tmp_path / "shm")
     fleet = Fleet(config, launcher=FakeLauncher(tmp_path / "shm"))
     app = create_app(fleet, load_or_create_admin_token())  # the CLI reads the same token file
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))

@@ -10,6 +10,7 @@ import pytest
 from fake_workers import FakeLauncher, expected_tokens, run_fleet, tokens_of
 
 from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.engine.fleet.config import Supervision
 from fleetctl.engine.fleet.controller import Fleet, FleetBusy, NoWorkers
 from fleetctl.engine.worker import protocol as m
 from fleetctl.store.records import WorkerState
@@ -57,7 +58,7 @@ def test_a_dead_decode_worker_is_recomputed_without_a_lost_or_repeated_token(tin
     run(tiny_model_dir, tmp_path, scenario, die_after={"decode-0": 5})
 
 
-def test_no_worker_of_a_role_refuses_new_requests(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_no_worker_of_a_role_left_refuses_new_requests(tiny_model_dir: Path, tmp_path: Path) -> None:
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
         launcher.workers["decode-0"].killed.set()
         while fleet.views["decode-0"].state is not WorkerState.FAILED:
@@ -65,7 +66,8 @@ def test_no_worker_of_a_role_refuses_new_requests(tiny_model_dir: Path, tmp_path
         with pytest.raises(NoWorkers, match="no decode worker"):
             fleet.submit(PROMPTS[0], PARAMS)
 
-    run(tiny_model_dir, tmp_path, scenario, decode=1, devices=("cpu:0", "cpu:1"))
+    run(tiny_model_dir, tmp_path, scenario, decode=1, devices=("cpu:0", "cpu:1"),
+        supervision=Supervision(restart=False))
 
 
 def test_a_full_queue_answers_busy(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -48,6 +48,11 @@ class Running:
     def tokens(self, request_id: str) -> list[int]:
         return [t.token_id for r in self.of(m.StepReport) for t in r.tokens if t.request_id == request_id]
 
+    def free_blocks(self) -> int | None:
+        """As the worker last reported it."""
+        reports = [msg for _, msg in self.messages if isinstance(msg, m.StepReport | m.Capacity)]
+        return reports[-1].free_blocks if reports else None
+
     def finished(self, request_id: str) -> bool:
         return any(t.finished for r in self.of(m.StepReport) for t in r.tokens if t.request_id == request_id)
 
@@ -97,7 +102,7 @@ def test_a_request_that_raises_is_dropped_alone(worker, monkeypatch: pytest.Monk
     assert failed.request_id == "poison-b" and failed.retry and "fault injected at" in failed.message
     assert running.tokens("poison-b") == []
     assert {rid: running.tokens(rid) for rid in ("ok-a", "ok-c")} == expected
-    running.until(lambda: running.of(m.StepReport)[-1].free_blocks == 64)  # nothing of the dropped one is kept
+    running.until(lambda: running.free_blocks() == 64)  # nothing of the dropped request is kept
     assert running.thread.is_alive()
     submit(running, ["ok-a"])  # the worker still serves
     running.until(lambda: len(running.tokens("ok-a")) == 2 * PARAMS.max_tokens)

@@ -2,8 +2,8 @@
 
 import os
 import pickle
-import subprocess
 import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from fleetctl.engine.worker.kv_transport import HandoffError, KVTransport
-from fleetctl.engine.worker.shm_files import SHM_DIR, SHM_PREFIX, buffers, sweep_dead_fleets
 from fleetctl.engine.worker.protocol import HandleKind, KVHandle
+from fleetctl.engine.worker.shm_files import SHM_DIR, SHM_PREFIX, buffers, sweep_dead_fleets
 
 CPU = torch.device("cpu")
 SHAPE = (3, 2, 5, 16, 2, 8)  # [layers, 2, n_blocks, block_size, Hkv, d]
