@@ -126,10 +126,16 @@ def first_difference(saved: Compat, current: Compat) -> str | None:
     return None
 
 
-def checkpoint_name(worker_id: str) -> str:
+def checkpoint_name(worker_id: str, root: Path) -> str:
     """`<worker>-<utc>-<nnnn>`: the last part (from the controller's pid) keeps fleets sharing a
-    $FLEET_HOME apart within one second."""
-    return f"{worker_id}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid() % 10000:04d}"
+    $FLEET_HOME apart within one second; a second checkpoint of the worker within the same second (a
+    restore and another checkpoint) gets `-2`, `-3`, … rather than colliding with the first."""
+    name = f"{worker_id}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid() % 10000:04d}"
+    candidate, suffix = name, 1
+    while (root / candidate).exists() or (root / (candidate + PARTIAL_SUFFIX)).exists():
+        suffix += 1
+        candidate = f"{name}-{suffix}"
+    return candidate
 
 
 def _write_file(path: Path, data: bytes) -> str:

@@ -193,8 +193,9 @@ class OperationRunner:
     def wait(self, key: object, event: str, timeout: float = START_TIMEOUT_S) -> Coroutine[Any, Any, Any]:
         return asyncio.wait_for(self.expect(key, event), timeout)
 
-    def take(self, key: object, event: str) -> asyncio.Future | None:
-        return self._waiters.pop((key, event), None)
+    def pending(self, key: object, event: str) -> asyncio.Future | None:
+        """The future `expect` made, still resolvable (resolve removes it)."""
+        return self._waiters.get((key, event))
 
     def resolve(self, key: object, event: str, value: object) -> None:
         future = self._waiters.pop((key, event), None)

@@ -81,12 +81,14 @@ class CheckpointOperations:
 
     def on_worker_message(self, worker_id: str, msg: object) -> None:
         """Checkpoint progress from a current worker."""
+        op = self.runner.busy_with(worker_id)
         if isinstance(msg, m.CheckpointStarted):
-            op = self.runner.busy_with(worker_id)
             if op:
                 op.writer_pid, op.stage = msg.writer_pid, "writing"
-        else:
-            self.runner.resolve(worker_id, "checkpoint", msg)
+            return
+        if isinstance(msg, m.CheckpointDone) and op is not None and op.kind is OpKind.CHECKPOINT:
+            self.state.views[worker_id].state = WorkerState.CHECKPOINTED  # now: its exit follows, not a failure
+        self.runner.resolve(worker_id, "checkpoint", msg)
 
     def on_progress(self, worker_id: str) -> None:
         """The worker served its sessions again: tokens, or (prefill) a re-published handoff."""
@@ -106,7 +108,7 @@ class CheckpointOperations:
         worker_id = op.worker_id
         view = self.state.views[worker_id]
         view.state = WorkerState.DRAINING  # routes nothing new to it
-        name = checkpoint_name(worker_id)
+        name = checkpoint_name(worker_id, checkpoint_root())
         timeout = self.state.config.supervision.checkpoint_timeout_s
         waiting = self.runner.wait(worker_id, "checkpoint", timeout)
         self.state.send(worker_id, m.TakeCheckpoint(str(checkpoint_root()), name, after))
@@ -213,13 +215,15 @@ class CheckpointOperations:
     async def _first_token(self, op: Operation, restored: m.Restored, since: float) -> float:
         """When the restored worker produced its first token (now, if it holds no live session)."""
         op.stage = "first step"
-        future = self.runner.take(op.worker_id, "first-token")
-        if not restored.sessions or future is None:
-            return time.time()
+        future = self.runner.pending(op.worker_id, "first-token")
         try:
+            if not restored.sessions or future is None:
+                return time.time()
             return await asyncio.wait_for(future, 120.0)
         except TimeoutError:
             return time.time()
+        finally:
+            self.runner.resolve(op.worker_id, "first-token", None)  # no longer waited for
 
     @staticmethod
     def _result(worker_id: str, source: str | None, to: str, restored: m.Restored, path: str,

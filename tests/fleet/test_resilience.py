@@ -5,72 +5,24 @@ for end at once; every request ends, with its tokens or one clear error, and not
 blocks on the survivors, buffers in shared memory). A fake's tokens depend only on prompt and position,
 so a recomputed request must continue exactly where it stopped."""
 
-import asyncio
 import re
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from fake_workers import NUM_BLOCKS, FakeLauncher, Faults, expected_tokens, run_fleet
+from fake_workers import NUM_BLOCKS, FakeLauncher, Faults, run_fleet
+from fleet_checks import ends, nothing_leaked, prompts, shm, until
 
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.config import Supervision
 from fleetctl.engine.fleet.controller import Fleet, NoWorkers
 from fleetctl.engine.fleet.operation import OpKind
-from fleetctl.engine.fleet.request import StreamEvent, TrackedRequest
 from fleetctl.engine.worker import protocol as m
 from fleetctl.store.records import EventKind, WorkerState
 
 PARAMS = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
 FAST = Supervision(backoff_s=0.05, heartbeat_s=0.05, heartbeat_timeout_s=0.5)
-
-
-def prompts(count: int) -> list[list[int]]:
-    return [[3 + i, 4 + i, 5 + i % 7] for i in range(count)]
-
-
-async def until(predicate, why=lambda: "timed out", timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, why()
-        await asyncio.sleep(0.005)
-
-
-async def outcome(fleet: Fleet, req: TrackedRequest) -> list[StreamEvent]:
-    """The request's events; it must end with exactly one final event."""
-    events = [event async for event in fleet.stream(req)]
-    assert [e.final for e in events].count(True) == 1 and events[-1].final
-    return events
-
-
-async def ends(fleet: Fleet, reqs: list[TrackedRequest]) -> dict[str, str | None]:
-    """Every request ends with its exact tokens or one error; request id -> the error (None: completed)."""
-    results = await asyncio.gather(*(outcome(fleet, r) for r in reqs))
-    errors = {}
-    for req, events in zip(reqs, results, strict=True):
-        errors[req.request_id] = events[-1].error
-        if events[-1].error is None:
-            tokens = [e.token_id for e in events if e.token_id is not None]
-            assert tokens == expected_tokens(req.prompt_token_ids, req.params.max_tokens), req.request_id
-    return errors
-
-
-async def nothing_leaked(fleet: Fleet, launcher: FakeLauncher) -> None:
-    """Every live worker's blocks are free again (as it says, and as the controller sees it), no buffer
-    is left in shared memory and the controller follows no request."""
-    live = [w for wid, w in launcher.workers.items() if fleet.views[wid].state is WorkerState.RUNNING]
-    await until(lambda: all(not w.sessions for w in live) and not list(launcher.shm_dir.iterdir()),
-                lambda: f"sessions {[(w.spec.worker_id, list(w.sessions)) for w in live]}, "
-                        f"buffers {list(launcher.shm_dir.iterdir())}")
-    await until(lambda: all(fleet.views[w.spec.worker_id].free_blocks == NUM_BLOCKS for w in live))
-    assert not fleet.state.requests and not fleet.state.queued
-
-
-def shm(tmp_path: Path) -> Path:
-    path = tmp_path / "shm"
-    path.mkdir(exist_ok=True)
-    return path
 
 
 def events_of(fleet: Fleet) -> list[tuple[EventKind, str | None, dict]]:
