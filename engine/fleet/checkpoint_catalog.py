@@ -25,12 +25,18 @@ FORCE_HINT = "restore --force replays it deliberately (into a fresh fleet)"
 def resolve_checkpoint(given: str) -> Path:
     """A checkpoint name or path, which must lie inside $FLEET_HOME/checkpoints."""
     root = checkpoint_root().resolve()
+    if not given or not given.isprintable():
+        raise OperationError(400, f"checkpoint {given!r} is not a name or a path")
     if ".." in Path(given).parts:
         raise OperationError(400, f"checkpoint path {given!r} may not contain '..'")
-    path = (Path(given) if Path(given).is_absolute() else root / given).resolve()
+    try:
+        path = (Path(given) if Path(given).is_absolute() else root / given).resolve()
+        found = path.is_dir()
+    except (OSError, ValueError) as exc:  # a name too long for the file system, say
+        raise OperationError(400, f"checkpoint {given!r}: {exc}") from None
     if root not in path.parents:
         raise OperationError(400, f"checkpoint {given!r} is outside {root}")
-    if not path.is_dir():
+    if not found:
         raise OperationError(404, f"no checkpoint {given!r} in {root}")
     return path
 
