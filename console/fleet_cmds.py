@@ -31,7 +31,9 @@ def serve(
     kv_memory: int = typer.Option(0, "--kv-memory", min=0, help="Cap each worker's KV pool, MiB (0: from memory)."),
     kv_blocks: int = typer.Option(0, "--kv-blocks", min=0, help="Exact KV blocks per worker (overrides --kv-memory)."),
     store: str = typer.Option("", "--store", help="SQLite metrics store (default $FLEET_HOME/fleet.db)."),
-    max_queue: int = typer.Option(256, "--max-queue", min=0, help="Prompts waiting beyond this get HTTP 429."),
+    max_queue: int = typer.Option(256, "--max-queue", min=0,
+                                  help="Requests waiting to generate (queued, prefilling, KV awaiting a decode "
+                                       "worker) beyond this get HTTP 429 with Retry-After."),
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", min=1, help="Sequences per worker batch."),
     max_model_len: int = typer.Option(0, "--max-model-len", min=0,
                                       help="Cap on prompt + output tokens (0: the model's context)."),

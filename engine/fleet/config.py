@@ -50,7 +50,8 @@ class FleetConfig:
     colocated: int = 0  # > 0: the baseline of N mixed workers, no handoff (prefill/decode ignored)
     devices: tuple[str, ...] = ()  # one per worker; () picks cuda:0.. or cpu:0..
     engine: EngineSettings = field(default_factory=EngineSettings)
-    max_queue: int = 256  # prompts waiting in the controller beyond this get "busy" (HTTP 429)
+    max_queue: int = 256  # requests waiting (not yet generating: queued, prefilling, KV awaiting a handoff) beyond
+    # this get "busy" (HTTP 429)
     ready_timeout_s: float = 300.0
     store_path: Path | None = None  # the SQLite metrics store (None: keep metrics in memory only)
     served_model_name: str | None = None  # the name clients ask for (default: the model directory's name)

@@ -198,9 +198,10 @@ class Fleet:
         for role in self.config.roles:
             if not self.state.serves(role):
                 raise NoWorkers(f"no {role.value} worker is available")
-        if len(self.state.queued) >= self.config.max_queue:
+        waiting = self.dispatcher.waiting()
+        if waiting >= self.config.max_queue:
             self._record_refusal()
-            raise FleetBusy(f"{len(self.state.queued)} requests are already queued")
+            raise FleetBusy(f"{waiting} requests are already waiting")
         request_id = request_id or f"req-{uuid.uuid4().hex[:16]}"
         eos = frozenset() if params.ignore_eos else self.tokenizer.eos_token_ids
         req = TrackedRequest(

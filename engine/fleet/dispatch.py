@@ -84,6 +84,13 @@ class Dispatcher:
             if role is not None:
                 self.abandon(req, f"no {role.value} worker is left to serve this request")
 
+    def waiting(self) -> int:
+        """Requests admitted but not yet generating: queued here, prefilling (or waiting to) on a worker, or
+        with their KV waiting for a decode worker. Admission is refused past `max_queue` of them."""
+        colocated = self.state.config.colocated
+        return sum(1 for r in self.state.requests.values() if r.stage is RequestStage.QUEUED or (
+            r.stage in (RequestStage.PREFILL, RequestStage.HANDOFF) and not (colocated and r.output_token_ids)))
+
     def queue_length(self, role: WorkerRole) -> int:
         """Requests waiting for a worker of `role` in the controller (prompts, or handoffs for decode)."""
         waiting = self.state.pending_handoffs if role is WorkerRole.DECODE else self.state.queued

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from fake_workers import FakeLauncher, expected_tokens, run_fleet, tokens_of
+from fake_workers import NUM_BLOCKS, FakeLauncher, expected_tokens, run_fleet, tokens_of
 
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.config import Supervision
@@ -133,3 +133,29 @@ def test_refusals_become_one_busy_event_per_interval(tiny_model_dir: Path, tmp_p
         assert [(kind.value, details["refused"]) for kind, details in events] == [("busy", 1)]
 
     run(tiny_model_dir, tmp_path, scenario, max_queue=0)
+
+
+def test_requests_waiting_for_a_decode_worker_count_against_the_queue(tiny_model_dir: Path, tmp_path: Path) -> None:
+    endless = SamplingParams(max_tokens=100_000, temperature=0.0, ignore_eos=True)
+
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        fillers = []
+        for i in range(NUM_BLOCKS):  # fill the decode worker, a few at a time
+            while fleet.dispatcher.waiting() >= 3:
+                await asyncio.sleep(0.002)
+            fillers.append(fleet.submit([i, i + 1], endless))
+        while fleet.dispatcher.waiting():
+            await asyncio.sleep(0.005)
+        waiting = [fleet.submit([9, 9, i], PARAMS) for i in range(3)]
+        while len(fleet.state.pending_handoffs) < len(waiting):  # prefilled, their KV waiting for room
+            await asyncio.sleep(0.005)
+        with pytest.raises(FleetBusy, match="3 requests are already waiting"):
+            fleet.submit(PROMPTS[0], PARAMS)
+        for req in fillers[:3]:
+            fleet.cancel(req)
+        await asyncio.gather(*(tokens_of(fleet, r) for r in waiting))
+        fleet.submit(PROMPTS[0], PARAMS)  # room again
+        for req in fillers:
+            fleet.cancel(req)
+
+    run(tiny_model_dir, tmp_path, scenario, max_queue=3, decode=1, devices=("cpu:0", "cpu:1"))
