@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from fleetctl.engine.core.output import TextStream
 from fleetctl.engine.core.prompt import check_prompt
 from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.engine.fleet.admission import Admission
 from fleetctl.engine.fleet.config import FleetConfig, worker_specs
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.handoff import HandoffRouting
@@ -36,27 +37,10 @@ from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.launcher import Launcher, LocalLauncher
 from fleetctl.engine.worker.shm_files import sweep, sweep_dead_fleets
 from fleetctl.engine.worker.spec import WorkerSpec
-from fleetctl.store.records import EventKind, WorkerRole, WorkerState
+from fleetctl.store.records import WorkerRole, WorkerState
 
 log = logging.getLogger("fleetctl.stats")
 STATS_LOG_S = 10.0
-BUSY_EVENT_S = 5.0
-
-
-class FleetBusy(RuntimeError):
-    """The controller's queue is full (HTTP 429)."""
-
-
-class NoWorkers(RuntimeError):
-    """No live worker is left for a role the request needs (HTTP 503)."""
-
-
-class FleetClosing(NoWorkers):
-    """The fleet is shutting down and admits no new request (HTTP 503)."""
-
-
-class RequestIdInUse(ValueError):
-    """A client-chosen request id that a request in flight already has (HTTP 400)."""
 
 
 class Fleet:
@@ -74,6 +58,7 @@ class Fleet:
             stats=FleetStats(), recorder=FleetRecorder(config.store_path) if config.store_path else None,
         )
         self.dispatcher = Dispatcher(self.state)
+        self.admission = Admission(self.state, self.dispatcher)
         self.tokens = TokenStreams(self.state, self.dispatcher)
         self.handoffs = HandoffRouting(self.state, self.dispatcher)
         self.recovery = Recovery(self.state, self.dispatcher, self.handoffs)
@@ -85,7 +70,6 @@ class Fleet:
         self._launcher = launcher or LocalLauncher()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
-        self._refused, self._refusal_logged = 0, float("-inf")
 
     @property
     def views(self) -> dict[str, WorkerView]:
@@ -191,17 +175,7 @@ class Fleet:
         """Admit a request (raises PromptError, RequestIdInUse, FleetClosing, NoWorkers, FleetBusy); read its
         events with `stream`."""
         check_prompt(prompt_token_ids, self.model_config.vocab_size, self.max_model_len)
-        if request_id in self.state.requests:
-            raise RequestIdInUse(f"request id {request_id!r} is already in flight")
-        if self.state.closing:
-            raise FleetClosing("the fleet is shutting down")
-        for role in self.config.roles:
-            if not self.state.serves(role):
-                raise NoWorkers(f"no {role.value} worker is available")
-        waiting = self.dispatcher.waiting()
-        if waiting >= self.config.max_queue:
-            self._record_refusal()
-            raise FleetBusy(f"{waiting} requests are already waiting")
+        self.admission.check(request_id)
         request_id = request_id or f"req-{uuid.uuid4().hex[:16]}"
         eos = frozenset() if params.ignore_eos else self.tokenizer.eos_token_ids
         req = TrackedRequest(
@@ -212,13 +186,6 @@ class Fleet:
         self.state.queued.append(req)
         self.dispatcher.dispatch_queued()
         return req
-
-    def _record_refusal(self) -> None:
-        """Count 429s; one store event per BUSY_EVENT_S says how many (a burst must not flood the store)."""
-        self._refused += 1
-        if time.monotonic() - self._refusal_logged >= BUSY_EVENT_S:
-            self.state.record_event(EventKind.BUSY, None, {"refused": self._refused, "queued": len(self.state.queued)})
-            self._refused, self._refusal_logged = 0, time.monotonic()
 
     @staticmethod
     async def stream(req: TrackedRequest) -> AsyncIterator[StreamEvent]:

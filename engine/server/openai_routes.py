@@ -11,7 +11,8 @@ from fastapi.responses import StreamingResponse
 
 from fleetctl.engine.core.prompt import PromptError
 from fleetctl.engine.core.sequence import SamplingError
-from fleetctl.engine.fleet.controller import Fleet, FleetBusy, NoWorkers, RequestIdInUse
+from fleetctl.engine.fleet.admission import FleetBusy, NoWorkers, RequestIdInUse
+from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.model.tokenizer import TokenizerError
 from fleetctl.engine.server import openai_protocol as oai

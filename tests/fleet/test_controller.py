@@ -10,8 +10,9 @@ import pytest
 from fake_workers import NUM_BLOCKS, FakeLauncher, expected_tokens, run_fleet, tokens_of
 
 from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.engine.fleet.admission import FleetBusy, NoWorkers
 from fleetctl.engine.fleet.config import Supervision
-from fleetctl.engine.fleet.controller import Fleet, FleetBusy, NoWorkers
+from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.worker import protocol as m
 from fleetctl.store.records import WorkerState
 

@@ -15,8 +15,9 @@ from fake_workers import NUM_BLOCKS, FakeLauncher, Faults, run_fleet
 from fleet_checks import ends, nothing_leaked, prompts, shm, until
 
 from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.engine.fleet.admission import NoWorkers
 from fleetctl.engine.fleet.config import Supervision
-from fleetctl.engine.fleet.controller import Fleet, NoWorkers
+from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.operation import OpKind
 from fleetctl.engine.worker import protocol as m
 from fleetctl.store.records import EventKind, WorkerState

@@ -12,7 +12,8 @@ from fake_workers import FakeLauncher, run_fleet
 from fleet_checks import ends, prompts, shm, until
 
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.fleet.controller import Fleet, FleetClosing
+from fleetctl.engine.fleet.admission import FleetClosing
+from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.worker.shm_files import buffer_path
 
 PARAMS = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
