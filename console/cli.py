@@ -12,7 +12,7 @@ from fleetctl.console.devices_cmd import devices
 from fleetctl.console.fleet_cmds import bench, classify, serve, status, workers
 from fleetctl.console.generate_cmd import generate
 from fleetctl.console.models_cmd import models_app
-from fleetctl.console.ops_cmds import checkpoint, drain, migrate, restore, resume, start, stop
+from fleetctl.console.ops_cmds import checkpoint, checkpoints, drain, migrate, restore, resume, start, stop
 
 try:
     from typer._click import exceptions as cli_errors  # newer typer vendors click
@@ -53,6 +53,7 @@ app.command("classify")(classify)
 app.command("devices")(devices)
 app.command("checkpoint")(checkpoint)
 app.command("restore")(restore)
+app.command("checkpoints")(checkpoints)
 app.command("migrate")(migrate)
 app.command("start")(start)
 app.command("drain")(drain)

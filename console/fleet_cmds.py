@@ -33,7 +33,9 @@ def serve(
     kv_memory: int = typer.Option(0, "--kv-memory", min=0, help="Cap each worker's KV pool, MiB (0: from memory)."),
     kv_blocks: int = typer.Option(0, "--kv-blocks", min=0, help="Exact KV blocks per worker (overrides --kv-memory)."),
     store: str = typer.Option("", "--store", help="SQLite metrics store (default $FLEET_HOME/fleet.db)."),
-    max_queue: int = typer.Option(256, "--max-queue", min=0, help="Prompts waiting beyond this get HTTP 429."),
+    max_queue: int = typer.Option(256, "--max-queue", min=0,
+                                  help="Requests waiting to generate (queued, prefilling, KV awaiting a decode "
+                                       "worker) beyond this get HTTP 429 with Retry-After."),
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", min=1, help="Sequences per worker batch."),
     max_model_len: int = typer.Option(0, "--max-model-len", min=0,
                                       help="Cap on prompt + output tokens (0: the model's context)."),
@@ -42,6 +44,18 @@ def serve(
     api_key: str = typer.Option("", "--api-key", envvar="FLEET_API_KEY",
                                 help="Require `Authorization: Bearer KEY` on /v1/* (also $FLEET_API_KEY)."),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="One line per HTTP request."),
+    grace: float = typer.Option(30.0, "--grace", min=0.0, help="On SIGTERM/SIGINT: seconds requests in flight "
+                                                                "get to finish (new ones get 503) before the rest "
+                                                                "end with an error and the workers stop."),
+    restart: bool = typer.Option(True, "--restart/--no-restart", help="Restart workers that die (with backoff)."),
+    heartbeat_timeout: float = typer.Option(10.0, "--heartbeat-timeout", min=0.1,
+                                            help="Seconds of silence after which a worker counts as hung and is "
+                                                 "killed (its sessions recomputed, the worker restarted)."),
+    step_timeout: float = typer.Option(120.0, "--step-timeout", min=0.1,
+                                       help="One model step running longer counts as hung."),
+    checkpoint_timeout: float = typer.Option(300.0, "--checkpoint-timeout", min=0.1,
+                                             help="A checkpoint not written by then is called off; the worker "
+                                                  "serves on."),
 ) -> None:
     """Run a fleet and its HTTP server in the foreground (a stats line every 10 s on stderr)."""
     import logging
@@ -51,10 +65,11 @@ def serve(
     os.umask(0o077)  # everything the fleet writes (store, checkpoints, handoff buffers, token) is the user's alone
 
     from fleetctl.engine.core.config import EngineSettings
-    from fleetctl.engine.fleet.config import FleetConfig, FleetConfigError
+    from fleetctl.engine.fleet.config import FleetConfig, FleetConfigError, Supervision
     from fleetctl.engine.fleet.controller import Fleet
     from fleetctl.engine.server.admin_auth import AdminTokenError, load_or_create_admin_token
     from fleetctl.engine.server.app import create_app
+    from fleetctl.engine.server.graceful import GracefulServer
 
     listener = bind(host, port)  # first: a taken port fails in milliseconds, before a model is even looked at
     with user_errors(on_error=listener.close):
@@ -66,6 +81,9 @@ def serve(
                 model_dir=resolve_model(model), prefill=prefill, decode=decode, colocated=colocated,
                 devices=tuple(d.strip() for d in devices.split(",") if d.strip()), engine=engine,
                 store_path=store_path(store), max_queue=max_queue, served_model_name=served_model_name or None,
+                supervision=Supervision(restart=restart, heartbeat_s=min(1.0, heartbeat_timeout / 4),
+                                        heartbeat_timeout_s=heartbeat_timeout,
+                                        step_timeout_s=step_timeout, checkpoint_timeout_s=checkpoint_timeout),
             )
             fleet = Fleet(config)
         except FleetConfigError as exc:
@@ -80,7 +98,7 @@ def serve(
     server_config = uvicorn.Config(app, log_level="warning", access_log=access_log, log_config=None)
     logging.getLogger("uvicorn.access").setLevel(logging.INFO if access_log else logging.WARNING)
     logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)  # failures are reported below, in one line
-    server = uvicorn.Server(server_config)
+    server = GracefulServer(server_config, fleet, grace)
     announce(server, fleet, host)
     try:
         server.run(sockets=[listener])

@@ -1,5 +1,6 @@
 """`fleetctl checkpoint`, `restore`, `migrate` and the pool changes `start`, `drain`, `resume`, `stop`:
-start a fleet operation, follow it to the end (a status line on a TTY), print its result."""
+start a fleet operation, follow it to the end (a status line on a TTY), print its result. And
+`fleetctl checkpoints`, the list a restore picks from."""
 
 import json
 import sys
@@ -52,7 +53,7 @@ def _summary(kind: str, result: dict) -> str:
     """An operation's result in one or two lines for a person."""
     worker = result["worker"]
     if kind == "checkpoint":
-        return (f"{result['path']}\n{worker}: {result['sessions']} session(s), {result['bytes']} bytes, "
+        return (f"{result['checkpoint']}\n{worker}: {result['sessions']} session(s), {result['bytes']} bytes, "
                 f"{result['seconds']:.3f} s")
     if kind == "start":
         return f"{worker} started on {result['device']} (pid {result['pid']}) in {result['seconds']:.1f} s"
@@ -85,12 +86,33 @@ def checkpoint(
 def restore(
     checkpoint_path: str = typer.Argument(..., metavar="CHECKPOINT", help="Checkpoint name or path."),
     device: str = typer.Option(..., "--device", help="cpu:N or cuda:N."),
+    force: bool = typer.Option(False, "--force", help="Replay its sessions even where that is refused (a "
+                                                      "checkpoint restored before, or one whose sessions went on "
+                                                      "elsewhere or ended): into a fresh fleet, deliberately."),
     url: str = URL_OPTION,
     as_json: bool = JSON_OPTION,
     timeout: float = TIMEOUT_OPTION,
 ) -> None:
     """Bring a checkpointed worker back on DEVICE (same role)."""
-    _run("/fleet/restore", {"checkpoint": checkpoint_path, "device": device}, url, as_json, timeout)
+    _run("/fleet/restore", {"checkpoint": checkpoint_path, "device": device, "force": force}, url, as_json, timeout)
+
+
+def checkpoints(url: str = URL_OPTION, as_json: bool = JSON_OPTION) -> None:
+    """The checkpoints a restore can pick from, oldest first, each verified; `used` says when it was restored."""
+    try:
+        rows = FleetClient(url, timeout=120.0).get("/fleet/checkpoints")["checkpoints"]
+    except FleetClientError as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        print(json.dumps({"checkpoints": rows}))
+        return
+    print(f"{'checkpoint':<44} {'worker':<10} {'role':<8} {'sessions':>8} {'bytes':>12} {'created':<21} used")
+    for row in rows:
+        if not row["valid"]:
+            print(f"{row['name']:<44} invalid: {row['error']}")
+            continue
+        print(f"{row['name']:<44} {row['worker']:<10} {row['role']:<8} {row['sessions']:>8} {row['bytes']:>12,} "
+              f"{row['created']:<21} {row['used_at'] or '-'}")
 
 
 def migrate(

@@ -78,13 +78,13 @@ def main() -> None:
         print("migrate", json.dumps(migrated), flush=True)
         saved = run_op(url, "/fleet/workers/decode-0/checkpoint", {"hold_s": 600})
         print("checkpoint", json.dumps(saved), flush=True)
-        manifest_path = f"{saved['path']}/manifest.json"
+        manifest_path = f"{saved['checkpoint']}/manifest.json"
         with open(manifest_path) as f:
             manifest = json.load(f)
         manifest["compat"]["torch"] = "another-torch"
         with open(manifest_path, "w") as f:
             json.dump(manifest, f)
-        cold = run_op(url, "/fleet/restore", {"checkpoint": saved["path"], "device": "cpu:3"})
+        cold = run_op(url, "/fleet/restore", {"checkpoint": saved["checkpoint"], "device": "cpu:3"})
         print("cold start", json.dumps(cold), flush=True)
         streams.join()
     print(f"sessions {migrated['sessions']}, checkpoint {saved['bytes'] / 2**20:.1f} MiB in {saved['seconds']:.3f} s "

@@ -43,6 +43,8 @@ class EventKind(StrEnum):
     RESTORE = "restore"
     MIGRATE = "migrate"
     FAILURE = "failure"
+    RESTART = "restart"  # the supervisor restarted a worker that died
+    GAVE_UP = "gave-up"  # a worker failed too often: the supervisor does not restart it again
     BUSY = "busy"  # requests refused with 429 (the queue was full); at most one event per BUSY_EVENT_S
 
 

@@ -1,13 +1,16 @@
 """In-process stand-ins for worker processes: one thread per worker speaking the real protocol over a
 real pipe, with scripted tokens and no torch. The controller runs against them unchanged (its
-`Launcher` seam), so its routing, handoff and recovery can be tested in milliseconds.
+`Launcher` seam), so its routing, handoff, recovery and supervision can be tested in milliseconds.
 
 A fake's tokens depend only on the request's prompt and the output position, as a deterministic
-engine's would: a request recomputed elsewhere continues exactly where it stopped."""
+engine's would: a request recomputed elsewhere continues exactly where it stopped. Like a real worker it
+sends heartbeats from a thread (silent once it hangs), names its KV buffers after the fleet and itself
+(shm_files), and checkpoints and restores (fake_checkpoints.py)."""
 
 import asyncio
 import itertools
 import multiprocessing as mp
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -15,12 +18,15 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from fake_checkpoints import FakeCheckpoints, Session
+
 from fleetctl.engine.core.sequence import FinishReason
 from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.launcher import LaunchedWorker
+from fleetctl.engine.worker.shm_files import buffer_path
 from fleetctl.engine.worker.spec import WorkerSpec
 from fleetctl.store.records import Phase, WorkerRole
 
@@ -38,10 +44,28 @@ def expected_tokens(prompt_token_ids: list[int], max_tokens: int) -> list[int]:
 
 
 @dataclass
-class _Session:
-    msg: m.RunRequest | m.Adopt
-    output: list[int]
-    prefilled: bool = False
+class Faults:
+    """What a launcher's fakes do wrong. The per-worker ones apply to that id's next launch only (a worker
+    started again, by a migration or a restart, behaves); the request-keyed ones to every fake, for a
+    request whose id contains a key."""
+
+    die_after: dict[str, int] = field(default_factory=dict)  # exit (as if SIGKILLed) after this many tokens
+    hang_after: dict[str, int] = field(default_factory=dict)  # hang (no heartbeat, no work) after this many
+    load_s: dict[str, float] = field(default_factory=dict)  # how long "loading the model" takes
+    fail_start: set[str] = field(default_factory=set)  # exit while loading, before WorkerReady
+    checkpoint_s: dict[str, float] = field(default_factory=dict)  # how long its checkpoint writer runs
+    fail_restore: set[str] = field(default_factory=set)  # refuse a Restore
+    raise_on: set[str] = field(default_factory=set)  # stepping such a request raises (dropped, RequestFailed)
+    crash_on: set[str] = field(default_factory=set)  # stepping such a request kills the worker
+    crash_before_publish: set[str] = field(default_factory=set)  # once each: die after its first token
+    crash_on_adopt: set[str] = field(default_factory=set)  # once each: die adopting it
+
+    def once(self, keys: set[str], rid: str) -> bool:
+        """Whether `rid` matches one of `keys`, which then fires no more."""
+        key = next((k for k in list(keys) if k in rid), None)
+        if key is not None:
+            keys.discard(key)
+        return key is not None
 
 
 @dataclass
@@ -49,68 +73,121 @@ class FakeWorker:
     spec: WorkerSpec
     conn: Connection
     shm_dir: Path
-    die_after_tokens: int | None = None  # exit (as if SIGKILLed) after emitting this many tokens
-    load_s: float = 0.0  # how long "loading the model" takes
-    fail_start: bool = False  # exit while loading, before WorkerReady
+    faults: Faults
+    die_after_tokens: int | None = None
+    hang_after_tokens: int | None = None
+    load_s: float = 0.0
+    fail_start: bool = False
     received: list[object] = field(default_factory=list)
     published: dict[str, Path] = field(default_factory=dict)  # request id -> its KV buffer, until released
+    sessions: dict[str, Session] = field(default_factory=dict)
     pid: int = field(default_factory=lambda: next(_pids))
     killed: threading.Event = field(default_factory=threading.Event)
+    hung: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> None:
         threading.Thread(target=self._run, daemon=True, name=f"fake-{self.spec.worker_id}").start()
 
+    def send(self, msg: object) -> None:
+        with self._lock:
+            self.conn.send(msg)
+
     def _run(self) -> None:
-        sessions: dict[str, _Session] = {}
         emitted = 0
         try:
-            self.conn.send(m.WorkerLoading(self.spec.worker_id, self.pid))
+            self.send(m.WorkerLoading(self.spec.worker_id, self.pid))
             time.sleep(self.load_s)
             if self.fail_start:
                 return
-            self.conn.send(m.WorkerReady(self.spec.worker_id, self.pid, NUM_BLOCKS, 16, 0.0, "fake", 1e12, 1e11))
+            self.send(m.WorkerReady(self.spec.worker_id, self.pid, NUM_BLOCKS, 16, 0.0, "fake", 1e12, 1e11))
+            threading.Thread(target=self._beat, daemon=True).start()
+            checkpoints = FakeCheckpoints(self)
             while not self.killed.is_set():
                 while self.conn.poll(0.002):
                     msg = self.conn.recv()
                     self.received.append(msg)
                     if isinstance(msg, m.Shutdown):  # like a real worker, it removes what it published
-                        for path in self.published.values():
-                            path.unlink(missing_ok=True)
+                        self.remove_published()
                         return
-                    self._handle(msg, sessions)
-                for rid, session in list(sessions.items()):
+                    if not self._handle(msg, checkpoints):
+                        return
+                for rid, session in list(self.sessions.items()):
                     if self.die_after_tokens is not None and emitted >= self.die_after_tokens:
                         return
-                    if self._step(rid, session, sessions):
-                        emitted += 1
+                    if self.hang_after_tokens is not None and emitted >= self.hang_after_tokens:
+                        self.hung.set()
+                        self.killed.wait()
+                        return
+                    outcome = self._step(rid, session)
+                    if outcome is None:
+                        return
+                    emitted += outcome
         finally:
             self.conn.close()
 
-    def _handle(self, msg: object, sessions: dict[str, _Session]) -> None:
+    def _beat(self) -> None:
+        while not self.killed.wait(self.spec.heartbeat_s) and not self.conn.closed:
+            if not self.hung.is_set():
+                try:
+                    self.send(m.Heartbeat(self.spec.worker_id))
+                except (OSError, ValueError):
+                    return
+
+    def remove_published(self) -> None:
+        for path in self.published.values():
+            path.unlink(missing_ok=True)
+        self.published.clear()
+
+    def _handle(self, msg: object, checkpoints: FakeCheckpoints) -> bool:
+        """False when the worker exits (stood down after a checkpoint, or a fault)."""
         match msg:
             case m.RunRequest():
-                sessions[msg.request_id] = _Session(msg, list(msg.output_token_ids))
+                self.sessions[msg.request_id] = Session(msg, list(msg.output_token_ids))
             case m.Adopt():
+                if self.faults.once(self.faults.crash_on_adopt, msg.request_id):
+                    return False
                 if not Path(msg.handle.location).exists():  # as the real transport: its producer removed it
-                    self.conn.send(m.AdoptFailed(msg.request_id, "KV handoff unreadable", retryable=False))
-                    return
-                if len(sessions) >= NUM_BLOCKS:  # a session takes one block here
-                    self.conn.send(m.AdoptFailed(msg.request_id, "out of KV blocks", retryable=True))
-                    return
-                nbytes = msg.handle.nbytes
-                self.conn.send(m.Adopted(msg.request_id, nbytes, 0.001, NUM_BLOCKS - len(sessions) - 1))
-                sessions[msg.request_id] = _Session(msg, list(msg.output_token_ids), prefilled=True)
+                    self.send(m.AdoptFailed(msg.request_id, "KV handoff unreadable", retryable=False))
+                elif len(self.sessions) >= NUM_BLOCKS:  # a session takes one block here
+                    self.send(m.AdoptFailed(msg.request_id, "out of KV blocks", retryable=True))
+                else:
+                    self.sessions[msg.request_id] = Session(msg, list(msg.output_token_ids), prefilled=True)
+                    self.send(m.Adopted(msg.request_id, msg.handle.nbytes, 0.001, self.free_blocks))
             case m.ReleaseKV(request_id=rid) | m.Abort(request_id=rid):
-                sessions.pop(rid, None)
-                published = self.published.pop(rid, None)
-                if published is not None:
-                    published.unlink(missing_ok=True)
-                self.conn.send(m.Capacity(self.spec.worker_id, NUM_BLOCKS - len(sessions)))
+                self._forget(rid)
+                self.send(m.Capacity(self.spec.worker_id, self.free_blocks))
+            case m.TakeCheckpoint() | m.Restore() | m.Resume():
+                return checkpoints.handle(msg)
+        return True
 
-    def _step(self, rid: str, session: _Session, sessions: dict[str, _Session]) -> bool:
-        """One engine step for one session; True when it produced a token."""
+    @property
+    def free_blocks(self) -> int:
+        return NUM_BLOCKS - len(self.sessions)
+
+    def _forget(self, rid: str) -> None:
+        self.sessions.pop(rid, None)
+        published = self.published.pop(rid, None)
+        if published is not None:
+            published.unlink(missing_ok=True)
+
+    def publish(self, rid: str) -> None:
+        path = buffer_path(self.shm_dir, os.getpid(), self.pid, rid)
+        path.write_bytes(b"kv")
+        self.published[rid] = path
+        self.send(m.Prefilled(rid, m.KVHandle(rid, m.HandleKind.SHM, (1,), "float32", 4, str(path)), 0.0))
+
+    def _step(self, rid: str, session: Session) -> int | None:
+        """One engine step for one session: 1 when it produced a token, 0 when not, None when the worker dies."""
         if self.spec.role is WorkerRole.PREFILL and session.prefilled:
-            return False  # parked: its KV waits for the handoff
+            return 0  # parked: its KV waits for the handoff
+        if any(key in rid for key in self.faults.crash_on):
+            return None
+        if any(key in rid for key in self.faults.raise_on):
+            self._forget(rid)
+            self.send(m.RequestFailed(rid, "InjectedFault: fault injected at step", retry=True))
+            self.send(m.Capacity(self.spec.worker_id, self.free_blocks))
+            return 0
         msg = session.msg
         token = token_at(msg.prompt_token_ids, len(session.output))
         session.output.append(token)
@@ -118,21 +195,19 @@ class FakeWorker:
         phase = Phase.DECODE if session.prefilled else Phase.PREFILL
         session.prefilled = True
         event = m.TokenEvent(rid, token, finished, FinishReason.LENGTH if finished else None)
-        self.conn.send(m.StepReport(
+        if finished:
+            del self.sessions[rid]
+        self.send(m.StepReport(
             worker_id=self.spec.worker_id, phase=phase, tokens=[event], seq_tokens=[1], num_seqs=1, num_tokens=1,
             context_tokens=len(msg.prompt_token_ids) + len(session.output), seconds=0.001, flops=1, bytes=1,
-            free_blocks=NUM_BLOCKS - len(sessions), running=len(sessions), waiting=0, ended_at=time.time(),
+            free_blocks=self.free_blocks, running=len(self.sessions), waiting=0, ended_at=time.time(),
         ))
-        if finished:
-            del sessions[rid]
-        elif self.spec.role is WorkerRole.PREFILL:
-            path = self.shm_dir / f"{self.pid}-{rid}"
-            path.write_bytes(b"kv")
-            self.published[rid] = path
-            handle = m.KVHandle(rid, m.HandleKind.SHM, (1,), "float32", 4, str(path))
-            self.conn.send(m.Prefilled(rid, handle, 0.0))
+        if not finished and self.spec.role is WorkerRole.PREFILL:
+            if self.faults.once(self.faults.crash_before_publish, rid):
+                return None
+            self.publish(rid)
         time.sleep(0.001)
-        return True
+        return 1
 
 
 class _FakeProcess:
@@ -156,24 +231,24 @@ class _FakeProcess:
 
 
 class FakeLauncher:
-    """Launcher whose workers are FakeWorker threads. Each worker id's next launch only (a worker started
-    again, e.g. by a migration, behaves normally): `die_after` maps it to the tokens it emits before it
-    dies, `load_s` to its model-load seconds, `fail_start` names ids whose process exits while loading."""
+    """Launcher whose workers are FakeWorker threads, misbehaving as `faults` (or the keyword shortcuts
+    die_after, load_s, fail_start) say."""
 
     def __init__(self, shm_dir: Path, die_after: dict[str, int] | None = None, load_s: dict[str, float] | None = None,
-                 fail_start: set[str] | None = None) -> None:
+                 fail_start: set[str] | None = None, faults: Faults | None = None) -> None:
         self.shm_dir = shm_dir
-        self.die_after = dict(die_after or {})
-        self.load_s = dict(load_s or {})
-        self.fail_start = set(fail_start or ())
+        self.faults = faults or Faults()
+        self.faults.die_after |= die_after or {}
+        self.faults.load_s |= load_s or {}
+        self.faults.fail_start |= fail_start or set()
         self.workers: dict[str, FakeWorker] = {}
 
     def launch(self, spec: WorkerSpec) -> LaunchedWorker:
         parent, child = mp.Pipe(duplex=True)
-        wid = spec.worker_id
-        worker = FakeWorker(spec, child, self.shm_dir, self.die_after.pop(wid, None), self.load_s.pop(wid, 0.0),
-                            wid in self.fail_start)
-        self.fail_start.discard(wid)
+        wid, faults = spec.worker_id, self.faults
+        worker = FakeWorker(spec, child, self.shm_dir, faults, faults.die_after.pop(wid, None),
+                            faults.hang_after.pop(wid, None), faults.load_s.pop(wid, 0.0), wid in faults.fail_start)
+        faults.fail_start.discard(wid)
         self.workers[spec.worker_id] = worker
         worker.start()
         return LaunchedWorker(spec, parent, _FakeProcess(worker))
@@ -183,7 +258,7 @@ def run_fleet(model_dir: Path, launcher: FakeLauncher, scenario: Callable[[Fleet
               timeout: float = 20.0, **config: object) -> None:
     """Run `scenario` against a started fleet of fakes (by default prefill-0, decode-0 and decode-1 on
     cpu:0..2; `config` overrides FleetConfig fields), then stop the fleet."""
-    layout = {"prefill": 1, "decode": 2, "devices": ("cpu:0", "cpu:1", "cpu:2")} | config
+    layout = {"prefill": 1, "decode": 2, "devices": ("cpu:0", "cpu:1", "cpu:2"), "shm_dir": launcher.shm_dir} | config
 
     async def main() -> None:
         fleet = Fleet(FleetConfig(model_dir, **layout), launcher=launcher)

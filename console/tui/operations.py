@@ -29,6 +29,6 @@ def describe_result(op: dict) -> str:
         return (f"{result['worker']} {result.get('from') or '-'} → {result['to']}: {mode}; {result['sessions']} "
                 f"session(s), {result['bytes']:,} bytes, downtime {result['downtime_s']:.3f} s")
     if op["kind"] == "checkpoint":
-        return f"{result['worker']}: {result['sessions']} session(s) saved to {result['path']}"
+        return f"{result['worker']}: {result['sessions']} session(s) saved to {result['checkpoint']}"
     details = ", ".join(f"{k} {v}" for k, v in result.items() if k != "worker")
     return f"{op['kind']} {op['worker']}: done" + (f" ({details})" if details else "")

@@ -4,6 +4,7 @@
         kv.safetensors   one tensor "kv" [layers, 2, n_blocks, block_size, Hkv, d]: only blocks in use
         sequences.json   per session: tokens, sampling params, seed, stop criteria, logical block table
         manifest.json    written last: format version, worker, role, compat fields, sha256 + size per file
+        used.json        added when the checkpoint is restored (when, by which operation): not part of it
 
 Written into `<name>.partial/` (fsynced), then renamed; a directory without a manifest, or any
 `.partial`, is never listed or accepted. Directory 0700, files 0600. Weights are not copied: the
@@ -33,6 +34,7 @@ PARTIAL_SUFFIX = ".partial"
 MANIFEST = "manifest.json"
 SEQUENCES = "sequences.json"
 KV_FILE = "kv.safetensors"
+USED = "used.json"
 
 
 class CheckpointError(ValueError):
@@ -124,10 +126,16 @@ def first_difference(saved: Compat, current: Compat) -> str | None:
     return None
 
 
-def checkpoint_name(worker_id: str) -> str:
+def checkpoint_name(worker_id: str, root: Path) -> str:
     """`<worker>-<utc>-<nnnn>`: the last part (from the controller's pid) keeps fleets sharing a
-    $FLEET_HOME apart within one second."""
-    return f"{worker_id}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid() % 10000:04d}"
+    $FLEET_HOME apart within one second; a second checkpoint of the worker within the same second (a
+    restore and another checkpoint) gets `-2`, `-3`, … rather than colliding with the first."""
+    name = f"{worker_id}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid() % 10000:04d}"
+    candidate, suffix = name, 1
+    while (root / candidate).exists() or (root / (candidate + PARTIAL_SUFFIX)).exists():
+        suffix += 1
+        candidate = f"{name}-{suffix}"
+    return candidate
 
 
 def _write_file(path: Path, data: bytes) -> str:
@@ -275,3 +283,22 @@ def list_checkpoints(root: Path) -> list[Path]:
     found = [p for p in root.iterdir() if p.is_dir() and not p.name.endswith(PARTIAL_SUFFIX)
              and (p / MANIFEST).is_file()]
     return sorted(found, key=lambda p: p.stat().st_mtime)
+
+
+def mark_used(path: Path, operation: str) -> str:
+    """Record that `path` was restored (a sidecar the manifest does not list); returns the UTC time."""
+    used_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    partial = path / (USED + PARTIAL_SUFFIX)
+    _write_file(partial, json.dumps({"used_at": used_at, "operation": operation}).encode())
+    os.replace(partial, path / USED)
+    return used_at
+
+
+def used_at(path: Path) -> str | None:
+    """When `path` was restored, if it was (an unreadable sidecar counts as used: refuse, never replay)."""
+    try:
+        return str(json.loads((path / USED).read_text())["used_at"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unknown"

@@ -16,7 +16,7 @@ from fleetctl.engine.core.kv_cache import KVCache, KVCacheSpec
 from fleetctl.engine.core.model_runner import ModelRunner, StepStats
 from fleetctl.engine.core.output import RequestOutput, TextStream, token_finish_reason
 from fleetctl.engine.core.prompt import PromptError, check_prompt
-from fleetctl.engine.core.scheduler import Scheduler, SchedulerConfig
+from fleetctl.engine.core.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from fleetctl.engine.core.sequence import FinishReason, SamplingParams, Sequence
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.llama import LlamaModel
@@ -163,6 +163,8 @@ class LLMEngine:
         """Forget a request (finished elsewhere, handed off, or aborted) and free its blocks."""
         seq = self._seqs.pop(request_id, None)
         self._streams.pop(request_id, None)
+        if seq is None:  # an adopt that failed half-way leaves its sequence admitted but not registered
+            seq = next((s for s in self.scheduler.running if s.request_id == request_id), None)
         if seq is not None:
             self.scheduler.finish(seq)
 
@@ -198,10 +200,18 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One model step; `last_step` describes it (None when nothing could be scheduled: the queue
         waits for blocks that parked or running sequences hold)."""
+        scheduled = self.schedule()
+        return self.run(scheduled) if scheduled is not None else []
+
+    def schedule(self) -> ScheduledStep | None:
         scheduled = self.scheduler.schedule()
         if scheduled is None:
             self.last_step = None
-            return []
+        return scheduled
+
+    def run(self, scheduled: ScheduledStep) -> list[RequestOutput]:
+        """Run a scheduled step, or some of its sequences again: a step that raised changed no sequence
+        (a worker re-runs them one at a time to find the one that fails)."""
         tokens, self.last_step = self.runner.run(scheduled)
         for seq, new in zip(scheduled.seqs, self.last_step.new_tokens, strict=True):
             self.kv_cache.allocator.cache_full_blocks(seq, seq.num_cached_tokens - new)

@@ -7,12 +7,39 @@ from pathlib import Path
 
 from fleetctl.engine.core.config import EngineSettings
 from fleetctl.engine.core.device_names import DeviceError, check_device, gpu_count
+from fleetctl.engine.worker.shm_files import SHM_DIR
 from fleetctl.engine.worker.spec import WorkerSpec
 from fleetctl.store.records import DeviceKind, WorkerRole
 
 
 class FleetConfigError(ValueError):
     """A fleet layout that cannot be built (bad counts, devices, or a device used twice)."""
+
+
+@dataclass(frozen=True)
+class Supervision:
+    """How the fleet survives its workers' failures (docs/architecture.md, "Failure")."""
+
+    restart: bool = True  # restart a worker that died (not one stopped or checkpointed on purpose)
+    backoff_s: float = 1.0  # before the first restart; doubled for each further crash in the window
+    backoff_max_s: float = 60.0
+    max_crashes: int = 5  # crashes within crash_window_s after which a worker is not restarted again
+    crash_window_s: float = 600.0
+    heartbeat_s: float = 1.0  # how often a worker says it is alive
+    heartbeat_timeout_s: float = 10.0  # silence after which a worker is declared hung and killed
+    step_timeout_s: float = 120.0  # one step running longer counts as hung (its heartbeat stops)
+    max_retries: int = 2  # a request that failed on more workers than this is failed as poisoned
+    checkpoint_timeout_s: float = 300.0  # a checkpoint not written by then is called off, the worker resumed
+
+    def __post_init__(self) -> None:
+        for name in ("backoff_s", "backoff_max_s", "crash_window_s", "heartbeat_s", "heartbeat_timeout_s",
+                     "step_timeout_s", "checkpoint_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise FleetConfigError(f"{name} must be > 0")
+        if self.max_crashes < 1 or self.max_retries < 0:
+            raise FleetConfigError("max_crashes must be >= 1 and max_retries >= 0")
+        if self.heartbeat_timeout_s <= self.heartbeat_s:
+            raise FleetConfigError("the heartbeat timeout must be longer than the heartbeat interval")
 
 
 @dataclass(frozen=True)
@@ -23,10 +50,13 @@ class FleetConfig:
     colocated: int = 0  # > 0: the baseline of N mixed workers, no handoff (prefill/decode ignored)
     devices: tuple[str, ...] = ()  # one per worker; () picks cuda:0.. or cpu:0..
     engine: EngineSettings = field(default_factory=EngineSettings)
-    max_queue: int = 256  # prompts waiting in the controller beyond this get "busy" (HTTP 429)
+    max_queue: int = 256  # requests waiting (not yet generating: queued, prefilling, KV awaiting a handoff) beyond
+    # this get "busy" (HTTP 429)
     ready_timeout_s: float = 300.0
     store_path: Path | None = None  # the SQLite metrics store (None: keep metrics in memory only)
     served_model_name: str | None = None  # the name clients ask for (default: the model directory's name)
+    supervision: Supervision = field(default_factory=Supervision)
+    shm_dir: Path = SHM_DIR  # where workers publish KV handoff buffers (CPU)
 
     def __post_init__(self) -> None:
         if self.colocated < 0 or self.prefill < 0 or self.decode < 0:
@@ -96,6 +126,8 @@ def worker_specs(config: FleetConfig) -> list[WorkerSpec]:
     cpu_devices = {d for d in devices if check_device(d, indexed=True).kind is DeviceKind.CPU}
     return [
         WorkerSpec(worker_id=worker_id, role=role, device=device, model_dir=config.model_dir, engine=config.engine,
-                   cores=pinned_cores(device, cpu_devices), store_path=config.store_path)
+                   cores=pinned_cores(device, cpu_devices), store_path=config.store_path,
+                   heartbeat_s=config.supervision.heartbeat_s, step_timeout_s=config.supervision.step_timeout_s,
+                   shm_dir=config.shm_dir)
         for (worker_id, role), device in zip(config.worker_roles(), devices, strict=True)
     ]

@@ -1,11 +1,12 @@
 """The fleet controller: starts workers, admits requests and streams their tokens back, and routes
-every worker message to the part that handles it — dispatch (prompts, endings), handoff routing,
-recovery, operations (checkpoint / restore / migrate, and the pool changes start / drain / resume /
-stop). It holds no tensors and imports no torch; it runs on one asyncio loop, with a reader and a
-writer thread per worker pipe."""
+every worker message to the part that handles it — dispatch (prompts, endings), token streams, handoff
+routing, recovery, the watchdog and the supervisor (hung and dead workers), operations (checkpoint /
+restore / migrate, and the pool changes start / drain / resume / stop). It holds no tensors and imports
+no torch; it runs on one asyncio loop, with a reader and a writer thread per worker pipe."""
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ from collections.abc import AsyncIterator
 from fleetctl.engine.core.output import TextStream
 from fleetctl.engine.core.prompt import check_prompt
 from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.engine.fleet.admission import Admission
 from fleetctl.engine.fleet.config import FleetConfig, worker_specs
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.handoff import HandoffRouting
@@ -21,29 +23,24 @@ from fleetctl.engine.fleet.operation import OperationRunner
 from fleetctl.engine.fleet.operations import CheckpointOperations
 from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.recovery import Recovery
-from fleetctl.engine.fleet.request import RequestStage, StreamEvent, TrackedRequest
+from fleetctl.engine.fleet.request import StreamEvent, TrackedRequest
 from fleetctl.engine.fleet.router import WorkerView
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.fleet.stats import FleetStats
+from fleetctl.engine.fleet.supervisor import Supervisor
+from fleetctl.engine.fleet.tokens import TokenStreams
+from fleetctl.engine.fleet.watchdog import Watchdog
 from fleetctl.engine.fleet.worker_link import WorkerLink
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.tokenizer import Tokenizer
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.launcher import Launcher, LocalLauncher
+from fleetctl.engine.worker.shm_files import sweep, sweep_dead_fleets
 from fleetctl.engine.worker.spec import WorkerSpec
-from fleetctl.store.records import EventKind, Phase, WorkerRole, WorkerState
+from fleetctl.store.records import WorkerRole, WorkerState
 
 log = logging.getLogger("fleetctl.stats")
 STATS_LOG_S = 10.0
-BUSY_EVENT_S = 5.0
-
-
-class FleetBusy(RuntimeError):
-    """The controller's queue is full (HTTP 429)."""
-
-
-class NoWorkers(RuntimeError):
-    """No live worker is left for a role the request needs (HTTP 503)."""
 
 
 class Fleet:
@@ -61,15 +58,18 @@ class Fleet:
             stats=FleetStats(), recorder=FleetRecorder(config.store_path) if config.store_path else None,
         )
         self.dispatcher = Dispatcher(self.state)
+        self.admission = Admission(self.state, self.dispatcher)
+        self.tokens = TokenStreams(self.state, self.dispatcher)
         self.handoffs = HandoffRouting(self.state, self.dispatcher)
         self.recovery = Recovery(self.state, self.dispatcher, self.handoffs)
         self.operations = OperationRunner(self.state, self)
         self.checkpoints = CheckpointOperations(self.operations)
         self.lifecycle = WorkerLifecycle(self.operations)
+        self.supervisor = Supervisor(self.operations, self.dispatcher.fail_stranded)
+        self.watchdog = Watchdog(self.state)
         self._launcher = launcher or LocalLauncher()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ticker: asyncio.Task | None = None
-        self._refused, self._refusal_logged = 0, float("-inf")
+        self._tasks: list[asyncio.Task] = []
 
     @property
     def views(self) -> dict[str, WorkerView]:
@@ -83,6 +83,8 @@ class Fleet:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if swept := sweep_dead_fleets(self.config.shm_dir):
+            log.info("removed %d KV handoff buffer(s) left by fleets that were killed", swept)
         for wid, spec in self.state.specs.items():
             link = self.launch(spec)
             self.state.links[wid] = link
@@ -97,31 +99,45 @@ class Fleet:
         if dead:
             await self.stop()
             raise RuntimeError(f"workers failed to start: {'; '.join(dead)}")
-        self._ticker = asyncio.create_task(self._tick())
+        self._tasks = [asyncio.create_task(self._tick()), asyncio.create_task(self.watchdog.run())]
 
     async def _tick(self) -> None:
-        """Once a second the store's rows; every STATS_LOG_S a line on the server's log."""
+        """Once a second the store's rows and a check for requests left without a worker to go to (a
+        catch-all: each change of a worker's state checks too); every STATS_LOG_S a line on the log."""
         logged_at = time.monotonic()
         while True:
             await asyncio.sleep(1.0)
+            self.dispatcher.fail_stranded()
             if self.state.recorder:
                 self.state.recorder.tick()
             if time.monotonic() - logged_at >= STATS_LOG_S:
                 log.info("%s", self.stats.summary(self.state.all_views()))
                 logged_at = time.monotonic()
 
+    async def drain(self, grace_s: float) -> None:
+        """Shutting down: admit nothing new (503), let the requests in flight finish for up to `grace_s`
+        seconds, then end the rest with one clear error."""
+        self.state.closing = True
+        deadline = time.monotonic() + grace_s
+        while self.state.requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for req in list(self.state.requests.values()):
+            self.dispatcher.abandon(req, f"the fleet shut down before this request finished ({grace_s:g} s grace)")
+
     async def stop(self) -> None:
         self.state.stopping = True
+        for task in self._tasks:
+            task.cancel()
+        self.supervisor.stop()
+        self.checkpoints.stop()
         links = list(self.state.links.values())
         for link in links:
             link.send(m.Shutdown())
-        for link in links:
-            await asyncio.to_thread(link.join, 10.0)
+        await asyncio.gather(*(asyncio.to_thread(link.join, 10.0) for link in links))
         await asyncio.sleep(0.1)  # let the reader threads' exit notices run
         for req in list(self.state.requests.values()):
             self.dispatcher.fail(req, "the fleet is shutting down")
-        if self._ticker:
-            self._ticker.cancel()
+        sweep(self.config.shm_dir, lambda buffer: buffer.fleet_pid == os.getpid())  # whatever a killed worker left
         recorder = self.state.recorder
         if recorder:
             for view in self.views.values():
@@ -148,6 +164,7 @@ class Fleet:
     def routing_changed(self) -> None:
         self.handoffs.dispatch()
         self.dispatcher.dispatch_queued()
+        self.dispatcher.fail_stranded()
 
     def recompute_held(self, wid: str, kv_kept: bool = True) -> None:
         self.recovery.recompute_held(wid, kv_kept)
@@ -155,14 +172,10 @@ class Fleet:
     # ---- requests ----------------------------------------------------------------------------
 
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "") -> TrackedRequest:
-        """Admit a request (raises PromptError, NoWorkers, FleetBusy); read its events with `stream`."""
+        """Admit a request (raises PromptError, RequestIdInUse, FleetClosing, NoWorkers, FleetBusy); read its
+        events with `stream`."""
         check_prompt(prompt_token_ids, self.model_config.vocab_size, self.max_model_len)
-        for role in self.config.roles:
-            if not self.state.has_role(role):
-                raise NoWorkers(f"no {role.value} worker is available")
-        if len(self.state.queued) >= self.config.max_queue:
-            self._record_refusal()
-            raise FleetBusy(f"{len(self.state.queued)} requests are already queued")
+        self.admission.check(request_id)
         request_id = request_id or f"req-{uuid.uuid4().hex[:16]}"
         eos = frozenset() if params.ignore_eos else self.tokenizer.eos_token_ids
         req = TrackedRequest(
@@ -174,13 +187,6 @@ class Fleet:
         self.dispatcher.dispatch_queued()
         return req
 
-    def _record_refusal(self) -> None:
-        """Count 429s; one store event per BUSY_EVENT_S says how many (a burst must not flood the store)."""
-        self._refused += 1
-        if time.monotonic() - self._refusal_logged >= BUSY_EVENT_S:
-            self.state.record_event(EventKind.BUSY, None, {"refused": self._refused, "queued": len(self.state.queued)})
-            self._refused, self._refusal_logged = 0, time.monotonic()
-
     @staticmethod
     async def stream(req: TrackedRequest) -> AsyncIterator[StreamEvent]:
         while True:
@@ -190,10 +196,8 @@ class Fleet:
                 return
 
     def cancel(self, req: TrackedRequest) -> None:
-        """The client went away: stop the work wherever it is."""
-        if not req.done:
-            self.dispatcher.release_everywhere(req)
-            self.dispatcher.finish(req, "abort")
+        """The client went away: stop the work wherever it is (a no-op for a request that ended)."""
+        self.dispatcher.cancel(req)
 
     def has_role(self, role: WorkerRole) -> bool:
         return self.state.has_role(role)
@@ -213,6 +217,7 @@ class Fleet:
 
     def _on_link_message(self, link: WorkerLink, msg: object) -> None:
         if self.state.links.get(link.worker_id) is link:
+            self.watchdog.heard(link.worker_id)
             self._on_message(link.worker_id, msg)
         elif isinstance(msg, m.Restored | m.RestoreFailed):
             self.checkpoints.on_restore_message(link, msg)
@@ -220,20 +225,35 @@ class Fleet:
             self.operations.on_foreign_message(link, msg)
 
     def _on_link_exit(self, link: WorkerLink) -> None:
-        if self.state.links.get(link.worker_id) is link:
-            self.recovery.on_worker_exit(link.worker_id)
-        else:
+        wid = link.worker_id
+        if self.state.links.get(wid) is not link:
             self.operations.on_foreign_exit(link)
+            return
+        self.operations.resolve(wid, "checkpoint", m.CheckpointFailed("the worker exited"))
+        if self.recovery.on_worker_exit(wid):
+            self.supervisor.on_failure(wid)  # first: requests for its role may wait for the restart
+            self.recovery.recompute_held(wid, failed=True)
+            self._sweep_buffers_of(self.views[wid].pid)
+        self.routing_changed()
+
+    def _sweep_buffers_of(self, pid: int | None) -> None:
+        """A dead worker's KV buffers that no request will read (published, but never announced)."""
+        wanted = {req.handle.location for req in self.state.requests.values() if req.handle is not None}
+        sweep(self.config.shm_dir, lambda buffer: buffer.fleet_pid == os.getpid() and buffer.producer_pid == pid
+              and str(buffer.path) not in wanted)
 
     def _on_message(self, wid: str, msg: object) -> None:
         view = self.views[wid]
         match msg:
+            case m.Heartbeat():
+                pass  # heard (the watchdog's clock), nothing else
             case m.WorkerReady():
-                view.state, view.pid = WorkerState.RUNNING, msg.pid
+                view.state, view.pid, view.last_error = WorkerState.RUNNING, msg.pid, ""
                 view.num_kv_blocks, view.block_size = msg.num_kv_blocks, msg.block_size
                 view.free_blocks = msg.num_kv_blocks
                 view.device_name, view.peak_flops, view.peak_bytes_per_s = (
                     msg.device_name, msg.peak_flops, msg.peak_bytes_per_s)
+                self.watchdog.heard(wid)
                 if self.state.recorder:
                     self.state.recorder.worker_started(view)
                 self.routing_changed()  # a new decode worker takes pending handoffs too
@@ -244,9 +264,7 @@ class Fleet:
                     self.state.recorder.on_step(view, msg)
                 if msg.tokens:
                     self.checkpoints.on_progress(wid)
-                self._attribute_model_time(msg)
-                for event in msg.tokens:
-                    self._on_token(wid, event)
+                self.tokens.on_step(wid, msg)
                 self.handoffs.dispatch()
             case m.Prefilled():
                 self.checkpoints.on_progress(wid)  # a restored prefill worker re-publishes, without tokens
@@ -256,10 +274,7 @@ class Fleet:
             case m.AdoptFailed():
                 self.handoffs.on_adopt_failed(wid, msg)
             case m.RequestFailed():
-                req = self.state.requests.get(msg.request_id)
-                view.requests.discard(msg.request_id)
-                if req:
-                    self.dispatcher.fail(req, msg.message)
+                self.recovery.on_request_failed(wid, msg)
             case m.Capacity():
                 view.free_blocks = msg.free_blocks
                 self.routing_changed()
@@ -267,44 +282,3 @@ class Fleet:
                 view.last_error = msg.reason
             case m.CheckpointStarted() | m.CheckpointDone() | m.CheckpointFailed():
                 self.checkpoints.on_worker_message(wid, msg)
-
-    def _attribute_model_time(self, report: m.StepReport) -> None:
-        """Split the step's seconds among its sequences by their tokens in it (for `classify`), and
-        note when a request's prefill began."""
-        total = sum(report.seq_tokens) or 1
-        for event, tokens in zip(report.tokens, report.seq_tokens, strict=True):
-            req = self.state.requests.get(event.request_id)
-            if req is None:
-                continue
-            share = report.seconds * tokens / total
-            if report.phase is Phase.PREFILL:
-                req.times.prefill_start = req.times.prefill_start or report.ended_at - report.seconds
-                req.prefill_model_s += share
-            else:
-                req.decode_model_s += share
-
-    def _on_token(self, wid: str, event: m.TokenEvent) -> None:
-        req = self.state.requests.get(event.request_id)
-        if req is None or req.done or req.holder() != wid:
-            if not event.finished:  # a session continued elsewhere (or cancelled): stop this copy
-                self.state.send(wid, m.Abort(event.request_id))
-            return
-        req.output_token_ids.append(event.token_id)
-        now = time.time()
-        if req.times.first_token is None:
-            req.times.first_token = now
-        elif req.times.second_token is None:
-            req.times.second_token = now
-        delta = req.stream.push(event.token_id)
-        if req.stream.stopped:
-            self.dispatcher.release_everywhere(req)
-            self.dispatcher.finish(req, "stop", StreamEvent(event.token_id, delta, finish_reason="stop"))
-        elif event.finished:
-            self.views[wid].requests.discard(req.request_id)
-            reason = event.finish_reason or "stop"
-            self.dispatcher.finish(req, reason,
-                                   StreamEvent(event.token_id, delta + req.stream.flush(), finish_reason=reason))
-        else:
-            if req.stage is RequestStage.PREFILL and self.views[wid].role is WorkerRole.PREFILL:
-                req.stage = RequestStage.HANDOFF
-            req.events.put_nowait(StreamEvent(token_id=event.token_id, text=delta))

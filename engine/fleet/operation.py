@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 300.0
 SHUTDOWN_TIMEOUT_S = 30.0  # a worker that has not exited by then is killed
+KEEP_FINISHED = 200  # finished operations kept for /fleet/operations/{id}; older ones are forgotten
 LIVE = (WorkerState.RUNNING, WorkerState.STARTING, WorkerState.DRAINING)
 
 
@@ -39,6 +40,7 @@ class OpKind(StrEnum):
     DRAIN = "drain"
     RESUME = "resume"
     STOP = "stop"
+    RESTART = "restart"  # the supervisor brings a worker that died back (supervisor.py)
 
 
 class OpState(StrEnum):
@@ -156,6 +158,7 @@ class OperationRunner:
     def launch(self, op: Operation, work: Coroutine[Any, Any, dict]) -> Operation:
         self.ops[op.id] = op
         self._busy[op.worker_id] = op.id
+        self._forget_finished()
 
         async def run() -> None:
             try:
@@ -169,11 +172,18 @@ class OperationRunner:
                 log.exception("operation %s failed", op.id)
                 op.state, op.error = OpState.FAILED, f"internal error: {exc!r}"
             finally:
+                self.state.arriving.pop(op.id, None)
                 if self._busy.get(op.worker_id) == op.id:  # a resume may have taken the worker over
                     del self._busy[op.worker_id]
+                self.host.routing_changed()  # what waited for the process it started (or gave up on it)
 
         asyncio.get_running_loop().create_task(run())
         return op
+
+    def _forget_finished(self) -> None:
+        finished = [op_id for op_id, op in self.ops.items() if op.state is not OpState.RUNNING]
+        for op_id in finished[: max(0, len(finished) - KEEP_FINISHED)]:
+            del self.ops[op_id]
 
     def expect(self, key: object, event: str) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
@@ -183,8 +193,9 @@ class OperationRunner:
     def wait(self, key: object, event: str, timeout: float = START_TIMEOUT_S) -> Coroutine[Any, Any, Any]:
         return asyncio.wait_for(self.expect(key, event), timeout)
 
-    def take(self, key: object, event: str) -> asyncio.Future | None:
-        return self._waiters.pop((key, event), None)
+    def pending(self, key: object, event: str) -> asyncio.Future | None:
+        """The future `expect` made, still resolvable (resolve removes it)."""
+        return self._waiters.get((key, event))
 
     def resolve(self, key: object, event: str, value: object) -> None:
         future = self._waiters.pop((key, event), None)
@@ -215,6 +226,7 @@ class OperationRunner:
         its id when the operation says so)."""
         link = self.host.launch(self.spec_for(op.worker_id, role, device))
         op.destination_pid, op.stage = link.pid, stage
+        self.state.arriving[op.id] = role  # requests for the role may wait for it
         try:
             ready = await self.wait(link, "ready")
         except TimeoutError:

@@ -1,17 +1,19 @@
 """Checkpoint (stand a worker down, sessions held), restore (bring it back on a device) and migrate
 (checkpoint + restore elsewhere + re-route, the source resuming if anything fails), each an operation
-(`operation.py`) whose progress `/fleet/operations/{id}` reports."""
+(`operation.py`) whose progress `/fleet/operations/{id}` reports. A checkpoint that is not written within
+`Supervision.checkpoint_timeout_s` is called off (its writer killed) and the worker serves on."""
 
 import asyncio
+import contextlib
+import logging
+import os
+import signal
 import time
 from pathlib import Path
 
-from fleetctl.engine.checkpoint.format import (
-    CheckpointError,
-    checkpoint_name,
-    list_checkpoints,
-    read_checkpoint,
-)
+from fleetctl.engine.checkpoint.format import CheckpointError, checkpoint_name, mark_used, read_checkpoint, used_at
+from fleetctl.engine.fleet.checkpoint_catalog import FORCE_HINT, replay_refusal, resolve_checkpoint
+from fleetctl.engine.fleet.holds import Holds
 from fleetctl.engine.fleet.operation import (
     LIVE,
     SHUTDOWN_TIMEOUT_S,
@@ -26,19 +28,7 @@ from fleetctl.engine.worker import protocol as m
 from fleetctl.store.records import EventKind, WorkerRole, WorkerState
 
 DEFAULT_HOLD_S = 300.0
-
-
-def resolve_checkpoint(given: str) -> Path:
-    """A checkpoint name or path, which must lie inside $FLEET_HOME/checkpoints."""
-    root = checkpoint_root().resolve()
-    if ".." in Path(given).parts:
-        raise OperationError(400, f"checkpoint path {given!r} may not contain '..'")
-    path = (Path(given) if Path(given).is_absolute() else root / given).resolve()
-    if root not in path.parents:
-        raise OperationError(400, f"checkpoint {given!r} is outside {root}")
-    if not path.is_dir():
-        raise OperationError(404, f"no checkpoint {given!r} in {root}")
-    return path
+log = logging.getLogger(__name__)
 
 
 class CheckpointOperations:
@@ -46,9 +36,9 @@ class CheckpointOperations:
         self.runner = runner
         self.state = runner.state
         self.host = runner.host
-        self._hold_timers: dict[str, asyncio.TimerHandle] = {}
+        self.holds = Holds(self.state, self._hold_expired, self._restoring)
 
-    # ---- starting operations (validation happens here, synchronously: 4xx before any change) ----
+    # ---- starting operations (validation happens here: 4xx before any change) --------------------
 
     def checkpoint(self, worker_id: str, hold_s: float = DEFAULT_HOLD_S) -> Operation:
         self.runner.running_worker(worker_id)
@@ -65,10 +55,11 @@ class CheckpointOperations:
         op = Operation(OpKind.MIGRATE, worker_id, device=to)
         return self.runner.launch(op, self._migrate(op, to))
 
-    def restore(self, checkpoint: str, device: str) -> Operation:
+    async def restore(self, checkpoint: str, device: str, force: bool = False) -> Operation:
+        """Verify the checkpoint (every file hashed, in a thread), refuse a replay unless `force`, start."""
         path = resolve_checkpoint(checkpoint)
         try:
-            saved = read_checkpoint(path)
+            saved = await asyncio.to_thread(read_checkpoint, path)
         except CheckpointError as exc:
             raise OperationError(422, str(exc)) from None
         view = self.state.views.get(saved.worker_id)
@@ -77,32 +68,27 @@ class CheckpointOperations:
         if self.runner.busy_with(saved.worker_id):
             raise OperationError(409, f"another operation is running on {saved.worker_id}")
         self.runner.check_device(device, exclude=saved.worker_id)
+        refusal = replay_refusal(saved, used_at(path), self.holds.stood_down_with(saved.worker_id), self.state)
+        if refusal and not force:
+            raise OperationError(409, f"{refusal}; {FORCE_HINT}")
         op = Operation(OpKind.RESTORE, saved.worker_id, device=device)
         return self.runner.launch(op, self._restore(op, saved.role, path, device))
 
-    def list_checkpoints(self) -> list[dict]:
-        rows = []
-        for path in list_checkpoints(checkpoint_root()):
-            try:
-                saved = read_checkpoint(path)
-            except CheckpointError as exc:
-                rows.append({"path": str(path), "name": path.name, "valid": False, "error": str(exc)})
-                continue
-            rows.append({"path": str(path), "name": path.name, "valid": True, "worker": saved.worker_id,
-                         "role": saved.role.value, "sessions": len(saved.sessions), "created": saved.manifest.created,
-                         "bytes": sum(f.stat().st_size for f in path.iterdir())})
-        return rows
+    def stop(self) -> None:
+        self.holds.stop()
 
     # ---- messages --------------------------------------------------------------------------------
 
     def on_worker_message(self, worker_id: str, msg: object) -> None:
         """Checkpoint progress from a current worker."""
+        op = self.runner.busy_with(worker_id)
         if isinstance(msg, m.CheckpointStarted):
-            op = self.runner.busy_with(worker_id)
             if op:
                 op.writer_pid, op.stage = msg.writer_pid, "writing"
-        else:
-            self.runner.resolve(worker_id, "checkpoint", msg)
+            return
+        if isinstance(msg, m.CheckpointDone) and op is not None and op.kind is OpKind.CHECKPOINT:
+            self.state.views[worker_id].state = WorkerState.CHECKPOINTED  # now: its exit follows, not a failure
+        self.runner.resolve(worker_id, "checkpoint", msg)
 
     def on_progress(self, worker_id: str) -> None:
         """The worker served its sessions again: tokens, or (prefill) a re-published handoff."""
@@ -118,14 +104,25 @@ class CheckpointOperations:
 
     # ---- the operations ------------------------------------------------------------------------
 
-    async def _save(self, worker_id: str, after: m.CheckpointAfter) -> m.CheckpointDone:
-        self.state.views[worker_id].state = WorkerState.DRAINING  # routes nothing new to it
-        name = checkpoint_name(worker_id)
-        waiting = self.runner.wait(worker_id, "checkpoint")
+    async def _save(self, op: Operation, after: m.CheckpointAfter) -> m.CheckpointDone:
+        worker_id = op.worker_id
+        view = self.state.views[worker_id]
+        view.state = WorkerState.DRAINING  # routes nothing new to it
+        name = checkpoint_name(worker_id, checkpoint_root())
+        timeout = self.state.config.supervision.checkpoint_timeout_s
+        waiting = self.runner.wait(worker_id, "checkpoint", timeout)
         self.state.send(worker_id, m.TakeCheckpoint(str(checkpoint_root()), name, after))
-        result = await waiting
+        try:
+            result = await waiting
+        except TimeoutError:
+            if op.writer_pid is not None:  # the worker removes what was written and serves on
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(op.writer_pid, signal.SIGKILL)
+            self.state.send(worker_id, m.Resume())  # in case it gets to the checkpoint later, paused
+            result = m.CheckpointFailed(f"not written within {timeout:g} s; the writer was killed")
         if isinstance(result, m.CheckpointFailed):
-            self.state.views[worker_id].state = WorkerState.RUNNING
+            if view.state is WorkerState.DRAINING:  # not if it died meanwhile
+                view.state = WorkerState.RUNNING
             self.host.routing_changed()
             raise RuntimeError(f"checkpoint of {worker_id} failed: {result.reason}")
         return result
@@ -133,21 +130,21 @@ class CheckpointOperations:
     async def _checkpoint(self, op: Operation, hold_s: float) -> dict:
         worker_id = op.worker_id
         op.stage = "pausing"
-        done = await self._save(worker_id, m.CheckpointAfter.STAND_DOWN)
-        view = self.state.views[worker_id]
-        view.state = WorkerState.CHECKPOINTED
-        self._hold_timers[worker_id] = asyncio.get_running_loop().call_later(hold_s, self._hold_expired, worker_id)
-        self.state.record_event(EventKind.CHECKPOINT, worker_id, {"path": done.path, "sessions": done.sessions,
+        done = await self._save(op, m.CheckpointAfter.STAND_DOWN)
+        self.state.views[worker_id].state = WorkerState.CHECKPOINTED
+        self.holds.hold(worker_id, hold_s, Path(done.path))
+        self.state.record_event(EventKind.CHECKPOINT, worker_id, {"checkpoint": done.path, "sessions": done.sessions,
                                                                    "bytes": done.nbytes, "hold_s": hold_s})
-        return {"worker": worker_id, "path": done.path, "sessions": done.sessions, "bytes": done.nbytes,
+        return {"worker": worker_id, "checkpoint": done.path, "sessions": done.sessions, "bytes": done.nbytes,
                 "seconds": round(done.seconds, 4)}
 
+    def _restoring(self, worker_id: str) -> bool:
+        op = self.runner.busy_with(worker_id)
+        return op is not None and op.kind is OpKind.RESTORE
+
     def _hold_expired(self, worker_id: str) -> None:
-        self._hold_timers.pop(worker_id, None)
-        view = self.state.views[worker_id]
-        if view.state is WorkerState.CHECKPOINTED:
-            view.state = WorkerState.STOPPED
-            self.host.recompute_held(worker_id)
+        self.host.recompute_held(worker_id)
+        self.host.routing_changed()
 
     async def _restore_into(self, op: Operation, link: WorkerLink, path: Path) -> m.Restored:
         """Load `path` into the standby process; it takes over `link.worker_id` when it has (see
@@ -162,19 +159,25 @@ class CheckpointOperations:
         if isinstance(outcome, m.RestoreFailed):
             link.kill()
             raise RuntimeError(f"restore of {link.worker_id} from {path.name} failed: {outcome.reason}")
+        try:
+            await asyncio.to_thread(mark_used, path, op.kind.value)
+        except OSError as exc:  # the worker is restored either way; a later restore may not be refused
+            log.warning("could not mark %s used: %s", path.name, exc)
         return outcome
 
     async def _restore(self, op: Operation, role: WorkerRole, path: Path, device: str) -> dict:
         worker_id = op.worker_id
         start = time.time()
         source = self.state.views[worker_id].device if worker_id in self.state.views else None
-        link = await self.runner.start_process(op, role, device, "starting destination")
-        timer = self._hold_timers.pop(worker_id, None)
-        if timer:
-            timer.cancel()
-        restored = await self._restore_into(op, link, path)
+        try:
+            link = await self.runner.start_process(op, role, device, "starting destination")
+            restored = await self._restore_into(op, link, path)
+        except BaseException:
+            self.holds.restore_failed(worker_id)  # the held sessions must not wait without a timer
+            raise
+        self.holds.restored(worker_id)
         first = await self._first_token(op, restored, start)
-        self.state.record_event(EventKind.RESTORE, worker_id, {"path": str(path), "device": device,
+        self.state.record_event(EventKind.RESTORE, worker_id, {"checkpoint": str(path), "device": device,
                                                                 "mode": restored.mode, "reason": restored.reason})
         return self._result(worker_id, source, device, restored, str(path), first - start)
 
@@ -189,10 +192,10 @@ class CheckpointOperations:
                                f"nothing was lost") from None
         op.stage = "pausing source"
         try:
-            done = await self._save(worker_id, m.CheckpointAfter.HOLD)
-        except RuntimeError:
-            link.send(m.Shutdown())
-            raise
+            done = await self._save(op, m.CheckpointAfter.HOLD)
+        except RuntimeError as exc:
+            await self.runner.shut_down(link)  # the standby is not needed: reaped, not left running
+            raise RuntimeError(f"{exc}; the source resumed on {source_device}, nothing was lost") from None
         try:
             restored = await self._restore_into(op, link, Path(done.path))
         except RuntimeError as exc:
@@ -212,13 +215,15 @@ class CheckpointOperations:
     async def _first_token(self, op: Operation, restored: m.Restored, since: float) -> float:
         """When the restored worker produced its first token (now, if it holds no live session)."""
         op.stage = "first step"
-        future = self.runner.take(op.worker_id, "first-token")
-        if not restored.sessions or future is None:
-            return time.time()
+        future = self.runner.pending(op.worker_id, "first-token")
         try:
+            if not restored.sessions or future is None:
+                return time.time()
             return await asyncio.wait_for(future, 120.0)
         except TimeoutError:
             return time.time()
+        finally:
+            self.runner.resolve(op.worker_id, "first-token", None)  # no longer waited for
 
     @staticmethod
     def _result(worker_id: str, source: str | None, to: str, restored: m.Restored, path: str,

@@ -64,6 +64,9 @@ class TrackedRequest:
     finish_reason: str | None = None
     error: str | None = None
     recomputes: int = 0
+    failures: int = 0  # workers that failed while computing it (died, hung, or raised on it)
+    failed_on: set[str] = field(default_factory=set)  # those workers: a retry prefers others
+    suspect: bool = False  # it was on a worker that died, and has not come through a step on another since
     prefill_model_s: float = 0.0  # this request's share of its workers' prefill / decode step time
     decode_model_s: float = 0.0
     times: RequestTimes = field(default_factory=RequestTimes)
@@ -71,6 +74,12 @@ class TrackedRequest:
     @property
     def done(self) -> bool:
         return self.stage is RequestStage.DONE
+
+    def computed_by(self) -> str | None:
+        """The worker running its model steps (adopting its KV counts), if one is."""
+        if self.decode_worker is not None:
+            return self.decode_worker
+        return self.prefill_worker if self.stage is RequestStage.PREFILL else None
 
     def holder(self) -> str | None:
         """The worker whose engine holds the running sequence."""

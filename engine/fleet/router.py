@@ -25,6 +25,7 @@ class WorkerView:
     peak_flops: float = 0.0
     peak_bytes_per_s: float = 0.0
     last_error: str = ""  # why the worker's last process exited, in its own words
+    last_heard: float = 0.0  # time.monotonic() of its last message (the watchdog's clock)
 
     @property
     def accepting(self) -> bool:
@@ -50,19 +51,26 @@ class Router:
     def __init__(self, config: RouterConfig = RouterConfig()) -> None:
         self.config = config
 
-    def pick_prefill_worker(self, views: list[WorkerView], role: WorkerRole) -> WorkerView | None:
+    def pick_prefill_worker(self, views: list[WorkerView], role: WorkerRole,
+                            avoid: set[str] | frozenset[str] = frozenset()) -> WorkerView | None:
         """The accepting worker of `role` (prefill, mixed, or decode for a recompute) holding the fewest
-        requests, if any has room."""
-        candidates = [v for v in views if v.role is role and v.accepting
-                      and len(v.requests) < self.config.max_requests_per_worker]
+        requests, if any has room; one not in `avoid` (workers the request failed on) if there is one."""
+        candidates = _preferred([v for v in views if v.role is role and v.accepting
+                                 and len(v.requests) < self.config.max_requests_per_worker], avoid)
         return min(candidates, key=lambda v: (len(v.requests), v.worker_id), default=None)
 
-    def pick_decode_worker(self, views: list[WorkerView], num_tokens: int) -> WorkerView | None:
-        """The accepting decode worker with free blocks for `num_tokens` tokens, least loaded first."""
-        candidates = [v for v in views if v.role is WorkerRole.DECODE and v.accepting
-                      and v.free_blocks >= blocks_for(num_tokens, v.block_size)]
+    def pick_decode_worker(self, views: list[WorkerView], num_tokens: int,
+                           avoid: set[str] | frozenset[str] = frozenset()) -> WorkerView | None:
+        """The accepting decode worker with free blocks for `num_tokens` tokens, least loaded first (one
+        not in `avoid` if there is one)."""
+        candidates = _preferred([v for v in views if v.role is WorkerRole.DECODE and v.accepting
+                                 and v.free_blocks >= blocks_for(num_tokens, v.block_size)], avoid)
         return min(candidates, key=lambda v: (len(v.requests), -v.free_blocks, v.worker_id), default=None)
 
     @staticmethod
     def has_role(views: list[WorkerView], role: WorkerRole) -> bool:
         return any(v.role is role and v.state in (WorkerState.RUNNING, WorkerState.STARTING) for v in views)
+
+
+def _preferred(candidates: list[WorkerView], avoid: set[str] | frozenset[str]) -> list[WorkerView]:
+    return [v for v in candidates if v.worker_id not in avoid] or candidates

@@ -12,7 +12,7 @@ from fleetctl.engine.fleet.router import Router, WorkerView
 from fleetctl.engine.fleet.stats import FleetStats
 from fleetctl.engine.fleet.worker_link import WorkerLink
 from fleetctl.engine.worker.spec import WorkerSpec
-from fleetctl.store.records import EventKind, WorkerRole
+from fleetctl.store.records import EventKind, WorkerRole, WorkerState
 
 
 @dataclass
@@ -27,6 +27,9 @@ class FleetState:
     requests: dict[str, TrackedRequest] = field(default_factory=dict)  # accepted and not yet ended
     queued: deque[TrackedRequest] = field(default_factory=deque)  # waiting for a prefill (or mixed) worker
     pending_handoffs: deque[TrackedRequest] = field(default_factory=deque)  # KV published, no decode worker yet
+    restarting: dict[str, WorkerRole] = field(default_factory=dict)  # worker id -> role, a restart pending
+    arriving: dict[str, WorkerRole] = field(default_factory=dict)  # operation id -> role of the process it starts
+    closing: bool = False  # shutting down: no new request is admitted
     stopping: bool = False
 
     def send(self, worker_id: str, msg: object) -> None:
@@ -37,6 +40,13 @@ class FleetState:
 
     def has_role(self, role: WorkerRole) -> bool:
         return Router.has_role(self.all_views(), role)
+
+    def serves(self, role: WorkerRole) -> bool:
+        """A worker of `role` runs or starts, or one is on its way back (restarted by the supervisor, started
+        by an operation, stood down with its hold running): requests for the role may wait for it, each wait
+        bounded (start timeout, crash budget, hold). Otherwise they fail: no worker of the role is left."""
+        return (self.has_role(role) or role in self.restarting.values() or role in self.arriving.values()
+                or any(v.role is role and v.state is WorkerState.CHECKPOINTED for v in self.views.values()))
 
     def record_event(self, kind: EventKind, worker_id: str | None, details: dict) -> None:
         if self.recorder:

@@ -11,6 +11,7 @@ from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.launcher import LaunchedWorker
 
 _incarnations = itertools.count()
+_CLOSED = object()  # wakes the writer thread of a link whose process is gone
 
 
 class WorkerLink:
@@ -26,6 +27,7 @@ class WorkerLink:
         self.incarnation = next(_incarnations)  # a migrated worker keeps its id; links tell them apart
         self.ready: m.WorkerReady | None = None  # kept for a process that has not taken over yet
         self.last_error = ""  # the process's own words if it failed (WorkerFailed)
+        self.closed = False  # the process's pipe is gone: messages to it are dropped, not queued
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._loop = loop
         self._on_message = on_message
@@ -38,7 +40,13 @@ class WorkerLink:
         return self.launched.pid
 
     def send(self, msg: object) -> None:
-        self._outbox.put(msg)
+        if not self.closed:
+            self._outbox.put(msg)
+
+    @property
+    def queued(self) -> int:
+        """Messages waiting to be written to the process."""
+        return self._outbox.qsize()
 
     def kill(self) -> None:
         self.launched.kill()
@@ -53,14 +61,24 @@ class WorkerLink:
             except (EOFError, OSError):
                 break
             self._loop.call_soon_threadsafe(self._on_message, self, msg)
+        self._close()
         self._loop.call_soon_threadsafe(self._on_exit, self)
 
     def _write(self) -> None:
         while True:
             msg = self._outbox.get()
+            if msg is _CLOSED:
+                return
             try:
                 self.launched.conn.send(msg)
             except (OSError, ValueError):
+                self._close()
                 return
             if isinstance(msg, m.Shutdown):
                 return
+
+    def _close(self) -> None:
+        self.closed = True
+        while not self._outbox.empty():
+            self._outbox.get_nowait()
+        self._outbox.put(_CLOSED)

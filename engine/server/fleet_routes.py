@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from fleetctl.engine.fleet.checkpoint_catalog import catalog
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.operation import Operation, OperationError
 from fleetctl.engine.fleet.operations import DEFAULT_HOLD_S
@@ -32,6 +33,7 @@ class MigrateBody(BaseModel):
 class RestoreBody(BaseModel):
     checkpoint: str
     device: str
+    force: bool = False  # replay its sessions even where that is refused (see checkpoint_catalog)
 
 
 class StartBody(BaseModel):
@@ -100,11 +102,15 @@ def fleet_router(fleet: Fleet) -> APIRouter:
 
     @router.post("/restore")
     async def restore(body: RestoreBody) -> JSONResponse:
-        return start(lambda: fleet.checkpoints.restore(body.checkpoint, body.device))
+        try:
+            op = await fleet.checkpoints.restore(body.checkpoint, body.device, body.force)
+        except OperationError as exc:
+            raise _operation_error(exc) from None
+        return start(lambda: op)
 
     @router.get("/checkpoints")
     async def checkpoints() -> dict:
-        return {"checkpoints": fleet.checkpoints.list_checkpoints()}
+        return {"checkpoints": await asyncio.to_thread(catalog)}  # verifies (hashes) every checkpoint
 
     @router.get("/operations/{op_id}")
     async def get_operation(op_id: str) -> dict:

@@ -1,6 +1,8 @@
 """The JSON shapes of /fleet/status and /fleet/workers (the `status --json` and `workers --json` contract),
 built from the controller's view."""
 
+import os
+
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.stats import BUSY_WINDOW_S
 from fleetctl.store.records import WorkerState
@@ -18,6 +20,8 @@ def workers_status(fleet: Fleet) -> list[dict]:
             "pid": view.pid,
             "sessions": len(view.requests),
             "kv_usage": round(view.kv_usage, 4),
+            "kv_blocks": view.num_kv_blocks,
+            "free_blocks": view.free_blocks,
             "busy": round(util.busy, 4),
             "mfu": round(util.mfu, 6),
             "mbu": round(util.mbu, 6),
@@ -38,5 +42,5 @@ def fleet_status(fleet: Fleet) -> dict:
             "mbu": round(sum(w["mbu"] for w in members) / count, 6),
             "queue": fleet.queue_length(role),
         }
-    return {"model": fleet.model_name, "url": fleet.url, "window_s": BUSY_WINDOW_S, "workers": workers,
-            "pools": pools}
+    return {"model": fleet.model_name, "url": fleet.url, "pid": os.getpid(), "window_s": BUSY_WINDOW_S,
+            "workers": workers, "pools": pools}

@@ -15,9 +15,7 @@ from pathlib import Path
 import torch
 
 from fleetctl.engine.worker.protocol import HandleKind, KVHandle
-
-SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
-SHM_PREFIX = "fleetctl-kv-"
+from fleetctl.engine.worker.shm_files import SHM_DIR, buffer_path
 
 
 class HandoffError(RuntimeError):
@@ -25,14 +23,18 @@ class HandoffError(RuntimeError):
 
 
 class KVTransport:
-    """One per worker process: publishes its own KV, fetches its peers'."""
+    """One per worker process: publishes its own KV, fetches its peers'. Buffers are named after the
+    fleet (`fleet_pid`: the controller, by default this process's parent) and this process (shm_files)."""
 
-    def __init__(self) -> None:
+    def __init__(self, shm_dir: Path = SHM_DIR, fleet_pid: int | None = None) -> None:
         self._live: dict[str, torch.Tensor] = {}
+        self.shm_dir = shm_dir
+        self.fleet_pid = fleet_pid if fleet_pid is not None else os.getppid()
 
     def publish(self, kv: torch.Tensor) -> KVHandle:
         """kv: [layers, 2, n_blocks, block_size, Hkv, d] on this worker's device."""
-        handle_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        unique = uuid.uuid4().hex[:12]
+        handle_id = f"{self.fleet_pid}-{os.getpid()}-{unique}"
         dtype = str(kv.dtype).removeprefix("torch.")
         nbytes = kv.numel() * kv.element_size()
         if kv.is_cuda:
@@ -42,14 +44,18 @@ class KVTransport:
             self._live[handle_id] = buffer
             recipe = pickle.dumps(reduce_tensor(buffer))
             return KVHandle(handle_id, HandleKind.CUDA_IPC, tuple(kv.shape), dtype, nbytes, "", recipe)
-        path = SHM_DIR / f"{SHM_PREFIX}{handle_id}"
+        path = buffer_path(self.shm_dir, self.fleet_pid, os.getpid(), unique)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # private from its first byte
         try:
-            os.ftruncate(fd, nbytes)
-        finally:
-            os.close(fd)
-        mapped = torch.from_file(str(path), shared=True, size=kv.numel(), dtype=kv.dtype)
-        mapped.copy_(kv.reshape(-1))
+            try:
+                os.ftruncate(fd, nbytes)
+            finally:
+                os.close(fd)
+            mapped = torch.from_file(str(path), shared=True, size=kv.numel(), dtype=kv.dtype)
+            mapped.copy_(kv.reshape(-1))
+        except BaseException:
+            path.unlink(missing_ok=True)  # a buffer nobody got a handle for would never be removed
+            raise
         return KVHandle(handle_id, HandleKind.SHM, tuple(kv.shape), dtype, nbytes, str(path))
 
     def fetch(self, handle: KVHandle, device: torch.device) -> torch.Tensor:

@@ -1,20 +1,32 @@
 """The worker's loop: one engine, one device, one role. It only loops and talks: messages in,
-engine steps, reports out. The controller decides everything else."""
+engine steps, reports out. The controller decides everything else.
+
+One request cannot take the worker down: an exception while adding, adopting or publishing a request
+drops that request alone (`RequestFailed`, retry), and a step that raises is run again one sequence at
+a time, so that only the sequence that still raises on its own is dropped and its batch-mates continue
+(re-running is safe: a step that raised appended no token, and a re-run rewrites the same KV slots)."""
 
 import os
+import sys
+import threading
 import time
+import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from fleetctl.engine.checkpoint.engine_io import current_compat, restore_engine, write_engine_checkpoint
 from fleetctl.engine.checkpoint.format import CheckpointError, read_checkpoint
 from fleetctl.engine.core.block_allocator import OutOfBlocks
+from fleetctl.engine.core.faults import InjectedFault, fault_point
 from fleetctl.engine.core.llm_engine import LLMEngine
+from fleetctl.engine.core.output import RequestOutput
 from fleetctl.engine.core.prompt import PromptError
+from fleetctl.engine.core.scheduler import ScheduledStep
 from fleetctl.engine.metrics.calibration import machine_lock
 from fleetctl.engine.metrics.cost_model import CostModel
 from fleetctl.engine.metrics.device_peaks import device_peaks
 from fleetctl.engine.worker import protocol as m
+from fleetctl.engine.worker.heartbeat import Heartbeat
 from fleetctl.engine.worker.kv_transport import HandoffError, KVTransport, timed_fetch
 from fleetctl.engine.worker.spec import WorkerSpec
 
@@ -25,9 +37,11 @@ class Worker:
     def __init__(self, spec: WorkerSpec, conn: Connection) -> None:
         self.spec = spec
         self.conn = conn
+        self._send_lock = threading.Lock()  # the heartbeat thread sends too
         with machine_lock(exclusive=False):  # no sibling calibrates while this worker loads
             self.engine = LLMEngine(spec.engine_config())
-        self.transport = KVTransport()
+        self.transport = KVTransport(spec.shm_dir)
+        self.heartbeat = Heartbeat(spec.worker_id, self.send, spec.heartbeat_s, spec.step_timeout_s)
         self.handles: dict[str, m.KVHandle] = {}
         self.running = True
         elem = self.engine.kv_cache.tensor.element_size()
@@ -35,23 +49,54 @@ class Worker:
         self.peaks = device_peaks(self.engine.device, self.engine.dtype, self.cost.weight_bytes_per_step,
                                   spec.store_path)
 
+    def send(self, msg: object) -> None:
+        with self._send_lock:
+            self.conn.send(msg)
+
     def run(self) -> None:
         allocator = self.engine.kv_cache.allocator
         self.compat = current_compat(self.engine, self.peaks.name)
-        self.conn.send(m.WorkerReady(
+        self.send(m.WorkerReady(
             self.spec.worker_id, os.getpid(), allocator.num_blocks, self.engine.kv_cache.spec.block_size,
             self.engine.load_seconds, self.peaks.name, self.peaks.peak_flops, self.peaks.peak_bytes_per_s,
         ))
-        stepped = False
-        while self.running:
-            # poll without waiting only while steps run: a queue stuck behind parked blocks waits for a message
-            timeout = 0.0 if stepped else IDLE_POLL_SECONDS
-            while self.running and self.conn.poll(timeout):
-                self.handle(self.conn.recv())
-                timeout = 0.0
-            stepped = self.running and self.engine.has_unfinished() and self.step()
-        for handle in self.handles.values():
+        self.heartbeat.start()
+        try:
+            stepped = False
+            while self.running:
+                # poll without waiting only while steps run: a queue stuck behind parked blocks waits for a message
+                timeout = 0.0 if stepped else IDLE_POLL_SECONDS
+                while self.running and self.conn.poll(timeout):
+                    self.receive(self.conn.recv())
+                    timeout = 0.0
+                stepped = self.running and self.engine.has_unfinished() and self.step()
+        finally:  # also when the controller is gone: what this worker published dies with it
+            self.heartbeat.stop()
+            for handle in self.handles.values():
+                self.transport.release(handle)
+
+    def receive(self, msg: object) -> None:
+        """Handle one message; an exception while handling a request's message drops that request only."""
+        try:
+            self.handle(msg)
+        except Exception as exc:
+            request_id = getattr(msg, "request_id", None)
+            if request_id is None:
+                raise
+            self._drop(request_id, exc)
+
+    def _drop(self, request_id: str, exc: Exception) -> None:
+        """Serving `request_id` raised: forget it here (blocks, published KV) and say so."""
+        if os.environ.get("FLEET_DEBUG"):
+            traceback.print_exc()
+        print(f"fleetctl: {self.spec.worker_id}: request {request_id} failed: {type(exc).__name__}: {exc}",
+              file=sys.stderr, flush=True)
+        handle = self.handles.pop(request_id, None)
+        if handle is not None:
             self.transport.release(handle)
+        self.engine.release(request_id)
+        self.send(m.RequestFailed(request_id, f"{type(exc).__name__}: {exc}", retry=True))
+        self.send(m.Capacity(self.spec.worker_id, self.engine.kv_cache.allocator.num_free))
 
     def handle(self, msg: object) -> None:
         match msg:
@@ -64,7 +109,7 @@ class Worker:
                 if handle is not None:
                     self.transport.release(handle)
                 self.engine.release(rid)
-                self.conn.send(m.Capacity(self.spec.worker_id, self.engine.kv_cache.allocator.num_free))
+                self.send(m.Capacity(self.spec.worker_id, self.engine.kv_cache.allocator.num_free))
             case m.Shutdown():
                 self.running = False
             case m.TakeCheckpoint():
@@ -77,39 +122,70 @@ class Worker:
                 raise TypeError(f"unknown message {msg!r}")
 
     def _run_request(self, msg: m.RunRequest) -> None:
+        fault_point("run-request", msg.request_id)
         try:
             self.engine.add_request(msg.prompt_token_ids, msg.params, request_id=msg.request_id,
                                     output_token_ids=msg.output_token_ids, seed=msg.seed)
         except PromptError as exc:
-            self.conn.send(m.RequestFailed(msg.request_id, str(exc)))
+            self.send(m.RequestFailed(msg.request_id, str(exc)))
 
     def _adopt(self, msg: m.Adopt) -> None:
         try:
             kv, seconds = timed_fetch(self.transport, msg.handle, self.engine.device)
         except HandoffError as exc:
-            self.conn.send(m.AdoptFailed(msg.request_id, str(exc), retryable=False))
+            self.send(m.AdoptFailed(msg.request_id, str(exc), retryable=False))
             return
+        fault_point("adopt", msg.request_id)  # the KV fetched, not yet in this worker's blocks
         try:
             start = time.perf_counter()
             self.engine.import_sequence(msg.request_id, msg.prompt_token_ids, msg.output_token_ids,
                                         msg.params, msg.seed, kv)
             seconds += time.perf_counter() - start
         except OutOfBlocks as exc:
-            self.conn.send(m.AdoptFailed(msg.request_id, str(exc), retryable=True))
+            self.send(m.AdoptFailed(msg.request_id, str(exc), retryable=True))
             return
         free = self.engine.kv_cache.allocator.num_free
-        self.conn.send(m.Adopted(msg.request_id, msg.handle.nbytes, seconds, free))
+        self.send(m.Adopted(msg.request_id, msg.handle.nbytes, seconds, free))
 
     def step(self) -> bool:
         """Run one engine step and report it; False when nothing could be scheduled."""
-        outputs = self.engine.step()
-        stats = self.engine.last_step
-        if stats is None:
+        scheduled = self.engine.schedule()
+        if scheduled is None:
             return False
+        try:
+            outputs = self._run(scheduled)
+        except Exception as exc:
+            self._isolate(scheduled, exc)
+        else:
+            self._report(outputs)
+        return True
+
+    def _isolate(self, scheduled: ScheduledStep, exc: Exception) -> None:
+        """The step raised: run its sequences one at a time; only one that raises on its own is dropped."""
+        if len(scheduled.seqs) == 1:
+            self._drop(scheduled.seqs[0].request_id, exc)
+            return
+        for seq in scheduled.seqs:
+            try:
+                outputs = self._run(ScheduledStep(scheduled.phase, [seq]))
+            except Exception as alone:
+                self._drop(seq.request_id, alone)
+            else:
+                self._report(outputs)
+
+    def _run(self, scheduled: ScheduledStep) -> list[RequestOutput]:
+        with self.heartbeat.step():
+            for seq in scheduled.seqs:
+                fault_point("step", seq.request_id)
+            return self.engine.run(scheduled)
+
+    def _report(self, outputs: list[RequestOutput]) -> None:
+        stats = self.engine.last_step
+        assert stats is not None
         tokens = [m.TokenEvent(o.request_id, o.token_id, o.finished, o.finish_reason) for o in outputs]
         scheduler = self.engine.scheduler
         cost = self.cost.step(stats.new_tokens, stats.context_lens)
-        self.conn.send(m.StepReport(
+        self.send(m.StepReport(
             worker_id=self.spec.worker_id, phase=stats.phase, tokens=tokens, seq_tokens=list(stats.new_tokens),
             num_seqs=stats.num_seqs, num_tokens=stats.num_tokens, context_tokens=stats.context_tokens,
             seconds=stats.seconds, flops=cost.flops, bytes=cost.bytes,
@@ -118,14 +194,17 @@ class Worker:
         ))
         for out in outputs:
             if not out.finished and out.request_id in scheduler.parked:
-                self._publish(out.request_id)
-        return True
+                try:
+                    self._publish(out.request_id)
+                except Exception as exc:
+                    self._drop(out.request_id, exc)
 
     def _publish(self, request_id: str) -> None:
+        fault_point("publish", request_id)  # its first token sent, its KV not yet published
         start = time.perf_counter()
         handle = self.transport.publish(self.engine.export_kv(request_id))
         self.handles[request_id] = handle
-        self.conn.send(m.Prefilled(request_id, handle, time.perf_counter() - start))
+        self.send(m.Prefilled(request_id, handle, time.perf_counter() - start))
 
     def _checkpoint(self, msg: m.TakeCheckpoint) -> None:
         """Runs between steps: the engine is paused for as long as this takes."""
@@ -134,12 +213,12 @@ class Worker:
         try:
             path, sessions, nbytes = write_engine_checkpoint(
                 self.engine, self.spec.worker_id, self.spec.role, self.compat, Path(msg.root), msg.name,
-                on_writer=lambda pid: self.conn.send(m.CheckpointStarted(pid, paused_at)),
+                on_writer=lambda pid: self.send(m.CheckpointStarted(pid, paused_at)),
             )
         except (CheckpointError, OSError) as exc:
-            self.conn.send(m.CheckpointFailed(str(exc)))
+            self.send(m.CheckpointFailed(str(exc)))
             return
-        self.conn.send(m.CheckpointDone(str(path), sessions, nbytes, time.perf_counter() - start, paused_at))
+        self.send(m.CheckpointDone(str(path), sessions, nbytes, time.perf_counter() - start, paused_at))
         if msg.after is m.CheckpointAfter.STAND_DOWN:
             self.running = False
         elif msg.after is m.CheckpointAfter.HOLD:
@@ -148,19 +227,22 @@ class Worker:
     def _restore(self, path: Path) -> None:
         """Verify every file and the role before anything is loaded; then restore (or cold start)."""
         try:
+            fault_point("restore")
             checkpoint = read_checkpoint(path)
             if checkpoint.role is not self.spec.role:
                 raise CheckpointError(f"{path} is a {checkpoint.role} worker's checkpoint; a checkpoint never "
                                       f"changes a worker's role")
-        except CheckpointError as exc:
-            self.conn.send(m.RestoreFailed(str(exc)))
+        except (CheckpointError, InjectedFault) as exc:
+            self.send(m.RestoreFailed(str(exc)))
             return
         result = restore_engine(self.engine, checkpoint, self.compat)
         ids = [record.request_id for record in checkpoint.sessions]
-        self.conn.send(m.Restored(result.mode, result.reason, result.sessions, result.nbytes, result.seconds,
-                                  ids))
+        self.send(m.Restored(result.mode, result.reason, result.sessions, result.nbytes, result.seconds, ids))
         for rid in list(self.engine.scheduler.parked):
-            self._publish(rid)
+            try:
+                self._publish(rid)
+            except Exception as exc:
+                self._drop(rid, exc)
 
     def _hold(self) -> None:
         """Paused after a checkpoint (a migration in progress): no steps until Resume or Shutdown."""
@@ -168,4 +250,4 @@ class Worker:
             msg = self.conn.recv()
             if isinstance(msg, m.Resume):
                 return
-            self.handle(msg)
+            self.receive(msg)

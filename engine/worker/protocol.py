@@ -196,8 +196,19 @@ class AdoptFailed:
 
 @dataclass(frozen=True)
 class RequestFailed:
+    """The worker dropped a request. `retry`: serving it raised (the worker serves its other sequences
+    on); the controller may try it on another worker. Otherwise the request itself is invalid."""
+
     request_id: str
     message: str
+    retry: bool = False
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Sent every few seconds, also during a long step, while the worker is not hung (worker/heartbeat.py)."""
+
+    worker_id: str
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from fleetctl.engine.core.config import EngineConfig, EngineSettings
 from fleetctl.engine.core.device_names import parse_device_name
+from fleetctl.engine.worker.shm_files import SHM_DIR
 from fleetctl.store.records import DeviceKind, WorkerRole
 
 
@@ -18,6 +19,9 @@ class WorkerSpec:
     engine: EngineSettings = field(default_factory=EngineSettings)
     cores: tuple[int, ...] = ()  # CPU cores to pin to (cpu:N slots); () leaves affinity alone
     store_path: Path | None = None  # the fleet's metrics store: caches this device's measured peaks
+    heartbeat_s: float = 1.0  # how often the worker says it is alive
+    step_timeout_s: float = 120.0  # a step running longer is hung: the heartbeat falls silent
+    shm_dir: Path = SHM_DIR  # where KV handoff buffers are published (CPU)
 
     def engine_config(self) -> EngineConfig:
         on_cpu = parse_device_name(self.device).kind is DeviceKind.CPU

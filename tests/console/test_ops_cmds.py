@@ -25,7 +25,8 @@ from fleetctl.engine.server.app import create_app
 @pytest.fixture
 def url(tiny_model_dir: Path, tmp_path: Path) -> Iterator[str]:
     (tmp_path / "shm").mkdir()
-    config = FleetConfig(tiny_model_dir, prefill=1, decode=2, devices=("cpu:0", "cpu:1", "cpu:2"))
+    config = FleetConfig(tiny_model_dir, prefill=1, decode=2, devices=("cpu:0", "cpu:1", "cpu:2"),
+                         shm_dir=tmp_path / "shm")
     fleet = Fleet(config, launcher=FakeLauncher(tmp_path / "shm"))
     app = create_app(fleet, load_or_create_admin_token())  # the CLI reads the same token file
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
@@ -99,4 +100,29 @@ def test_timeouts_and_called_off_drains_fail_with_the_reason(url: str) -> None:
     assert stopped.exit_code == 1
     assert re.fullmatch(r"fleetctl: error: stop of decode-1 cancelled: decode-1 was resumed with \d+ session\(s\) "
                         r"left to drain\n", stopped.stderr), stopped.stderr
+    assert worker(url, "decode-1")["state"] == "running"
+
+
+def test_checkpoint_checkpoints_and_a_refused_replay(url: str) -> None:
+    saved = fleetctl("checkpoint", "decode-1", "--hold", "300", "--url", url, "--json")
+    assert saved.exit_code == 0, saved.stderr
+    result = json.loads(saved.stdout)
+    assert set(result) == {"worker", "checkpoint", "sessions", "bytes", "seconds"}
+    name = Path(result["checkpoint"]).name
+    listed = json.loads(fleetctl("checkpoints", "--url", url, "--json").stdout)["checkpoints"]
+    [row] = [row for row in listed if row["name"] == name]
+    assert row["checkpoint"] == result["checkpoint"] and row["valid"] and row["used_at"] is None
+    restored = fleetctl("restore", name, "--device", "cpu:4", "--url", url, "--json")
+    assert restored.exit_code == 0, restored.stderr
+    assert json.loads(restored.stdout)["checkpoint"] == result["checkpoint"]
+    table = fleetctl("checkpoints", "--url", url)
+    line = next(line for line in table.stdout.splitlines() if line.startswith(name))
+    assert re.search(r"decode-1 +decode +0 .* \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", line), line
+
+    assert fleetctl("stop", "decode-1", "--url", url).exit_code == 0
+    again = fleetctl("restore", name, "--device", "cpu:4", "--url", url)
+    assert again.exit_code == 1 and "HTTP 409" in again.stderr and "restored already" in again.stderr
+    assert "--force replays it deliberately" in again.stderr
+    forced = fleetctl("restore", name, "--device", "cpu:4", "--force", "--url", url)
+    assert forced.exit_code == 0, forced.stderr
     assert worker(url, "decode-1")["state"] == "running"

@@ -7,10 +7,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from fake_workers import FakeLauncher, expected_tokens, run_fleet, tokens_of
+from fake_workers import NUM_BLOCKS, FakeLauncher, expected_tokens, run_fleet, tokens_of
 
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.fleet.controller import Fleet, FleetBusy, NoWorkers
+from fleetctl.engine.fleet.admission import FleetBusy, NoWorkers
+from fleetctl.engine.fleet.config import Supervision
+from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.worker import protocol as m
 from fleetctl.store.records import WorkerState
 
@@ -57,7 +59,7 @@ def test_a_dead_decode_worker_is_recomputed_without_a_lost_or_repeated_token(tin
     run(tiny_model_dir, tmp_path, scenario, die_after={"decode-0": 5})
 
 
-def test_no_worker_of_a_role_refuses_new_requests(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_no_worker_of_a_role_left_refuses_new_requests(tiny_model_dir: Path, tmp_path: Path) -> None:
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
         launcher.workers["decode-0"].killed.set()
         while fleet.views["decode-0"].state is not WorkerState.FAILED:
@@ -65,7 +67,8 @@ def test_no_worker_of_a_role_refuses_new_requests(tiny_model_dir: Path, tmp_path
         with pytest.raises(NoWorkers, match="no decode worker"):
             fleet.submit(PROMPTS[0], PARAMS)
 
-    run(tiny_model_dir, tmp_path, scenario, decode=1, devices=("cpu:0", "cpu:1"))
+    run(tiny_model_dir, tmp_path, scenario, decode=1, devices=("cpu:0", "cpu:1"),
+        supervision=Supervision(restart=False))
 
 
 def test_a_full_queue_answers_busy(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -131,3 +134,29 @@ def test_refusals_become_one_busy_event_per_interval(tiny_model_dir: Path, tmp_p
         assert [(kind.value, details["refused"]) for kind, details in events] == [("busy", 1)]
 
     run(tiny_model_dir, tmp_path, scenario, max_queue=0)
+
+
+def test_requests_waiting_for_a_decode_worker_count_against_the_queue(tiny_model_dir: Path, tmp_path: Path) -> None:
+    endless = SamplingParams(max_tokens=100_000, temperature=0.0, ignore_eos=True)
+
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        fillers = []
+        for i in range(NUM_BLOCKS):  # fill the decode worker, a few at a time
+            while fleet.dispatcher.waiting() >= 3:
+                await asyncio.sleep(0.002)
+            fillers.append(fleet.submit([i, i + 1], endless))
+        while fleet.dispatcher.waiting():
+            await asyncio.sleep(0.005)
+        waiting = [fleet.submit([9, 9, i], PARAMS) for i in range(3)]
+        while len(fleet.state.pending_handoffs) < len(waiting):  # prefilled, their KV waiting for room
+            await asyncio.sleep(0.005)
+        with pytest.raises(FleetBusy, match="3 requests are already waiting"):
+            fleet.submit(PROMPTS[0], PARAMS)
+        for req in fillers[:3]:
+            fleet.cancel(req)
+        await asyncio.gather(*(tokens_of(fleet, r) for r in waiting))
+        fleet.submit(PROMPTS[0], PARAMS)  # room again
+        for req in fillers:
+            fleet.cancel(req)
+
+    run(tiny_model_dir, tmp_path, scenario, max_queue=3, decode=1, devices=("cpu:0", "cpu:1"))

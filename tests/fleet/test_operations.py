@@ -96,7 +96,7 @@ def test_checkpoint_then_restore_with_tampered_compat_cold_starts(small_model_di
         done = fleetctl("checkpoint", "decode-0", "--url", url, "--json")
         assert done.returncode == 0, done.stderr
         saved = json.loads(done.stdout)
-        path = Path(saved["path"])
+        path = Path(saved["checkpoint"])
         assert saved["sessions"] >= 1 and path.parent == fleet_home / "checkpoints"
         assert oct(path.stat().st_mode & 0o777) == "0o700"
         assert all(oct(f.stat().st_mode & 0o777) == "0o600" for f in path.iterdir())
@@ -193,7 +193,7 @@ def test_killed_checkpoint_writes_never_leave_a_checkpoint(small_model_dir: Path
                 if entry["name"] in earlier:
                     continue
                 assert entry["valid"] and not entry["name"].endswith(".partial")
-                read_checkpoint(Path(entry["path"]))
+                read_checkpoint(Path(entry["checkpoint"]))
             assert not [p for p in root.glob("*.partial") if p.name not in earlier]
         assert outcomes == ["failed", "failed", "failed", "done"], outcomes
         streams.result(timeout=300)

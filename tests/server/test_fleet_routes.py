@@ -18,7 +18,7 @@ TOKEN = "test-admin-token"
 
 def make_client(model_dir: Path, tmp_path: Path, store: bool = True) -> TestClient:
     (tmp_path / "shm").mkdir(exist_ok=True)
-    config = FleetConfig(model_dir, prefill=1, decode=1, devices=("cpu:0", "cpu:1"),
+    config = FleetConfig(model_dir, prefill=1, decode=1, devices=("cpu:0", "cpu:1"), shm_dir=tmp_path / "shm",
                          store_path=tmp_path / "fleet.db" if store else None)
     app = create_app(Fleet(config, launcher=FakeLauncher(tmp_path / "shm")), TOKEN)
     return TestClient(app, base_url="http://127.0.0.1:8700", headers={"Authorization": f"Bearer {TOKEN}"})

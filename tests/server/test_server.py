@@ -183,10 +183,11 @@ def test_workers_are_pinned_to_their_cpu_slots(fleet_url: str) -> None:
 
 def test_killed_decode_worker_loses_no_stream(tiny_model_dir: Path, reference: list[dict]) -> None:
     """SIGKILL a decode worker mid-stream: its sequences are recomputed on the other decode worker
-    (deterministic numerics) and every client stream completes with the unchanged greedy output."""
+    (deterministic numerics) and every client stream completes with the unchanged greedy output. Without
+    restarts, a fleet that lost every decode worker answers 503."""
     long_ref = generate_json(tiny_model_dir, PROMPTS, "--dtype", "float32", "--deterministic",
                              "--max-tokens", "300")
-    with serve(tiny_model_dir, *FLEET) as url:
+    with serve(tiny_model_dir, *FLEET, "--no-restart") as url:
 
         async def run() -> list[str]:
             api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)

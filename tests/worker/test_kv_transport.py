@@ -3,14 +3,16 @@
 import os
 import pickle
 import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from fleetctl.engine.worker.kv_transport import SHM_DIR, SHM_PREFIX, HandoffError, KVTransport
+from fleetctl.engine.worker.kv_transport import HandoffError, KVTransport
 from fleetctl.engine.worker.protocol import HandleKind, KVHandle
+from fleetctl.engine.worker.shm_files import SHM_DIR, SHM_PREFIX, buffers, sweep_dead_fleets
 
 CPU = torch.device("cpu")
 SHAPE = (3, 2, 5, 16, 2, 8)  # [layers, 2, n_blocks, block_size, Hkv, d]
@@ -21,7 +23,7 @@ def random_kv(dtype: torch.dtype, seed: int = 0, shape: tuple[int, ...] = SHAPE)
 
 
 def own_buffers() -> set[Path]:
-    return set(SHM_DIR.glob(f"{SHM_PREFIX}{os.getpid()}-*"))
+    return set(SHM_DIR.glob(f"{SHM_PREFIX}{os.getppid()}-{os.getpid()}-*"))
 
 
 @pytest.fixture
@@ -75,7 +77,7 @@ def test_shm_file_is_private_and_named(transport: KVTransport) -> None:
     handle = transport.publish(random_kv(torch.float32))
     path = Path(handle.location)
     assert path.parent == SHM_DIR
-    assert path.name.startswith(f"{SHM_PREFIX}{os.getpid()}-")
+    assert path.name.startswith(f"{SHM_PREFIX}{os.getppid()}-{os.getpid()}-")  # the fleet's pid, then its own
     assert path.name == f"{SHM_PREFIX}{handle.handle_id}"
     mode = os.stat(path).st_mode
     assert stat.S_ISREG(mode)
@@ -157,3 +159,14 @@ def test_truncated_buffer_is_a_handoff_error(transport: KVTransport) -> None:
     os.truncate(handle.location, handle.nbytes // 2)
     with pytest.raises(HandoffError):
         transport.fetch(handle, CPU)
+
+
+def test_a_killed_fleets_buffers_are_swept_and_a_live_fleets_kept(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no process has any more
+    live = KVTransport(tmp_path, fleet_pid=os.getpid()).publish(random_kv(torch.float32))
+    dead = KVTransport(tmp_path, fleet_pid=gone.pid).publish(random_kv(torch.float32))
+    (tmp_path / "unrelated").write_bytes(b"x")
+    assert {b.path for b in buffers(tmp_path)} == {Path(live.location), Path(dead.location)}
+    assert sweep_dead_fleets(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([Path(live.location).name, "unrelated"])

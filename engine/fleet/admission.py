@@ -1,0 +1,56 @@
+"""Whether a request may enter the fleet, and why not: a request id already in flight (400), a fleet shutting
+down or left without a worker of a role it needs (503), or one at capacity (429: more requests waiting to
+generate than `max_queue`). Refusals for capacity are counted into one store event per BUSY_EVENT_S."""
+
+import time
+
+from fleetctl.engine.fleet.dispatch import Dispatcher
+from fleetctl.engine.fleet.state import FleetState
+from fleetctl.store.records import EventKind
+
+BUSY_EVENT_S = 5.0
+
+
+class FleetBusy(RuntimeError):
+    """The fleet is at capacity (HTTP 429)."""
+
+
+class NoWorkers(RuntimeError):
+    """No live worker is left for a role the request needs (HTTP 503)."""
+
+
+class FleetClosing(NoWorkers):
+    """The fleet is shutting down and admits no new request (HTTP 503)."""
+
+
+class RequestIdInUse(ValueError):
+    """A client-chosen request id that a request in flight already has (HTTP 400)."""
+
+
+class Admission:
+    def __init__(self, state: FleetState, dispatcher: Dispatcher) -> None:
+        self.state = state
+        self.dispatcher = dispatcher
+        self._refused, self._refusal_logged = 0, float("-inf")
+
+    def check(self, request_id: str) -> None:
+        """Raises RequestIdInUse, FleetClosing, NoWorkers or FleetBusy when the request may not enter."""
+        state = self.state
+        if request_id in state.requests:
+            raise RequestIdInUse(f"request id {request_id!r} is already in flight")
+        if state.closing:
+            raise FleetClosing("the fleet is shutting down")
+        for role in state.config.roles:
+            if not state.serves(role):
+                raise NoWorkers(f"no {role.value} worker is available")
+        waiting = self.dispatcher.waiting()
+        if waiting >= state.config.max_queue:
+            self._record_refusal(waiting)
+            raise FleetBusy(f"{waiting} requests are already waiting")
+
+    def _record_refusal(self, waiting: int) -> None:
+        """Count 429s; one store event per BUSY_EVENT_S says how many (a burst must not flood the store)."""
+        self._refused += 1
+        if time.monotonic() - self._refusal_logged >= BUSY_EVENT_S:
+            self.state.record_event(EventKind.BUSY, None, {"refused": self._refused, "queued": waiting})
+            self._refused, self._refusal_logged = 0, time.monotonic()

@@ -1,0 +1,65 @@
+"""Tokens from the workers' step reports to their clients: each token appended to its request and pushed
+through its text stream (stop strings are the controller's), the request's end when it comes, and each
+step's model time shared among the requests in it. A token from a copy of a request that no longer holds
+it (a session continued elsewhere, or cancelled) is dropped and that copy aborted."""
+
+import time
+
+from fleetctl.engine.fleet.dispatch import Dispatcher
+from fleetctl.engine.fleet.request import RequestStage, StreamEvent
+from fleetctl.engine.fleet.state import FleetState
+from fleetctl.engine.worker import protocol as m
+from fleetctl.store.records import Phase, WorkerRole
+
+
+class TokenStreams:
+    def __init__(self, state: FleetState, dispatcher: Dispatcher) -> None:
+        self.state = state
+        self.dispatcher = dispatcher
+
+    def on_step(self, wid: str, report: m.StepReport) -> None:
+        self._attribute_model_time(report)
+        for event in report.tokens:
+            self._on_token(wid, event)
+
+    def _attribute_model_time(self, report: m.StepReport) -> None:
+        """Split the step's seconds among its sequences by their tokens in it (for `classify`), and
+        note when a request's prefill began."""
+        total = sum(report.seq_tokens) or 1
+        for event, tokens in zip(report.tokens, report.seq_tokens, strict=True):
+            req = self.state.requests.get(event.request_id)
+            if req is None:
+                continue
+            share = report.seconds * tokens / total
+            if report.phase is Phase.PREFILL:
+                req.times.prefill_start = req.times.prefill_start or report.ended_at - report.seconds
+                req.prefill_model_s += share
+            else:
+                req.decode_model_s += share
+
+    def _on_token(self, wid: str, event: m.TokenEvent) -> None:
+        req = self.state.requests.get(event.request_id)
+        if req is None or req.done or req.holder() != wid:
+            if not event.finished:  # a session continued elsewhere (or cancelled): stop this copy
+                self.state.send(wid, m.Abort(event.request_id))
+            return
+        req.output_token_ids.append(event.token_id)
+        req.suspect = False  # it came through a step
+        now = time.time()
+        if req.times.first_token is None:
+            req.times.first_token = now
+        elif req.times.second_token is None:
+            req.times.second_token = now
+        delta = req.stream.push(event.token_id)
+        if req.stream.stopped:
+            self.dispatcher.release_everywhere(req)
+            self.dispatcher.finish(req, "stop", StreamEvent(event.token_id, delta, finish_reason="stop"))
+        elif event.finished:
+            self.state.views[wid].requests.discard(req.request_id)
+            reason = event.finish_reason or "stop"
+            self.dispatcher.finish(req, reason,
+                                   StreamEvent(event.token_id, delta + req.stream.flush(), finish_reason=reason))
+        else:
+            if req.stage is RequestStage.PREFILL and self.state.views[wid].role is WorkerRole.PREFILL:
+                req.stage = RequestStage.HANDOFF
+            req.events.put_nowait(StreamEvent(token_id=event.token_id, text=delta))

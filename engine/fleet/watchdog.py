@@ -1,0 +1,44 @@
+"""Hung workers: a running worker sends something (a step report, a heartbeat) at least every
+`Supervision.heartbeat_s`, also during long steps; one silent for `heartbeat_timeout_s` is stopped
+(SIGSTOP), deadlocked or stuck in a step past its timeout. It is killed: its exit then runs the usual
+recovery (its sessions recomputed on peers) and the supervisor restarts it."""
+
+import asyncio
+import logging
+import time
+
+from fleetctl.engine.fleet.state import FleetState
+from fleetctl.store.records import WorkerState
+
+log = logging.getLogger(__name__)
+WATCHED = (WorkerState.RUNNING, WorkerState.DRAINING)
+
+
+class Watchdog:
+    def __init__(self, state: FleetState) -> None:
+        self.state = state
+        self.timeout_s = state.config.supervision.heartbeat_timeout_s
+
+    def heard(self, worker_id: str) -> None:
+        self.state.views[worker_id].last_heard = time.monotonic()
+
+    def check(self) -> list[str]:
+        """Kill every watched worker silent for longer than the timeout; returns their ids."""
+        now = time.monotonic()
+        killed = []
+        for view in self.state.views.values():
+            link = self.state.links.get(view.worker_id)
+            silent = now - view.last_heard
+            if view.state not in WATCHED or link is None or link.closed or silent <= self.timeout_s:
+                continue
+            if not view.last_error.startswith("no heartbeat"):
+                view.last_error = f"no heartbeat for {silent:.1f} s (hung or stopped): killed"
+                log.warning("worker %s: %s", view.worker_id, view.last_error)
+            link.kill()
+            killed.append(view.worker_id)
+        return killed
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.timeout_s / 4))
+            self.check()
