@@ -44,6 +44,8 @@ class EventKind(StrEnum):
     MIGRATE = "migrate"
     FAILURE = "failure"
     BUSY = "busy"  # requests refused with 429 (the queue was full); at most one event per BUSY_EVENT_S
+    PLAN = "plan"  # an autoplan decision (apply, wait, hold or skip) and its reason
+    REBALANCE = "rebalance"  # a rebalance ended (done or failed): the moves it made
 
 
 class RequestOutcome(StrEnum):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from fleetctl.engine.core.config import EngineSettings
 from fleetctl.engine.core.device_names import DeviceError, check_device, gpu_count
+from fleetctl.engine.planner.autoplan_policy import AutoplanSettings
 from fleetctl.engine.worker.spec import WorkerSpec
 from fleetctl.store.records import DeviceKind, WorkerRole
 
@@ -27,6 +28,7 @@ class FleetConfig:
     ready_timeout_s: float = 300.0
     store_path: Path | None = None  # the SQLite metrics store (None: keep metrics in memory only)
     served_model_name: str | None = None  # the name clients ask for (default: the model directory's name)
+    autoplan: AutoplanSettings | None = None  # plan and rebalance by itself (`fleet/autoplan.py`)
 
     def __post_init__(self) -> None:
         if self.colocated < 0 or self.prefill < 0 or self.decode < 0:
@@ -42,6 +44,9 @@ class FleetConfig:
                 check_device(device, indexed=True)
             except DeviceError as exc:
                 raise FleetConfigError(str(exc)) from None
+        if self.autoplan and (self.colocated or self.store_path is None):
+            raise FleetConfigError("--autoplan needs a disaggregated fleet (it moves prefill:decode splits) with a "
+                                   "metrics store (it plans from it)")
 
     @property
     def num_workers(self) -> int:

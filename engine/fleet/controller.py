@@ -13,12 +13,14 @@ from collections.abc import AsyncIterator
 from fleetctl.engine.core.output import TextStream
 from fleetctl.engine.core.prompt import check_prompt
 from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.engine.fleet.autoplan import Autoplanner
 from fleetctl.engine.fleet.config import FleetConfig, worker_specs
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.handoff import HandoffRouting
 from fleetctl.engine.fleet.lifecycle import WorkerLifecycle
 from fleetctl.engine.fleet.operation import OperationRunner
 from fleetctl.engine.fleet.operations import CheckpointOperations
+from fleetctl.engine.fleet.rebalance import Rebalancer
 from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.recovery import Recovery
 from fleetctl.engine.fleet.request import RequestStage, StreamEvent, TrackedRequest
@@ -69,6 +71,7 @@ class Fleet:
         self._launcher = launcher or LocalLauncher()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ticker: asyncio.Task | None = None
+        self._autoplan: asyncio.Task | None = None
         self._refused, self._refusal_logged = 0, float("-inf")
 
     @property
@@ -98,6 +101,9 @@ class Fleet:
             await self.stop()
             raise RuntimeError(f"workers failed to start: {'; '.join(dead)}")
         self._ticker = asyncio.create_task(self._tick())
+        if self.config.autoplan:
+            autoplan = Autoplanner(self.state, Rebalancer(self.operations, self.lifecycle), self.config.autoplan)
+            self._autoplan = asyncio.create_task(autoplan.run())
 
     async def _tick(self) -> None:
         """Once a second the store's rows; every STATS_LOG_S a line on the server's log."""
@@ -122,6 +128,8 @@ class Fleet:
             self.dispatcher.fail(req, "the fleet is shutting down")
         if self._ticker:
             self._ticker.cancel()
+        if self._autoplan:
+            self._autoplan.cancel()
         recorder = self.state.recorder
         if recorder:
             for view in self.views.values():

@@ -39,6 +39,7 @@ class OpKind(StrEnum):
     DRAIN = "drain"
     RESUME = "resume"
     STOP = "stop"
+    REBALANCE = "rebalance"  # several workers change role, one after another (`fleet/rebalance.py`)
 
 
 class OpState(StrEnum):
