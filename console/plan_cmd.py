@@ -61,7 +61,7 @@ def render_plan(data: dict) -> str:
     slo = Slo(data["slo"]["ttft_s"], data["slo"]["tpot_s"]).describe()
     lines = [f"plan for {devices}: {data['requests']} requests from {source}; SLOs {slo}",
              f"fit ({fit['device_kind']}) prefill step = {_equation(fit['prefill'], 'steps')}",
-             f"fit ({fit['device_kind']}) decode step = {_equation(fit['decode'], 'worker-seconds')}"]
+             f"fit ({fit['device_kind']}) decode step = {_equation(fit['decode'], 'decodes')}"]
     if fit["handoff"]:
         lines.append(f"fit ({fit['device_kind']}) handoff = {_equation(fit['handoff'], 'handoffs')}; "
                      f"{fit['handoff_bytes_per_token']:g} bytes per prompt token")

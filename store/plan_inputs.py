@@ -4,14 +4,16 @@ fitted to, the requests it replays, the devices' peaks and the fleet's layout at
 - Prefill steps are rebuilt from the `requests` rows: the requests a step computed share their prefill
   worker and their prefill start (`ts + queue_s`), and each one's `prefill_s` is that step's wall time
   (step start → first token back at the controller).
-- Decode seconds are the `worker_samples` rows of decode (and mixed) workers that ran decode steps only.
-  A row says how many steps ran and their mean batch; the context those steps read comes from the
-  requests decoding on that worker meanwhile (each one's context grows linearly from its prompt to its
-  prompt + output over its decode interval). A step's time is the wall time the worker held sequences
-  in that second divided by its steps: the cadence a client sees, loop overhead included.
+- Decode runs are the requests' decodes: the wall time from the KV's arrival to the last token over the
+  tokens decoded is the step time a client saw, loop overhead included (less, on a mixed worker, the
+  prefill steps that stalled it: the replay models those itself). The batch it ran in is the mean of its
+  worker's `worker_samples` rows over that time (weighted by their steps); the context, that of the
+  requests decoding beside it (each one's grows linearly from its prompt to its prompt + output). Means
+  suffice: the decode model is linear in batch and context.
 - Handoffs are the requests rows whose KV was handed over (bytes, seconds).
 """
 
+import bisect
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -22,7 +24,6 @@ from fleetctl.store.records import DeviceKind, WorkerRole
 
 LOOKBACK_S = 600.0  # requests that arrived this long before the window may still have decoded inside it
 LIVE_TAIL_S = 5.0  # workers with samples this close to the window's last sample make up its layout
-MIN_COVERED = 0.25  # share of a row's interval with sequences held, below which its cadence is boundary noise
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,9 @@ class PrefillStep:
 
 
 @dataclass(frozen=True)
-class DecodeSecond:
+class DecodeRun:
+    """One request's decode on one worker: its mean time per step, and the batch and context it ran among."""
+
     kind: DeviceKind
     steps: int
     batch: float  # mean sequences per step
@@ -75,7 +78,7 @@ class PlanInputs:
     window_s: float
     requests: list[WindowRequest]
     prefill_steps: list[PrefillStep]
-    decode_seconds: list[DecodeSecond]
+    decode_runs: list[DecodeRun]
     handoffs: list[Handoff]
     peaks: dict[DeviceKind, Peaks]  # implied by the samples: flops / (mfu · interval), bytes likewise
     workers: list[LiveWorker]  # the layout at the window's end
@@ -99,7 +102,7 @@ def plan_inputs(db: Database, window_s: float, now: float | None = None) -> Plan
         window_s=window_s,
         requests=[WindowRequest(r[0] - first, r[7], r[8]) for r in in_window if r[7] > 0 and r[8] > 0],
         prefill_steps=_prefill_steps(in_window, devices),
-        decode_seconds=_decode_seconds(db, rows, devices, since, now),
+        decode_runs=_decode_runs(db, rows, devices, since, now),
         handoffs=[Handoff(device_kind(devices[r[10]]), r[7], r[6], r[5]) for r in in_window
                   if r[6] > 0 and r[10] in devices],
         peaks=_peaks(db, devices, since, now),
@@ -111,50 +114,75 @@ def _prefill_steps(rows: list[tuple], devices: dict[str, str]) -> list[PrefillSt
     steps: dict[tuple[str, float], list[tuple[int, float]]] = defaultdict(list)
     for ts, queue_s, prefill_s, *_, prompt, _out, prefill_worker, _decode in rows:
         if prefill_worker in devices and prefill_s > 0 and prompt > 0:
-            steps[(prefill_worker, round(ts + queue_s, 4))].append((prompt, prefill_s))
+            steps[(prefill_worker, round(ts + queue_s, 4))].append((prompt, prefill_s))  # one step's requests
     return [PrefillStep(device_kind(devices[wid]), sum(p for p, _ in members), sum(p * p for p, _ in members),
                         max(s for _, s in members)) for (wid, _), members in steps.items()]
 
 
-def _decode_seconds(db: Database, rows: list[tuple], devices: dict[str, str], since: float,
-                    now: float) -> list[DecodeSecond]:
-    # per worker: (start, end, context at start, context at end) of each request's decode
-    spans: dict[str, list[tuple[float, float, int, int]]] = defaultdict(list)
+def _decode_runs(db: Database, rows: list[tuple], devices: dict[str, str], since: float,
+                 now: float) -> list[DecodeRun]:
+    spans: dict[str, list[tuple[float, float, int, int]]] = defaultdict(list)  # (start, end, ctx0, ctx1)
     for ts, _q, _p, ttft_s, e2e_s, handoff_s, _b, prompt, out, prefill_worker, decode_worker in rows:
         worker = decode_worker or prefill_worker
         start, end = ts + ttft_s + handoff_s, ts + e2e_s
-        if worker is not None and out > 1 and end > start:
+        if worker in devices and out > 1 and end > start:
             spans[worker].append((start, end, prompt + 1, prompt + out))
-    result = []
+    prefills: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for wid, start, seconds in _prefill_intervals(rows):
+        prefills[wid].append((start, start + seconds))
+    samples: dict[str, list[tuple[float, float, int, float]]] = defaultdict(list)
     for wid, ts, interval, steps, batch in db.execute(
             "SELECT worker_id, ts, interval_s, steps, batch_size FROM worker_samples WHERE ts >= ? AND ts < ? "
-            "AND role IN (?, ?) AND steps > 0 AND decode_tokens > 0 AND prefill_tokens = 0",
-            [since, now, WorkerRole.DECODE.value, WorkerRole.MIXED.value]):
-        if wid not in devices:
-            continue
-        covered, context_time = _coverage(spans.get(wid, []), ts, ts + interval)
-        if covered >= MIN_COVERED * interval:
-            result.append(DecodeSecond(device_kind(devices[wid]), steps, batch, context_time / covered,
-                                       covered / steps))
+            "AND role IN (?, ?) ORDER BY ts",
+            [since - LOOKBACK_S, now, WorkerRole.DECODE.value, WorkerRole.MIXED.value]):
+        samples[wid].append((ts, interval, steps, batch))
+    result = []
+    for wid, worker_spans in spans.items():
+        starts = [row[0] for row in samples[wid]]
+        for start, end, ctx0, ctx1 in worker_spans:
+            if start < since:
+                continue
+            batch = _mean_batch(samples[wid][max(0, bisect.bisect_left(starts, start) - 1):
+                                             bisect.bisect_left(starts, end)], start, end)
+            per_sequence = _mean_context(worker_spans, start, end)
+            stalled = sum(max(0.0, min(b, end) - max(a, start)) for a, b in prefills[wid])
+            seconds = (end - start - stalled) / (ctx1 - ctx0)
+            if batch > 0 and seconds > 0:
+                result.append(DecodeRun(device_kind(devices[wid]), ctx1 - ctx0, batch, batch * per_sequence,
+                                        seconds))
     return result
 
 
-def _coverage(spans: list[tuple[float, float, int, int]], lo: float, hi: float) -> tuple[float, float]:
-    """(seconds of [lo, hi) during which at least one span was open, ∫ the open spans' summed context dt)."""
-    pieces, context_time = [], 0.0
+def _prefill_intervals(rows: list[tuple]) -> list[tuple[str, float, float]]:
+    """(worker, start, seconds) of each prefill step, from the requests it computed."""
+    steps: dict[tuple[str, float], float] = {}
+    for ts, queue_s, prefill_s, *_, prompt, _out, prefill_worker, _decode in rows:
+        if prefill_worker is not None and prefill_s > 0 and prompt > 0:
+            key = (prefill_worker, round(ts + queue_s, 4))
+            steps[key] = max(steps.get(key, 0.0), prefill_s)
+    return [(wid, start, seconds) for (wid, start), seconds in steps.items()]
+
+
+def _mean_batch(samples: list[tuple[float, float, int, float]], lo: float, hi: float) -> float:
+    """Sequences per step over [lo, hi), from the worker's rows (each weighted by its steps in the span)."""
+    steps = weighted = 0.0
+    for ts, interval, count, batch in samples:
+        share = max(0.0, min(ts + interval, hi) - max(ts, lo)) / interval
+        steps += count * share
+        weighted += count * share * batch
+    return weighted / steps if steps > 0 else 0.0
+
+
+def _mean_context(spans: list[tuple[float, float, int, int]], lo: float, hi: float) -> float:
+    """Context tokens of the sequences decoding over [lo, hi), time-weighted per sequence (each one's context
+    grows linearly over its span)."""
+    held = context_time = 0.0
     for start, end, ctx0, ctx1 in spans:
         a, b = max(start, lo), min(end, hi)
-        if b <= a:
-            continue
-        pieces.append((a, b))
-        middle = (a + b) / 2
-        context_time += (b - a) * (ctx0 + (ctx1 - ctx0) * (middle - start) / (end - start))
-    covered, reach = 0.0, lo
-    for a, b in sorted(pieces):
-        if b > reach:
-            covered += b - max(a, reach)
-            reach = b
-    return covered, context_time
+        if b > a:
+            held += b - a
+            context_time += (b - a) * (ctx0 + (ctx1 - ctx0) * ((a + b) / 2 - start) / (end - start))
+    return context_time / held if held > 0 else 0.0
 
 
 def _peaks(db: Database, devices: dict[str, str], since: float, now: float) -> dict[DeviceKind, Peaks]:

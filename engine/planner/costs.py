@@ -3,7 +3,7 @@
 - prefill: step seconds = a + b · tokens + c · Σ tokens² (the last for causal attention), wall time from
   the step's start to its first tokens at the controller;
 - decode: step seconds = a + b · batch + c · context (tokens of KV the step reads, summed over its
-  sequences), the cadence a client sees;
+  sequences), the time per output token a client sees;
 - handoff: seconds = a + b · bytes, and the bytes a prompt token's KV takes.
 
 All the
@@ -53,7 +53,7 @@ class DeviceCosts:
 def measured_kinds(inputs: PlanInputs) -> list[DeviceKind]:
     """Device kinds with prefill or decode measurements, the most measured first."""
     counts: dict[DeviceKind, int] = {}
-    for point in (*inputs.prefill_steps, *inputs.decode_seconds):
+    for point in (*inputs.prefill_steps, *inputs.decode_runs):
         counts[point.kind] = counts.get(point.kind, 0) + 1
     return sorted(counts, key=lambda kind: -counts[kind])
 
@@ -64,10 +64,10 @@ def fit_costs(inputs: PlanInputs, kind: DeviceKind) -> DeviceCosts:
     prefill = fit_nonnegative(("1", "tokens", "tokens²"), [(1.0, s.tokens, s.squares) for s in steps],
                               [s.seconds for s in steps],
                               what=f"prefill model ({kind.value} prefill steps)")
-    seconds = [d for d in inputs.decode_seconds if d.kind is kind]
-    decode = fit_nonnegative(("1", "batch", "context"), [(1.0, d.batch, d.context) for d in seconds],
-                             [d.seconds_per_step for d in seconds], [d.steps for d in seconds],
-                             what=f"decode model ({kind.value} worker-seconds of decode only)")
+    runs = [d for d in inputs.decode_runs if d.kind is kind]
+    decode = fit_nonnegative(("1", "batch", "context"), [(1.0, d.batch, d.context) for d in runs],
+                             [d.seconds_per_step for d in runs], [d.steps for d in runs],
+                             what=f"decode model ({kind.value} requests' decodes)")
     handoffs = [h for h in inputs.handoffs if h.kind is kind and h.seconds > 0]
     handoff, per_token = None, 0.0
     if len(handoffs) >= MIN_HANDOFFS:

@@ -218,7 +218,10 @@ def explain(plan: Plan) -> str:
         rival = current or others[0]
         opening = f"{best.split.label} is best"
     name = f"the current {rival.split.label}" if rival is current else f"the next best ({rival.split.label})"
-    if rival.rounded_goodput == best.rounded_goodput:
+    if best.good == 0:
+        sentence = (f"no layout answers any request within {slo.describe()}; {best.split.label} comes closest: its "
+                    f"worse p90 is {best.headroom(slo):.3g}x its SLO vs {rival.headroom(slo):.3g}x for {name}")
+    elif rival.rounded_goodput == best.rounded_goodput:
         sentence = (f"{opening}: it and {name} both serve {_rate(best)} within {slo.describe()}, and "
                     f"{best.split.label} has more headroom (TTFT p90 {best.ttft_p90_s:.3g} s vs "
                     f"{rival.ttft_p90_s:.3g} s, TPOT p90 {best.tpot_p90_s or 0:.3g} s vs "
@@ -228,8 +231,8 @@ def explain(plan: Plan) -> str:
                     f"whose {_worst(rival, slo)}")
     else:
         sentence = (f"{opening}: {_rate(best)} within {slo.describe()} vs {rival.goodput:.3g} req/s for {name}, "
-                    f"which meets the SLOs as often but takes longer (mean e2e {rival.e2e_mean_s:.3g} s vs "
-                    f"{best.e2e_mean_s:.3g} s)")
+                    f"which meets the SLOs for {rival.good}/{rival.requests} requests but takes longer to serve them "
+                    f"(mean e2e {rival.e2e_mean_s:.3g} s vs {best.e2e_mean_s:.3g} s)")
     split = plan.best_split
     if best.split.layout is Layout.COLOCATED and split is not None:
         sentence += (f"; colocated needs a restart with --colocated {best.split.mixed}, and the best prefill:decode "

@@ -57,6 +57,7 @@ class Timing:
 class _Event(StrEnum):
     ARRIVE = "arrive"  # index: the request
     HANDED = "handed"  # index: the request; its KV reached the decode side (payload: its prefill worker)
+    KICK = "kick"  # index: the worker; start a step if it is idle (after every event of the same instant)
     PREFILL = "prefill"  # index: the worker; payload: the batch of requests
     DECODE = "decode"
 
@@ -92,6 +93,8 @@ class _Replay:
             now, _, event, index, payload = heapq.heappop(self.events)
             if event is _Event.ARRIVE:
                 self._arrive(now, index)
+            elif event is _Event.KICK:
+                self._start(now, index)
             elif event is _Event.HANDED:
                 assert isinstance(payload, int)
                 self.workers[payload].held -= 1  # the decode side acknowledged: the prefill copy is freed
@@ -115,7 +118,7 @@ class _Replay:
         assert index is not None  # every layout has a prompt role
         self.workers[index].waiting.append(i)
         self.workers[index].held += 1
-        self._start(now, index)
+        self._at(now, _Event.KICK, index)  # prompts arriving at the same instant share its step
 
     def _place_pending(self, now: float) -> None:
         while self.pending:
@@ -124,7 +127,7 @@ class _Replay:
                 return
             self.workers[index].running.append(self.pending.popleft())
             self.workers[index].held += 1
-            self._start(now, index)
+            self._at(now, _Event.KICK, index)
 
     def _start(self, now: float, index: int) -> None:
         worker = self.workers[index]
