@@ -44,6 +44,8 @@ def serve(
     autoplan_interval: float = typer.Option(60.0, "--autoplan-interval", min=1.0, help="Seconds per autoplan window."),
     min_gain: float = typer.Option(10.0, "--min-gain", min=0.0, help="Predicted goodput gain (%) autoplan needs, "
                                                                      "two windows in a row."),
+    autoplan_slo: str = typer.Option("2s,200ms", "--autoplan-slo", help="TTFT,TPOT objectives autoplan's goodput "
+                                                                        "counts against."),
 ) -> None:
     """Run a fleet and its HTTP server in the foreground (a stats line every 10 s on stderr)."""
     import logging
@@ -56,6 +58,8 @@ def serve(
     from fleetctl.engine.fleet.config import FleetConfig, FleetConfigError
     from fleetctl.engine.fleet.controller import Fleet
     from fleetctl.engine.planner.autoplan_policy import AutoplanSettings
+    from fleetctl.engine.planner.durations import DurationError
+    from fleetctl.engine.planner.slo import Slo
     from fleetctl.engine.server.admin_auth import AdminTokenError, load_or_create_admin_token
     from fleetctl.engine.server.app import create_app
 
@@ -68,10 +72,11 @@ def serve(
                 model_dir=resolve_model(model), prefill=prefill, decode=decode, colocated=colocated,
                 devices=tuple(d.strip() for d in devices.split(",") if d.strip()), engine=engine,
                 store_path=store_path(store), max_queue=max_queue, served_model_name=served_model_name or None,
-                autoplan=AutoplanSettings(autoplan_interval, min_gain) if autoplan else None,
+                autoplan=AutoplanSettings(autoplan_interval, min_gain, Slo.parse_pair(autoplan_slo)) if autoplan
+                else None,
             )
             fleet = Fleet(config)
-        except FleetConfigError as exc:
+        except (FleetConfigError, DurationError) as exc:
             raise fail(str(exc)) from None
     listener = bind(host, port)  # before any worker starts: a taken port fails in milliseconds, not after loading
     try:

@@ -1,7 +1,10 @@
 """Autoplan's decisions, window by window: it applies only when the same split gains enough in two windows in
 a row, and any window that does not (a hold, a skip, another split) starts the count again."""
 
+from pathlib import Path
+
 import pytest
+from fleet_harness import fleetctl
 
 from fleetctl.engine.planner.autoplan_policy import AutoplanPolicy, AutoplanSettings, Decision
 from fleetctl.engine.planner.costs import DeviceCosts
@@ -68,3 +71,15 @@ def test_settings_are_checked() -> None:
         AutoplanSettings(interval_s=0)
     with pytest.raises(ValueError, match="minimum gain must be >= 0"):
         AutoplanSettings(min_gain_pct=-1)
+
+
+def test_serve_refuses_autoplan_it_cannot_run(tiny_model_dir: Path) -> None:
+    """No worker starts: the configuration is refused first (one line, exit 1)."""
+    colocated = fleetctl("serve", "--model", str(tiny_model_dir), "--colocated", "2", "--autoplan", "--port", "0")
+    assert colocated.returncode == 1
+    assert colocated.stderr == ("fleetctl: error: --autoplan needs a disaggregated fleet (it moves prefill:decode "
+                                "splits) with a metrics store (it plans from it)\n")
+    bad_slo = fleetctl("serve", "--model", str(tiny_model_dir), "--autoplan", "--autoplan-slo", "2s", "--port", "0")
+    assert bad_slo.returncode == 1
+    assert bad_slo.stderr == "fleetctl: error: bad --autoplan-slo '2s': use TTFT,TPOT, e.g. 2s,200ms\n"
+    assert Slo.parse_pair("1s, 50ms") == Slo(1.0, 0.05)
