@@ -16,7 +16,7 @@ def plan(
     slo_ttft: str = typer.Option("2s", "--slo-ttft", help="Time-to-first-token objective: 2s, 200ms or 0.2."),
     slo_tpot: str = typer.Option("200ms", "--slo-tpot", help="Time-per-output-token objective."),
     devices: str = typer.Option("", "--devices", help="cpu:0,cpu:1,… or NxGPU for a what-if fleet, e.g. 8xH100 "
-                                                      "(default: the fleet's devices at the window's end)."),
+                                                      "(default: the fleet's devices, as the store shows them)."),
     trace: Path = typer.Option(None, "--trace", help="Replay this Mooncake trace (JSONL) instead of the "
                                                      "window's requests.", dir_okay=False),
     store: str = typer.Option("", "--store", help="SQLite metrics store (default $FLEET_HOME/fleet.db)."),

@@ -1,5 +1,6 @@
 """What `fleetctl plan` needs from the store over a window: the measured steps its cost models are
-fitted to, the requests it replays, the devices' peaks and the fleet's layout at the window's end.
+fitted to, the requests it replays, the devices' peaks and the fleet's layout when the window's last
+request arrived (its current layout, or the last one of a fleet that has stopped).
 
 - Prefill steps are rebuilt from the `requests` rows: the requests a step computed share their prefill
   worker and their prefill start (`ts + queue_s`), and each one's `prefill_s` is that step's wall time
@@ -23,7 +24,6 @@ from sqlite_utils import Database
 from fleetctl.store.records import DeviceKind, WorkerRole
 
 LOOKBACK_S = 600.0  # requests that arrived this long before the window may still have decoded inside it
-LIVE_TAIL_S = 5.0  # workers with samples this close to the window's last sample make up its layout
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class PlanInputs:
     decode_runs: list[DecodeRun]
     handoffs: list[Handoff]
     peaks: dict[DeviceKind, Peaks]  # implied by the samples: flops / (mfu · interval), bytes likewise
-    workers: list[LiveWorker]  # the layout at the window's end
+    workers: list[LiveWorker]  # the layout when the window's last request arrived
 
 
 def device_kind(device: str) -> DeviceKind:
@@ -106,7 +106,7 @@ def plan_inputs(db: Database, window_s: float, now: float | None = None) -> Plan
         handoffs=[Handoff(device_kind(devices[r[10]]), r[7], r[6], r[5]) for r in in_window
                   if r[6] > 0 and r[10] in devices],
         peaks=_peaks(db, devices, since, now),
-        workers=_live_workers(db, since, now),
+        workers=_live_workers(db, in_window[-1][0] if in_window else None),
     )
 
 
@@ -198,12 +198,10 @@ def _peaks(db: Database, devices: dict[str, str], since: float, now: float) -> d
             if mfu_s > 0 and mbu_s > 0}
 
 
-def _live_workers(db: Database, since: float, now: float) -> list[LiveWorker]:
-    last = db.execute("SELECT MAX(ts) FROM worker_samples WHERE ts >= ? AND ts < ?", [since, now]).fetchone()[0]
-    if last is None:
+def _live_workers(db: Database, at: float | None) -> list[LiveWorker]:
+    """The workers running at `at` (None: none)."""
+    if at is None:
         return []
-    rows = db.execute(
-        "SELECT id, role, device FROM workers WHERE (stopped_at IS NULL OR stopped_at > ?) AND id IN "
-        "(SELECT DISTINCT worker_id FROM worker_samples WHERE ts >= ? AND ts <= ?) ORDER BY id",
-        [last, last - LIVE_TAIL_S, last]).fetchall()
+    rows = db.execute("SELECT id, role, device FROM workers WHERE started_at <= ? AND (stopped_at IS NULL OR "
+                      "stopped_at >= ?) ORDER BY id", [at, at]).fetchall()
     return [LiveWorker(wid, WorkerRole(role), device) for wid, role, device in rows]

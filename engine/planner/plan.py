@@ -81,7 +81,7 @@ class Plan:
     slo: Slo
     devices: PlanDevices
     costs: DeviceCosts  # as replayed (scaled for a what-if fleet)
-    current: Split | None  # the fleet's layout at the window's end
+    current: Split | None  # the fleet's layout (when the window's last request arrived, from the store)
     candidates: list[Candidate]  # best first
     notes: list[str]  # assumptions the numbers rest on
 
@@ -150,7 +150,7 @@ def current_split(workers: list[LiveWorker]) -> Split | None:
 
 
 def make_plan(inputs: PlanInputs, request: PlanRequest, workers: list[LiveWorker] | None = None) -> Plan:
-    """`workers`: the fleet's live workers (default: those the store shows at the window's end)."""
+    """`workers`: the fleet's live workers (default: those the store shows serving the window's last request)."""
     workers = inputs.workers if workers is None else workers
     source = "trace" if request.trace is not None else "store"
     replay = list(request.trace) if request.trace is not None else [
@@ -163,7 +163,7 @@ def make_plan(inputs: PlanInputs, request: PlanRequest, workers: list[LiveWorker
     elif workers:
         devices = parse_devices(",".join(w.device for w in workers))
     else:
-        raise PlanError("the store shows no worker at the end of the window: name the devices with --devices")
+        raise PlanError("the store shows no worker serving the window's requests: name the devices with --devices")
     kinds = measured_kinds(inputs)
     if not kinds:
         raise PlanError(f"no measured steps in the last {format_window(inputs.window_s)} of the store to fit a cost "

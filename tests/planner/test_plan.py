@@ -109,7 +109,7 @@ def test_an_empty_window_or_unmeasured_devices_are_refused(stores: dict) -> None
     db = open_db(path)
     inputs = plan_inputs(db, WINDOW, now)
     db.close()
-    with pytest.raises(PlanError, match="the store shows no worker at the end of the window"):
+    with pytest.raises(PlanError, match="the store shows no worker serving the window's requests"):
         make_plan(inputs, PlanRequest(), workers=[])
 
 
