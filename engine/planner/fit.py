@@ -1,10 +1,15 @@
 """Non-negative least squares in relative error for the planner's small linear cost models (2–3 terms):
 every subset of the terms is solved and the best fit whose coefficients are all >= 0 kept, which is
-exact for so few terms. Relative error, because a 50 ms step matters as much as a 3 s one; weighted by the
-model's prediction rather than the measurement (a few passes), because dividing by the measurement favours
-the points that came out fast and biases every time low — and a replay that underestimates service times
-underestimates queueing far more. A negative coefficient (a step that gets cheaper with more tokens) is
-noise that would turn into nonsense when a split is extrapolated, so it is never allowed."""
+exact for so few terms.
+
+- Relative error, because a 50 ms step matters as much as a 3 s one; relative to the model's prediction
+  (a few passes, each weighted by the last one's), not to the measurement: dividing by the measurement
+  favours the points that came out fast and biases every time low, and a replay that underestimates
+  service times underestimates queueing far more.
+- A point much further off than the rest (a step stalled by something else on the machine) sits the
+  next pass out, so that one stall does not tilt every time.
+- A negative coefficient (a step that gets cheaper with more tokens) is noise that would turn into
+  nonsense when a split is extrapolated, so it is never allowed."""
 
 import itertools
 from dataclasses import dataclass
@@ -13,6 +18,7 @@ import numpy as np
 
 MIN_POINTS = 3
 REWEIGHTS = 3  # passes, each weighting points by 1 / (the previous pass's prediction)²
+OUTLIER_FACTOR, OUTLIER_FLOOR = 3.0, 0.25  # a point further off than this (relative) sits out the next pass
 
 
 class FitError(ValueError):
@@ -50,10 +56,12 @@ def fit_nonnegative(terms: tuple[str, ...], x: list[tuple[float, ...]], y: list[
     scale = np.abs(a).max(axis=0)
     scale[scale == 0] = 1.0
     a = a / scale  # columns of similar size: tokens² is 10⁷ where the constant is 1
-    guess = b
+    guess, kept = b, np.ones(len(b), dtype=bool)
     for _ in range(REWEIGHTS):
-        coef = _best_subset(a, b, n / np.maximum(guess, b.min() / 10) ** 2)
+        coef = _best_subset(a, b, kept * n / np.maximum(guess, b.min() / 10) ** 2)
         guess = a @ coef
+        off = np.abs(b - guess) / np.maximum(guess, b.min() / 10)
+        kept = off <= max(OUTLIER_FLOOR, OUTLIER_FACTOR * float(np.median(off)))
     error = float(np.sum(n * np.abs(guess - b) / b) / np.sum(n))
     return LinearFit(terms, tuple(float(c) for c in coef / scale), len(keep), error)
 
