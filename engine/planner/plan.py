@@ -233,8 +233,12 @@ def explain(plan: Plan) -> str:
         sentence = (f"{opening}: {_rate(best)} within {slo.describe()} vs {rival.goodput:.3g} req/s for {name}, "
                     f"which meets the SLOs for {rival.good}/{rival.requests} requests but takes longer to serve them "
                     f"(mean e2e {rival.e2e_mean_s:.3g} s vs {best.e2e_mean_s:.3g} s)")
+    if best.split.layout is not Layout.COLOCATED:
+        return sentence
     split = plan.best_split
-    if best.split.layout is Layout.COLOCATED and split is not None:
-        sentence += (f"; colocated needs a restart with --colocated {best.split.mixed}, and the best prefill:decode "
-                     f"split is {split.split.label} at {split.goodput:.3g} req/s")
+    if split is not None and split is not rival:
+        sentence += f"; the best prefill:decode split is {split.split.label} at {split.goodput:.3g} req/s"
+    if plan.current is not None and plan.current.layout is Layout.DISAGGREGATED:
+        sentence += (f"; colocated takes a restart with --colocated {best.split.mixed} (rebalance moves prefill:decode "
+                     f"splits only)")
     return sentence
