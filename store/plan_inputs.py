@@ -110,13 +110,19 @@ def plan_inputs(db: Database, window_s: float, now: float | None = None) -> Plan
     )
 
 
-def _prefill_steps(rows: list[tuple], devices: dict[str, str]) -> list[PrefillStep]:
+def _prefill_groups(rows: list[tuple]) -> dict[tuple[str, float], list[tuple[int, float]]]:
+    """(worker, start) of each prefill step -> (prompt tokens, prefill seconds) of each request it computed."""
     steps: dict[tuple[str, float], list[tuple[int, float]]] = defaultdict(list)
     for ts, queue_s, prefill_s, *_, prompt, _out, prefill_worker, _decode in rows:
-        if prefill_worker in devices and prefill_s > 0 and prompt > 0:
-            steps[(prefill_worker, round(ts + queue_s, 4))].append((prompt, prefill_s))  # one step's requests
+        if prefill_worker is not None and prefill_s > 0 and prompt > 0:
+            steps[(prefill_worker, round(ts + queue_s, 4))].append((prompt, prefill_s))
+    return steps
+
+
+def _prefill_steps(rows: list[tuple], devices: dict[str, str]) -> list[PrefillStep]:
     return [PrefillStep(device_kind(devices[wid]), sum(p for p, _ in members), sum(p * p for p, _ in members),
-                        max(s for _, s in members)) for (wid, _), members in steps.items()]
+                        max(s for _, s in members)) for (wid, _), members in _prefill_groups(rows).items()
+            if wid in devices]
 
 
 def _decode_runs(db: Database, rows: list[tuple], devices: dict[str, str], since: float,
@@ -127,9 +133,9 @@ def _decode_runs(db: Database, rows: list[tuple], devices: dict[str, str], since
         start, end = ts + ttft_s + handoff_s, ts + e2e_s
         if worker in devices and out > 1 and end > start:
             spans[worker].append((start, end, prompt + 1, prompt + out))
-    prefills: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for wid, start, seconds in _prefill_intervals(rows):
-        prefills[wid].append((start, start + seconds))
+    prefills: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (start, end) of each prefill step
+    for (wid, start), members in _prefill_groups(rows).items():
+        prefills[wid].append((start, start + max(s for _, s in members)))
     samples: dict[str, list[tuple[float, float, int, float]]] = defaultdict(list)
     for wid, ts, interval, steps, batch in db.execute(
             "SELECT worker_id, ts, interval_s, steps, batch_size FROM worker_samples WHERE ts >= ? AND ts < ? "
@@ -151,16 +157,6 @@ def _decode_runs(db: Database, rows: list[tuple], devices: dict[str, str], since
                 result.append(DecodeRun(device_kind(devices[wid]), ctx1 - ctx0, batch, batch * per_sequence,
                                         seconds))
     return result
-
-
-def _prefill_intervals(rows: list[tuple]) -> list[tuple[str, float, float]]:
-    """(worker, start, seconds) of each prefill step, from the requests it computed."""
-    steps: dict[tuple[str, float], float] = {}
-    for ts, queue_s, prefill_s, *_, prompt, _out, prefill_worker, _decode in rows:
-        if prefill_worker is not None and prefill_s > 0 and prompt > 0:
-            key = (prefill_worker, round(ts + queue_s, 4))
-            steps[key] = max(steps.get(key, 0.0), prefill_s)
-    return [(wid, start, seconds) for (wid, start), seconds in steps.items()]
 
 
 def _mean_batch(samples: list[tuple[float, float, int, float]], lo: float, hi: float) -> float:
