@@ -31,19 +31,25 @@ def _bench(model: str, layout: list[str], store: Path, trace: list[TraceRequest]
         return asyncio.run(run_bench(url, trace, name, slo.ttft_s, slo.tpot_s))
 
 
-def compare_layouts(model: str, devices: list[str], trace: list[TraceRequest], name: str, slo: Slo) -> dict:
-    """Raises FleetStartError (a fleet did not start) or one of the planner's USER_ERRORS (nothing to plan)."""
+def compare_layouts(model: str, devices: list[str], trace: list[TraceRequest], name: str, slo: Slo,
+                    store_dir: Path | None = None) -> dict:
+    """Raises FleetStartError (a fleet did not start) or one of the planner's USER_ERRORS (nothing to plan).
+    `store_dir` keeps the runs' stores (colocated.db, split.db) for `plan --store` later."""
     joined = ",".join(devices)
     with tempfile.TemporaryDirectory(prefix="fleetctl-compare-") as tmp:
-        colocated_store = Path(tmp) / "colocated.db"
-        colocated = _bench(model, ["--colocated", str(len(devices)), "--devices", joined], colocated_store, trace,
-                           name, slo)
-        plan = plan_from_store(colocated_store, WHOLE_STORE_S, PlanRequest(slo, joined))
+        stores = store_dir or Path(tmp)
+        stores.mkdir(parents=True, exist_ok=True)
+        for name_ in ("colocated.db", "split.db"):
+            for suffix in ("", "-wal", "-shm"):
+                (stores / f"{name_}{suffix}").unlink(missing_ok=True)  # each store holds one run
+        colocated = _bench(model, ["--colocated", str(len(devices)), "--devices", joined], stores / "colocated.db",
+                           trace, name, slo)
+        plan = plan_from_store(stores / "colocated.db", WHOLE_STORE_S, PlanRequest(slo, joined))
         best = plan.best_split
         if best is None:
             raise PlanError(f"{len(devices)} device(s) have no prefill:decode split: compare on two or more")
         layout = ["--prefill", str(best.split.prefill), "--decode", str(best.split.decode), "--devices", joined]
-        split = _bench(model, layout, Path(tmp) / "split.db", trace, name, slo)
+        split = _bench(model, layout, stores / "split.db", trace, name, slo)
     predicted = plan.candidate(plan.current)
     return {
         "trace": name, "devices": devices, "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
@@ -74,7 +80,7 @@ def render_comparison(result: dict) -> str:
 
 
 def compare_layouts_cmd(model: str, devices: str, name: str, trace: list[TraceRequest], slo_ttft: float,
-                        slo_tpot: float, as_json: bool) -> None:
+                        slo_tpot: float, store_dir: str, as_json: bool) -> None:
     """What `bench --compare-layouts` prints, or one error line."""
     chosen = [d.strip() for d in devices.split(",") if d.strip()] or default_devices()
     try:
@@ -82,7 +88,8 @@ def compare_layouts_cmd(model: str, devices: str, name: str, trace: list[TraceRe
     except ValueError as exc:
         raise fail(str(exc)) from None
     try:
-        result = compare_layouts(str(resolve_model(model)), chosen, trace, name, slo)
+        result = compare_layouts(str(resolve_model(model)), chosen, trace, name, slo,
+                                 Path(store_dir).expanduser() if store_dir else None)
     except FleetStartError as exc:
         raise fail(f"a fleet did not start: {exc.reason}") from None
     except USER_ERRORS as exc:

@@ -195,6 +195,8 @@ def bench(
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="With --compare-layouts: the model to serve."),
     devices: str = typer.Option("", "--devices", help="With --compare-layouts: the devices both layouts use "
                                                       "(default: every GPU, or cpu:0,cpu:1,cpu:2)."),
+    store_dir: str = typer.Option("", "--store-dir", help="With --compare-layouts: keep the runs' stores here "
+                                                          "(colocated.db, split.db) for `plan --store`."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     """Load generator against a running fleet: throughput, goodput, TTFT/TPOT/E2E, handoff share."""
@@ -214,7 +216,7 @@ def bench(
     if compare_layouts:
         from fleetctl.console.compare_layouts import compare_layouts_cmd
 
-        compare_layouts_cmd(model, devices, name, requests_, slo_ttft, slo_tpot, as_json)
+        compare_layouts_cmd(model, devices, name, requests_, slo_ttft, slo_tpot, store_dir, as_json)
         return
     target = fleet_url(url)
     try:

@@ -126,7 +126,8 @@ def test_bench_compares_layouts_on_the_same_devices(tiny_model_dir: Path, tmp_pa
     path.write_text("".join(json.dumps({"timestamp": 250 * i, "input_length": 20 + 7 * i, "output_length": 12,
                                         "hash_ids": [i % 2]}) + "\n" for i in range(16)))
     result = fleetctl("bench", "--compare-layouts", "--model", str(tiny_model_dir), "--devices", "cpu:0,cpu:1",
-                      "--trace", str(path), "--slo-ttft", "5", "--slo-tpot", "1", "--json", timeout=600)
+                      "--trace", str(path), "--slo-ttft", "5", "--slo-tpot", "1", "--store-dir", str(tmp_path / "runs"),
+                      "--json", timeout=600)
     assert result.returncode == 0, result.stderr
     body = json.loads(result.stdout)
     assert body["trace"] == "short.jsonl" and body["split"]["prefill"] == body["split"]["decode"] == 1
@@ -135,6 +136,9 @@ def test_bench_compares_layouts_on_the_same_devices(tiny_model_dir: Path, tmp_pa
     assert body["goodput_ratio"] == pytest.approx(body["disaggregated"]["goodput_rps"]
                                                   / body["colocated"]["goodput_rps"], abs=1e-3)
     assert body["plan"]["current"]["layout"] == "colocated" and body["predicted"]["colocated_goodput"] > 0
+    replanned = fleetctl("plan", "--store", str(tmp_path / "runs" / "split.db"), "--since", "1h", "--json")
+    assert replanned.returncode == 0, replanned.stderr
+    assert json.loads(replanned.stdout)["current"] == {"prefill": 1, "decode": 1, "mixed": 0, "layout": "disaggregated"}
     text = fleetctl("bench", "--compare-layouts", "--model", str(tiny_model_dir), "--devices", "cpu:0",
                     "--trace", str(path))
     assert text.returncode == 1
