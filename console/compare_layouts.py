@@ -39,9 +39,9 @@ def compare_layouts(model: str, devices: list[str], trace: list[TraceRequest], n
     with tempfile.TemporaryDirectory(prefix="fleetctl-compare-") as tmp:
         stores = store_dir or Path(tmp)
         stores.mkdir(parents=True, exist_ok=True)
-        for name_ in ("colocated.db", "split.db"):
+        for store_name in ("colocated.db", "split.db"):
             for suffix in ("", "-wal", "-shm"):
-                (stores / f"{name_}{suffix}").unlink(missing_ok=True)  # each store holds one run
+                (stores / f"{store_name}{suffix}").unlink(missing_ok=True)  # each store holds one run
         colocated = _bench(model, ["--colocated", str(len(devices)), "--devices", joined], stores / "colocated.db",
                            trace, name, slo)
         plan = plan_from_store(stores / "colocated.db", WHOLE_STORE_S, PlanRequest(slo, joined))
