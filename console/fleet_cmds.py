@@ -57,7 +57,7 @@ def serve(
     from fleetctl.engine.core.config import EngineSettings
     from fleetctl.engine.fleet.config import FleetConfig, FleetConfigError
     from fleetctl.engine.fleet.controller import Fleet
-    from fleetctl.engine.planner.autoplan_policy import AutoplanSettings
+    from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
     from fleetctl.engine.planner.durations import DurationError
     from fleetctl.engine.planner.slo import Slo
     from fleetctl.engine.server.admin_auth import AdminTokenError, load_or_create_admin_token

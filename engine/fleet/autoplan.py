@@ -7,7 +7,8 @@ import asyncio
 from fleetctl.engine.fleet.operation import OperationError
 from fleetctl.engine.fleet.rebalance import Rebalancer
 from fleetctl.engine.fleet.state import FleetState
-from fleetctl.engine.planner.autoplan_policy import AutoplanPolicy, AutoplanSettings, Decision, Verdict
+from fleetctl.engine.planner.autoplan_policy import AutoplanPolicy, Decision, Verdict
+from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.engine.planner.plan import USER_ERRORS, PlanRequest, plan_from_store
 from fleetctl.engine.planner.simulator import EngineLimits
 from fleetctl.store.plan_inputs import LiveWorker

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fleetctl.engine.core.config import EngineSettings
 from fleetctl.engine.core.device_names import DeviceError, check_device, gpu_count
-from fleetctl.engine.planner.autoplan_policy import AutoplanSettings
+from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.engine.worker.spec import WorkerSpec
 from fleetctl.store.records import DeviceKind, WorkerRole
 

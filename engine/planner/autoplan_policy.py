@@ -2,25 +2,12 @@
 by at least `min_gain_pct` of predicted goodput in two windows in a row (the same split both times), so
 that one odd window cannot make the fleet flap between splits. Every window ends in a `Verdict`."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
+from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.engine.planner.plan import Plan
-from fleetctl.engine.planner.slo import Slo
 from fleetctl.engine.planner.split import Split
-
-
-@dataclass(frozen=True)
-class AutoplanSettings:
-    interval_s: float = 60.0  # one plan per interval, over the interval just past
-    min_gain_pct: float = 10.0
-    slo: Slo = field(default_factory=Slo)
-
-    def __post_init__(self) -> None:
-        if not self.interval_s > 0:
-            raise ValueError("the autoplan interval must be positive")
-        if self.min_gain_pct < 0:
-            raise ValueError("the autoplan's minimum gain must be >= 0 %")
 
 
 class Decision(StrEnum):

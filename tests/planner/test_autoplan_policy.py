@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from fleet_harness import fleetctl
 
-from fleetctl.engine.planner.autoplan_policy import AutoplanPolicy, AutoplanSettings, Decision
+from fleetctl.engine.planner.autoplan_policy import AutoplanPolicy, Decision
+from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.engine.planner.costs import DeviceCosts
 from fleetctl.engine.planner.devices import parse_devices
 from fleetctl.engine.planner.fit import LinearFit

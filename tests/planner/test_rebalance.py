@@ -19,7 +19,8 @@ from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.operation import Operation, OperationError, OpState
 from fleetctl.engine.fleet.rebalance import Rebalancer
 from fleetctl.engine.fleet.request import TrackedRequest
-from fleetctl.engine.planner.autoplan_policy import AutoplanSettings, Decision
+from fleetctl.engine.planner.autoplan_policy import Decision
+from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.store.db import open_db
 from fleetctl.store.records import WorkerState
 
