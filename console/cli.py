@@ -13,6 +13,7 @@ from fleetctl.console.fleet_cmds import bench, classify, serve, status, workers
 from fleetctl.console.generate_cmd import generate
 from fleetctl.console.models_cmd import models_app
 from fleetctl.console.ops_cmds import checkpoint, checkpoints, drain, migrate, restore, resume, start, stop
+from fleetctl.console.plan_cmd import plan, rebalance
 
 try:
     from typer._click import exceptions as cli_errors  # newer typer vendors click
@@ -50,6 +51,8 @@ app.command("status")(status)
 app.command("workers")(workers)
 app.command("bench")(bench)
 app.command("classify")(classify)
+app.command("plan")(plan)
+app.command("rebalance")(rebalance)
 app.command("devices")(devices)
 app.command("checkpoint")(checkpoint)
 app.command("restore")(restore)

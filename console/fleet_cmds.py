@@ -56,6 +56,12 @@ def serve(
     checkpoint_timeout: float = typer.Option(300.0, "--checkpoint-timeout", min=0.1,
                                              help="A checkpoint not written by then is called off; the worker "
                                                   "serves on."),
+    autoplan: bool = typer.Option(False, "--autoplan", help="Plan every interval and rebalance when the gain holds."),
+    autoplan_interval: float = typer.Option(60.0, "--autoplan-interval", min=1.0, help="Seconds per autoplan window."),
+    min_gain: float = typer.Option(10.0, "--min-gain", min=0.0, help="Predicted goodput gain (%) autoplan needs, "
+                                                                     "two windows in a row."),
+    autoplan_slo: str = typer.Option("2s,200ms", "--autoplan-slo", help="TTFT,TPOT objectives autoplan's goodput "
+                                                                        "counts against."),
 ) -> None:
     """Run a fleet and its HTTP server in the foreground (a stats line every 10 s on stderr)."""
     import logging
@@ -67,6 +73,9 @@ def serve(
     from fleetctl.engine.core.config import EngineSettings
     from fleetctl.engine.fleet.config import FleetConfig, FleetConfigError, Supervision
     from fleetctl.engine.fleet.controller import Fleet
+    from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
+    from fleetctl.engine.planner.durations import DurationError
+    from fleetctl.engine.planner.slo import Slo
     from fleetctl.engine.server.admin_auth import AdminTokenError, load_or_create_admin_token
     from fleetctl.engine.server.app import create_app
     from fleetctl.engine.server.graceful import GracefulServer
@@ -84,9 +93,11 @@ def serve(
                 supervision=Supervision(restart=restart, heartbeat_s=min(1.0, heartbeat_timeout / 4),
                                         heartbeat_timeout_s=heartbeat_timeout,
                                         step_timeout_s=step_timeout, checkpoint_timeout_s=checkpoint_timeout),
+                autoplan=AutoplanSettings(autoplan_interval, min_gain, Slo.parse_pair(autoplan_slo)) if autoplan
+                else None,
             )
             fleet = Fleet(config)
-        except FleetConfigError as exc:
+        except (FleetConfigError, DurationError) as exc:
             listener.close()
             raise fail(str(exc)) from None
     try:
@@ -193,12 +204,20 @@ def workers(
 
 def bench(
     url: str = typer.Option(None, "--url", help="Fleet URL (default $FLEET_URL or http://127.0.0.1:8700)."),
-    trace: TraceKind = typer.Option(TraceKind.CHAT, "--trace", help="Request mix to send."),
+    trace: str = typer.Option(TraceKind.CHAT.value, "--trace", help="chat, rag, agent, shift, or a Mooncake trace "
+                                                                    "file (JSONL, replayed whole)."),
     requests: int = typer.Option(32, "--requests", min=1, help="Requests to send."),
     rate: float = typer.Option(4.0, "--rate", min=0.0, help="Poisson arrivals per second (0: all at once)."),
     slo_ttft: float = typer.Option(2.0, "--slo-ttft", min=0.0, help="TTFT objective, seconds."),
     slo_tpot: float = typer.Option(0.2, "--slo-tpot", min=0.0, help="Time-per-output-token objective, seconds."),
     seed: int = typer.Option(0, "--seed"),
+    compare_layouts: bool = typer.Option(False, "--compare-layouts", help="Start the fleets itself: colocated on "
+                                         "--devices, then the split `plan` picks from that run; their goodput ratio."),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="With --compare-layouts: the model to serve."),
+    devices: str = typer.Option("", "--devices", help="With --compare-layouts: the devices both layouts use "
+                                                      "(default: every GPU, or cpu:0,cpu:1,cpu:2)."),
+    store_dir: str = typer.Option("", "--store-dir", help="With --compare-layouts: keep the runs' stores here "
+                                                          "(colocated.db, split.db) for `plan --store`."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     """Load generator against a running fleet: throughput, goodput, TTFT/TPOT/E2E, handoff share."""
@@ -208,8 +227,18 @@ def bench(
 
     from fleetctl.console.bench import run_bench
     from fleetctl.console.client import FleetClient, FleetClientError, fleet_url
-    from fleetctl.console.traces import make_trace
+    from fleetctl.console.traces import load_trace
+    from fleetctl.engine.planner.trace_file import TraceFileError
 
+    try:
+        name, requests_ = load_trace(trace, requests, rate, seed)
+    except TraceFileError as exc:
+        raise fail(str(exc)) from None
+    if compare_layouts:
+        from fleetctl.console.compare_layouts import compare_layouts_cmd
+
+        compare_layouts_cmd(model, devices, name, requests_, slo_ttft, slo_tpot, store_dir, as_json)
+        return
     target = fleet_url(url)
     try:
         FleetClient(target).get("/health")
@@ -217,8 +246,7 @@ def bench(
         if "no fleet answers" in str(exc):
             raise fail(str(exc)) from None
     try:
-        result = asyncio.run(run_bench(target, make_trace(trace, requests, rate, seed), trace.value,
-                                       slo_ttft, slo_tpot))
+        result = asyncio.run(run_bench(target, requests_, name, slo_ttft, slo_tpot))
     except (httpx.HTTPError, OSError, ValueError, KeyError) as exc:
         raise fail(f"bench failed against {target}: {exc.__class__.__name__}: {exc}") from None
     if as_json:

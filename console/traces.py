@@ -1,23 +1,27 @@
-"""Synthetic request traces for `fleetctl bench` (and `fleetctl demo`'s traffic): prompt and output
-lengths drawn per trace kind, prompt text made of common words (so token counts are close to the
-requested lengths)."""
+"""Request traces for `fleetctl bench` (and `fleetctl demo`'s traffic): synthetic ones, with prompt and
+output lengths drawn per trace kind, or a Mooncake trace file replayed as recorded. Prompt text is made
+of common words (so token counts are close to the requested lengths)."""
 
 import random
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
+
+from fleetctl.engine.planner.trace_file import MOONCAKE_BLOCK_TOKENS, TraceFileError, TraceRecord, read_mooncake
 
 
 class TraceKind(StrEnum):
     CHAT = "chat"  # prompts 64-512 tokens, outputs 64-256
     RAG = "rag"  # long prompts, short answers: prefill-heavy
     AGENT = "agent"  # medium prompts, short outputs, many turns
+    SHIFT = "shift"  # rag-like first half, agent-like second half: the right split moves mid-run
 
 
 LENGTHS = {
     TraceKind.CHAT: ((64, 512), (64, 256)),
     TraceKind.RAG: ((1024, 3072), (32, 128)),
     TraceKind.AGENT: ((256, 1024), (16, 64)),
-}
+}  # SHIFT draws its first half as RAG, its second as AGENT
 _WORD_TEXT = """
 the of and to in is that for it as was with be by on not he this are or his from at which but have
 an they you were her she there one all we their been has when who will more no if out so said what
@@ -46,12 +50,39 @@ class TraceRequest:
 def make_trace(kind: TraceKind, count: int, rate: float, seed: int = 0) -> list[TraceRequest]:
     """`count` requests with Poisson arrivals at `rate` per second (rate <= 0: all at once)."""
     rng = random.Random(seed)
-    (p_lo, p_hi), (o_lo, o_hi) = LENGTHS[kind]
     clock = 0.0
     requests = []
-    for _ in range(count):
+    for i in range(count):
+        shape = kind if kind is not TraceKind.SHIFT else (TraceKind.RAG if i < count // 2 else TraceKind.AGENT)
+        (p_lo, p_hi), (o_lo, o_hi) = LENGTHS[shape]
         words = rng.randint(p_lo, p_hi)
         requests.append(TraceRequest(prompt_text(rng, words), words, rng.randint(o_lo, o_hi), clock))
         if rate > 0:
             clock += rng.expovariate(rate)
     return requests
+
+
+def _prompt_of(record: TraceRecord, line: int) -> str:
+    """`input_length` words whose every 512-word block is drawn from its hash id, so that requests sharing
+    hash ids share that prefix; words beyond the listed blocks are the request's own."""
+    blocks = [prompt_text(random.Random(h), MOONCAKE_BLOCK_TOKENS) for h in record.hash_ids]
+    words = " ".join(blocks).split()[: record.input_length]
+    own = random.Random(f"line-{line}")
+    return " ".join(words + [own.choice(WORDS) for _ in range(record.input_length - len(words))])
+
+
+def trace_from_file(path: Path | str) -> list[TraceRequest]:
+    """A Mooncake trace (`engine.planner.trace_file`) as bench requests, arrivals as recorded."""
+    return [TraceRequest(_prompt_of(r, i), r.input_length, r.output_length, r.arrival_s)
+            for i, r in enumerate(read_mooncake(path))]
+
+
+def load_trace(name: str, count: int, rate: float, seed: int = 0) -> tuple[str, list[TraceRequest]]:
+    """(name, requests) for `--trace`: a synthetic kind (`count` requests at `rate`), or else the path of a
+    Mooncake trace file, replayed whole (raises TraceFileError)."""
+    if name in TraceKind.__members__.values():
+        return name, make_trace(TraceKind(name), count, rate, seed)
+    if not Path(name).is_file():
+        kinds = ", ".join(TraceKind)
+        raise TraceFileError(f"no trace {name!r}: use {kinds}, or the path of a Mooncake trace file (JSONL)")
+    return Path(name).name, trace_from_file(name)

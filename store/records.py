@@ -46,6 +46,8 @@ class EventKind(StrEnum):
     RESTART = "restart"  # the supervisor restarted a worker that died
     GAVE_UP = "gave-up"  # a worker failed too often: the supervisor does not restart it again
     BUSY = "busy"  # requests refused with 429 (the queue was full); at most one event per BUSY_EVENT_S
+    PLAN = "plan"  # an autoplan decision (apply, wait, hold or skip) and its reason
+    REBALANCE = "rebalance"  # a rebalance ended (done or failed): the moves it made
 
 
 class RequestOutcome(StrEnum):

@@ -1,4 +1,4 @@
-"""The import graph: layers import downwards only (server → fleet → worker → checkpoint → core →
+"""The import graph: layers import downwards only (server → fleet → planner → worker → checkpoint → core →
 metrics → model → kernels; `store` and `paths` from anywhere, the store importing none of them), and
 the controller and server import no torch. Lazy imports inside functions count as imports."""
 
@@ -15,6 +15,7 @@ LAYERS = (
     "fleetctl.console",
     "fleetctl.engine.server",
     "fleetctl.engine.fleet",
+    "fleetctl.engine.planner",
     "fleetctl.engine.worker",
     "fleetctl.engine.checkpoint",
     "fleetctl.engine.core",
@@ -93,8 +94,8 @@ def test_the_checker_tells_up_from_down(source: str, target: str, allowed: bool)
     assert (violations(source, {target}) == []) is allowed
 
 
-def test_controller_and_server_import_no_torch() -> None:
-    code = ("import sys, fleetctl.engine.fleet.controller, fleetctl.engine.server.app; "
+def test_controller_server_and_planner_import_no_torch() -> None:
+    code = ("import sys, fleetctl.engine.fleet.controller, fleetctl.engine.server.app, fleetctl.engine.planner.plan; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))[:5])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout

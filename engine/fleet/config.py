@@ -7,6 +7,7 @@ from pathlib import Path
 
 from fleetctl.engine.core.config import EngineSettings
 from fleetctl.engine.core.device_names import DeviceError, check_device, gpu_count
+from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.engine.worker.shm_files import SHM_DIR
 from fleetctl.engine.worker.spec import WorkerSpec
 from fleetctl.store.records import DeviceKind, WorkerRole
@@ -57,6 +58,7 @@ class FleetConfig:
     served_model_name: str | None = None  # the name clients ask for (default: the model directory's name)
     supervision: Supervision = field(default_factory=Supervision)
     shm_dir: Path = SHM_DIR  # where workers publish KV handoff buffers (CPU)
+    autoplan: AutoplanSettings | None = None  # plan and rebalance by itself (`fleet/autoplan.py`)
 
     def __post_init__(self) -> None:
         if self.colocated < 0 or self.prefill < 0 or self.decode < 0:
@@ -72,6 +74,9 @@ class FleetConfig:
                 check_device(device, indexed=True)
             except DeviceError as exc:
                 raise FleetConfigError(str(exc)) from None
+        if self.autoplan and (self.colocated or self.store_path is None):
+            raise FleetConfigError("--autoplan needs a disaggregated fleet (it moves prefill:decode splits) with a "
+                                   "metrics store (it plans from it)")
 
     @property
     def num_workers(self) -> int:

@@ -15,12 +15,14 @@ from fleetctl.engine.core.output import TextStream
 from fleetctl.engine.core.prompt import check_prompt
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.admission import Admission
+from fleetctl.engine.fleet.autoplan import Autoplanner
 from fleetctl.engine.fleet.config import FleetConfig, worker_specs
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.handoff import HandoffRouting
 from fleetctl.engine.fleet.lifecycle import WorkerLifecycle
 from fleetctl.engine.fleet.operation import OperationRunner
 from fleetctl.engine.fleet.operations import CheckpointOperations
+from fleetctl.engine.fleet.rebalance import Rebalancer
 from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.recovery import Recovery
 from fleetctl.engine.fleet.request import StreamEvent, TrackedRequest
@@ -100,6 +102,9 @@ class Fleet:
             await self.stop()
             raise RuntimeError(f"workers failed to start: {'; '.join(dead)}")
         self._tasks = [asyncio.create_task(self._tick()), asyncio.create_task(self.watchdog.run())]
+        if self.config.autoplan:
+            autoplan = Autoplanner(self.state, Rebalancer(self.operations, self.lifecycle), self.config.autoplan)
+            self._tasks.append(asyncio.create_task(autoplan.run()))
 
     async def _tick(self) -> None:
         """Once a second the store's rows and a check for requests left without a worker to go to (a

@@ -41,6 +41,7 @@ class OpKind(StrEnum):
     RESUME = "resume"
     STOP = "stop"
     RESTART = "restart"  # the supervisor brings a worker that died back (supervisor.py)
+    REBALANCE = "rebalance"  # several workers change role, one after another (`fleet/rebalance.py`)
 
 
 class OpState(StrEnum):

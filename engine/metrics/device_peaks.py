@@ -11,9 +11,7 @@ pinned to 2 of 16 cores has a different peak from the whole socket) and the cali
 
 import os
 import platform
-import re
 import time
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -21,52 +19,19 @@ import torch
 
 from fleetctl.engine.metrics.calibration import MAX_WORKING_SET, calibrate, machine_lock, working_set
 from fleetctl.engine.metrics.gpu_sampler import driver_version
+from fleetctl.engine.metrics.gpu_specs import find_gpu_spec
 from fleetctl.store.db import open_db
 from fleetctl.store.devices import cached_device, save_device
 from fleetctl.store.records import DeviceKind, DeviceRecord, PeakSource
 
-TERA = 1e12
-
-
-@dataclass(frozen=True)
-class GpuSpec:
-    pattern: str  # searched (case-insensitive) in the name torch/NVML report
-    tensor_flops: float  # dense bf16/fp16 tensor-core FLOP/s (sparsity doubles it; not counted)
-    fp32_flops: float  # non-tensor fp32 FLOP/s (torch's default fp32 matmul does not use TF32)
-    bytes_per_s: float  # memory bandwidth
-
-
-# Sources: NVIDIA's product datasheets (H100, H200, A100, L4, L40, L40S, A10, A40) and the Ada
-# (RTX 4090) and GA102 (RTX 3090) architecture whitepapers; datasheets quote bf16 with sparsity,
-# halved here. First match wins, so the more specific names come first.
-GPU_SPECS = (
-    GpuSpec(r"H100 NVL", 835.5 * TERA, 60 * TERA, 3.9 * TERA),
-    GpuSpec(r"H100.*PCIe", 756.5 * TERA, 51 * TERA, 2.0 * TERA),
-    GpuSpec(r"H100", 989.5 * TERA, 67 * TERA, 3.35 * TERA),  # SXM5, e.g. "NVIDIA H100 80GB HBM3"
-    GpuSpec(r"H200 NVL", 835.5 * TERA, 60 * TERA, 4.8 * TERA),
-    GpuSpec(r"H200", 989.5 * TERA, 67 * TERA, 4.8 * TERA),
-    GpuSpec(r"A100.*80GB.*PCIe", 312 * TERA, 19.5 * TERA, 1.935 * TERA),
-    GpuSpec(r"A100.*80GB", 312 * TERA, 19.5 * TERA, 2.039 * TERA),
-    GpuSpec(r"A100", 312 * TERA, 19.5 * TERA, 1.555 * TERA),  # 40 GB, SXM4 and PCIe
-    GpuSpec(r"L40S", 362.05 * TERA, 91.6 * TERA, 0.864 * TERA),
-    GpuSpec(r"\bL40\b", 181.05 * TERA, 90.5 * TERA, 0.864 * TERA),
-    GpuSpec(r"\bL4\b", 121 * TERA, 30.3 * TERA, 0.3 * TERA),
-    GpuSpec(r"\bA10\b", 125 * TERA, 31.2 * TERA, 0.6 * TERA),  # not A10G, not A100
-    GpuSpec(r"\bA40\b", 149.7 * TERA, 37.4 * TERA, 0.696 * TERA),
-    GpuSpec(r"RTX 4090", 165.2 * TERA, 82.6 * TERA, 1.008 * TERA),  # bf16 with fp32 accumulate
-    GpuSpec(r"RTX 3090(?! Ti)", 71 * TERA, 35.6 * TERA, 0.936 * TERA),  # bf16 with fp32 accumulate
-)
-
 
 def spec_peaks(name: str, dtype: torch.dtype) -> tuple[float, float] | None:
     """(FLOP/s, bytes/s) from the spec table, or None for a GPU (or dtype) it does not know."""
-    for spec in GPU_SPECS:
-        if re.search(spec.pattern, name, re.IGNORECASE):
-            if dtype in (torch.bfloat16, torch.float16):
-                return spec.tensor_flops, spec.bytes_per_s
-            if dtype is torch.float32:
-                return spec.fp32_flops, spec.bytes_per_s
-            return None
+    spec = find_gpu_spec(name)
+    if spec is not None and dtype in (torch.bfloat16, torch.float16):
+        return spec.tensor_flops, spec.bytes_per_s
+    if spec is not None and dtype is torch.float32:
+        return spec.fp32_flops, spec.bytes_per_s
     return None
 
 

@@ -1,6 +1,6 @@
 """/fleet/*: the fleet's status and workers, its long operations (checkpoint, restore, migrate, and the
 pool changes start, drain, resume, stop: 202 and an operation id to poll), checkpoints, recent requests'
-timing breakdowns, and the store's history for remote consoles."""
+timing breakdowns, the store's history for remote consoles, and the planner's routes (`plan_routes`)."""
 
 import asyncio
 from collections.abc import Callable
@@ -15,6 +15,7 @@ from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.operation import Operation, OperationError
 from fleetctl.engine.fleet.operations import DEFAULT_HOLD_S
 from fleetctl.engine.server.errors import APIError
+from fleetctl.engine.server.plan_routes import plan_router
 from fleetctl.engine.server.status import fleet_status, workers_status
 from fleetctl.store.db import open_db
 from fleetctl.store.history import HistoryError, history
@@ -140,6 +141,7 @@ def fleet_router(fleet: Fleet) -> APIRouter:
         except HistoryError as exc:
             raise APIError(400, str(exc), "invalid_request_error") from None
 
+    router.include_router(plan_router(fleet))  # /fleet/plan, /fleet/rebalance
     return router
 
 

@@ -1,0 +1,64 @@
+"""`serve --autoplan`: once per interval, plan over the interval just past (in a thread: the replay is
+CPU work) and ask the policy (`planner.autoplan_policy`) whether to rebalance; every decision, applied or
+not, is a `plan` event in the store with its reason and numbers."""
+
+import asyncio
+
+from fleetctl.engine.fleet.operation import OperationError
+from fleetctl.engine.fleet.rebalance import Rebalancer
+from fleetctl.engine.fleet.state import FleetState
+from fleetctl.engine.planner.autoplan_policy import AutoplanPolicy, Decision, Verdict
+from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
+from fleetctl.engine.planner.plan import USER_ERRORS, PlanRequest, plan_from_store
+from fleetctl.engine.planner.simulator import EngineLimits
+from fleetctl.store.plan_inputs import LiveWorker
+from fleetctl.store.records import EventKind, WorkerState
+
+
+class Autoplanner:
+    def __init__(self, state: FleetState, rebalancer: Rebalancer, settings: AutoplanSettings) -> None:
+        assert state.config.store_path is not None  # FleetConfig requires one with autoplan
+        self.state = state
+        self.store_path = state.config.store_path
+        self.rebalancer = rebalancer
+        self.settings = settings
+        self.policy = AutoplanPolicy(settings)
+        engine = state.config.engine
+        self.request = PlanRequest(slo=settings.slo, limits=EngineLimits(engine.max_num_seqs,
+                                                                         engine.max_num_batched_tokens))
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.interval_s)
+            await self.step()
+
+    async def step(self) -> Verdict:
+        """One window: plan, decide, maybe start a rebalance, record the decision."""
+        details: dict[str, object] = {}
+        busy = self.rebalancer.running_operation()
+        if busy is not None:
+            verdict = self.policy.skip(f"an operation is running ({busy.kind.value} {busy.id})")
+        else:
+            workers = [LiveWorker(v.worker_id, v.role, v.device) for v in self.state.views.values()
+                       if v.state is WorkerState.RUNNING]
+            try:
+                plan = await asyncio.to_thread(plan_from_store, self.store_path, self.settings.interval_s,
+                                               self.request, workers)
+            except USER_ERRORS as exc:
+                verdict = self.policy.skip(str(exc))
+            else:
+                verdict = self.policy.judge(plan)
+                details = {"current": plan.current.label if plan.current else None,
+                           "recommended": plan.best_split.split.label if plan.best_split else None,
+                           "gain_pct": plan.gain_json(),
+                           "goodput": {c.split.label: round(c.goodput, 4) for c in plan.candidates},
+                           "requests": plan.recommended.requests}
+        if verdict.decision is Decision.APPLY:
+            assert verdict.target is not None
+            try:
+                details["operation"] = self.rebalancer.start(verdict.target, force=False).id
+            except OperationError as exc:
+                verdict = self.policy.skip(f"rebalance to {verdict.target.label} refused: {exc}")
+        self.state.record_event(EventKind.PLAN, None, {"decision": verdict.decision.value, "reason": verdict.reason,
+                                                       **details})
+        return verdict

@@ -1,0 +1,165 @@
+"""`rebalance`: move a disaggregated fleet to another prefill:decode split on the same devices, one worker
+at a time, without losing a session. Each worker that changes role has its sessions leave it (see
+`Evacuation`), is stopped, and a worker of the other role is started on its device (with a fresh id,
+as `start` gives). Each step is an operation of `lifecycle`; the rebalance is one operation over them
+that an operator polls like the others.
+
+Refused (4xx, nothing changed): a split that does not parse, has an empty role, or does not use the
+fleet's devices exactly; a colocated fleet; a fleet already at that split; another operation running or
+a worker starting or draining; and with `force`, a worker whose sessions would not fit on its peers.
+Converting only from the role in excess keeps both roles non-empty at every step."""
+
+import asyncio
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+
+from fleetctl.engine.core.block_allocator import blocks_for
+from fleetctl.engine.fleet.lifecycle import WorkerLifecycle
+from fleetctl.engine.fleet.operation import Operation, OperationError, OperationRunner, OpKind, OpState
+from fleetctl.engine.fleet.router import WorkerView
+from fleetctl.engine.planner.split import Split, SplitError, parse_split
+from fleetctl.store.records import EventKind, WorkerRole, WorkerState
+
+POLL_S = 0.05
+FLEET = "fleet"  # the operation's `worker`: a rebalance acts on the whole fleet
+
+
+class Evacuation(StrEnum):
+    """How a worker's sessions leave it before it changes role. Live session migration (DESIGN) will be a
+    third member: moved to peers between two steps, instead of finishing in place or being recomputed."""
+
+    FINISH = "finish"  # drain: they finish where they are; it takes no new work meanwhile
+    RECOMPUTE = "recompute"  # `force`: recomputed at once on its peers from their tokens
+
+
+@dataclass(frozen=True)
+class Move:
+    worker_id: str
+    device: str
+    from_role: WorkerRole
+    to_role: WorkerRole
+    sessions: int  # held when the rebalance was accepted
+
+    def as_json(self) -> dict[str, object]:
+        return {"worker": self.worker_id, "device": self.device, "from": self.from_role.value,
+                "to": self.to_role.value, "sessions": self.sessions}
+
+
+class Rebalancer:
+    def __init__(self, runner: OperationRunner, lifecycle: WorkerLifecycle) -> None:
+        self.runner = runner
+        self.state = runner.state
+        self.lifecycle = lifecycle
+
+    def running_operation(self) -> Operation | None:
+        return next((op for op in self.runner.ops.values() if op.state is OpState.RUNNING), None)
+
+    def counts(self) -> dict[WorkerRole, int]:
+        """Running workers per role."""
+        running = [v.role for v in self.state.views.values() if v.state is WorkerState.RUNNING]
+        return {role: running.count(role) for role in (WorkerRole.PREFILL, WorkerRole.DECODE)}
+
+    def current(self) -> str:
+        counts = self.counts()
+        return f"{counts[WorkerRole.PREFILL]}:{counts[WorkerRole.DECODE]}"
+
+    def preview(self, split: str, force: bool) -> dict[str, object]:
+        """The dry run: what `start` would do."""
+        target = self._parse(split)
+        moves = self.moves(target, force)
+        return {"split": target.label, "current": self.current(), "force": force,
+                "evacuation": _evacuation(force).value, "moves": [m.as_json() for m in moves]}
+
+    def start(self, split: str | Split, force: bool) -> Operation:
+        target = self._parse(split) if isinstance(split, str) else split
+        moves = self.moves(target, force)
+        if not moves:
+            raise OperationError(409, f"the fleet is already at split {target.label}")
+        op = Operation(OpKind.REBALANCE, FLEET)
+        return self.runner.launch(op, self._run(op, target, moves, _evacuation(force)))
+
+    @staticmethod
+    def _parse(split: str) -> Split:
+        try:
+            return parse_split(split)
+        except SplitError as exc:
+            raise OperationError(400, str(exc)) from None
+
+    def moves(self, target: Split, force: bool) -> list[Move]:
+        """The workers that change role, those holding the fewest sessions first; raises OperationError."""
+        if self.state.config.colocated:
+            raise OperationError(409, "this fleet is colocated (mixed workers): rebalance moves prefill:decode "
+                                      "splits; restart it with --prefill P --decode D")
+        busy = self.running_operation()
+        if busy is not None:
+            raise OperationError(409, f"another operation is running ({busy.kind.value} {busy.id} on "
+                                      f"{busy.worker_id}): wait for it to end")
+        live = [v for v in self.state.views.values() if v.state in (WorkerState.RUNNING, WorkerState.STARTING,
+                                                                    WorkerState.DRAINING)]
+        unsettled = [f"{v.worker_id} is {v.state.value}" for v in live if v.state is not WorkerState.RUNNING]
+        if unsettled:
+            raise OperationError(409, f"{', '.join(unsettled)}: rebalance when every worker runs (resume or stop it)")
+        if target.devices != len(live):
+            need = "needs more devices than" if target.devices > len(live) else "leaves devices idle of"
+            raise OperationError(400, f"split {target.label} {need} the fleet's {len(live)} "
+                                      f"({', '.join(sorted(v.device for v in live))}): a split uses them all")
+        prefill = self.counts()[WorkerRole.PREFILL]
+        excess, to_role, count = ((WorkerRole.PREFILL, WorkerRole.DECODE, prefill - target.prefill)
+                                  if prefill > target.prefill
+                                  else (WorkerRole.DECODE, WorkerRole.PREFILL, target.prefill - prefill))
+        chosen = sorted((v for v in live if v.role is excess), key=lambda v: (len(v.requests), v.worker_id))[:count]
+        if force:
+            self._check_room(chosen, [v for v in live if v.role is excess and v not in chosen])
+        return [Move(v.worker_id, v.device, excess, to_role, len(v.requests)) for v in chosen]
+
+    def _check_room(self, leaving: list[WorkerView], staying: list[WorkerView]) -> None:
+        """Sessions recomputed on peers must fit in the peers' free KV blocks (decode workers hold KV for the
+        whole answer; a prefill worker's prompts just queue for its peers)."""
+        if not leaving or leaving[0].role is not WorkerRole.DECODE:
+            return
+        needed = sum(blocks_for(len(req.prompt_token_ids) + len(req.output_token_ids), v.block_size)
+                     for v in leaving for rid in v.requests if (req := self.state.requests.get(rid)) is not None)
+        free = sum(v.free_blocks for v in staying)
+        if needed > free:
+            sessions = sum(len(v.requests) for v in leaving)
+            raise OperationError(409, f"recomputing {sessions} session(s) of {', '.join(v.worker_id for v in leaving)} "
+                                      f"needs {needed} KV blocks and their peers have {free} free: rebalance without "
+                                      f"--force (sessions finish in place) or when the load is lower")
+
+    async def _run(self, op: Operation, target: Split, moves: list[Move], how: Evacuation) -> dict:
+        started, origin, done = time.time(), self.current(), []
+        try:
+            for n, move in enumerate(moves, 1):
+                step = f"{n}/{len(moves)} {move.worker_id} on {move.device} -> {move.to_role.value}"
+                stopped = await self._follow(op, step, self.lifecycle.stop(move.worker_id,
+                                                                           force=how is Evacuation.RECOMPUTE))
+                new = await self._follow(op, step, self.lifecycle.start(move.to_role.value, move.device))
+                done.append({**move.as_json(), "new_worker": new["worker"],
+                             "sessions_finished": stopped["sessions_finished"],
+                             "sessions_moved": stopped["sessions_moved"],
+                             "seconds": round(stopped["seconds"] + new["seconds"], 3)})
+        except (OperationError, RuntimeError) as exc:
+            reached = self.current()
+            self.state.record_event(EventKind.REBALANCE, None, {"from": origin, "to": target.label, "moves": done,
+                                                                "error": str(exc)})
+            raise RuntimeError(f"{exc} (the fleet is at {reached} after {len(done)} of {len(moves)} move(s))") from None
+        seconds = round(time.time() - started, 3)
+        self.state.record_event(EventKind.REBALANCE, None, {"from": origin, "to": target.label, "moves": done,
+                                                            "evacuation": how.value, "seconds": seconds})
+        return {"split": target.label, "from": origin, "evacuation": how.value, "moves": done, "seconds": seconds}
+
+    @staticmethod
+    async def _follow(op: Operation, step: str, inner: Operation) -> dict:
+        """Wait for one step's operation, showing its stage in the rebalance's; its result, or RuntimeError."""
+        while inner.state is OpState.RUNNING:
+            op.stage = f"{step}: {inner.kind.value} {inner.worker_id}: {inner.stage}"
+            await asyncio.sleep(POLL_S)
+        if inner.state is not OpState.DONE:
+            raise RuntimeError(f"{inner.kind.value} of {inner.worker_id} {inner.state.value}: {inner.error}")
+        assert inner.result is not None
+        return inner.result
+
+
+def _evacuation(force: bool) -> Evacuation:
+    return Evacuation.RECOMPUTE if force else Evacuation.FINISH

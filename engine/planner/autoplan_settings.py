@@ -1,0 +1,19 @@
+"""What `serve --autoplan` is configured with: a field of FleetConfig, kept apart from the policy so that
+loading a fleet's configuration does not load the planner."""
+
+from dataclasses import dataclass, field
+
+from fleetctl.engine.planner.slo import Slo
+
+
+@dataclass(frozen=True)
+class AutoplanSettings:
+    interval_s: float = 60.0  # one plan per interval, over the interval just past
+    min_gain_pct: float = 10.0
+    slo: Slo = field(default_factory=Slo)
+
+    def __post_init__(self) -> None:
+        if not self.interval_s > 0:
+            raise ValueError("the autoplan interval must be positive")
+        if self.min_gain_pct < 0:
+            raise ValueError("the autoplan's minimum gain must be >= 0 %")

@@ -1,0 +1,244 @@
+"""`plan`: fit the cost models to the window's measured steps, replay its requests (or a trace) through
+every prefill:decode split of the devices and through colocated, rank the layouts by goodput, and say
+why the first one wins, with the numbers that decided it.
+
+Goodput is the requests that meet both SLOs per second of the replay (first arrival to last answer).
+Layouts whose goodputs agree to three significant digits tie, and a tie goes to the layout with the
+most headroom (its worse p90 latency as a fraction of its SLO)."""
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleetctl.engine.planner.costs import DeviceCosts, fit_costs, measured_kinds
+from fleetctl.engine.planner.devices import DeviceSpecError, PlanDevices, parse_devices
+from fleetctl.engine.planner.durations import DurationError, format_window
+from fleetctl.engine.planner.fit import FitError
+from fleetctl.engine.planner.simulator import EngineLimits, SimRequest, Timing, simulate
+from fleetctl.engine.planner.slo import Slo
+from fleetctl.engine.planner.split import Layout, Split, SplitError, splits_of
+from fleetctl.engine.planner.trace_file import TraceFileError
+from fleetctl.store.db import open_db
+from fleetctl.store.plan_inputs import LiveWorker, PlanInputs, plan_inputs
+from fleetctl.store.queries import percentiles
+from fleetctl.store.records import WorkerRole
+
+
+class PlanError(ValueError):
+    """Nothing to plan from, or devices the measurements cannot cost; one line for the user."""
+
+
+# what a plan refuses with one line for the user (bad input, or nothing to plan from)
+USER_ERRORS = (PlanError, DeviceSpecError, DurationError, FitError, SplitError, TraceFileError)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    slo: Slo = field(default_factory=Slo)
+    devices: str | None = None  # --devices as given; None: the fleet's own
+    trace: tuple[SimRequest, ...] | None = None  # replayed instead of the window's requests
+    limits: EngineLimits = field(default_factory=EngineLimits)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    split: Split
+    requests: int
+    good: int  # requests meeting both SLOs
+    goodput: float  # good requests per second of the replay
+    ttft_p90_s: float
+    tpot_p90_s: float | None  # None when every answer is one token
+    e2e_mean_s: float
+
+    @property
+    def rounded_goodput(self) -> float:
+        """What ranks it: goodputs closer than this are a tie."""
+        return float(f"{self.goodput:.3g}")
+
+    def headroom(self, slo: Slo) -> float:
+        """The worse p90 latency as a fraction of its SLO (lower is better)."""
+        return max(self.ttft_p90_s / slo.ttft_s, (self.tpot_p90_s or 0.0) / slo.tpot_s)
+
+    def as_json(self) -> dict[str, object]:
+        return {**self.split.as_json(), "goodput": round(self.goodput, 4), "ttft_p90_s": round(self.ttft_p90_s, 4),
+                "tpot_p90_s": None if self.tpot_p90_s is None else round(self.tpot_p90_s, 5),
+                "good_requests": self.good, "requests": self.requests, "e2e_mean_s": round(self.e2e_mean_s, 4)}
+
+
+def score(split: Split, timings: list[Timing], slo: Slo) -> Candidate:
+    span = max(t.arrival_s + t.e2e_s for t in timings) - min(t.arrival_s for t in timings)
+    good = sum(slo.met(t.ttft_s, t.tpot_s) for t in timings)
+    tpots = [t.tpot_s for t in timings if t.tpot_s is not None]
+    return Candidate(split, len(timings), good, good / span if span > 0 else math.inf,
+                     percentiles([t.ttft_s for t in timings]).p90 or 0.0, percentiles(tpots).p90,
+                     sum(t.e2e_s for t in timings) / len(timings))
+
+
+@dataclass(frozen=True)
+class Plan:
+    window_s: float
+    source: str  # "store" (the window's requests) or "trace"
+    slo: Slo
+    devices: PlanDevices
+    costs: DeviceCosts  # as replayed (scaled for a what-if fleet)
+    current: Split | None  # the fleet's layout (when the window's last request arrived, from the store)
+    candidates: list[Candidate]  # best first
+    notes: list[str]  # assumptions the numbers rest on
+
+    @property
+    def recommended(self) -> Candidate:
+        return self.candidates[0]
+
+    @property
+    def best_split(self) -> Candidate | None:
+        """The best prefill:decode split: what `rebalance` can move a disaggregated fleet to."""
+        return next((c for c in self.candidates if c.split.layout is Layout.DISAGGREGATED), None)
+
+    def candidate(self, split: Split | None) -> Candidate | None:
+        """`split`'s result, if it was replayed on the fleet's own devices."""
+        if split is None or self.devices.gpu is not None:
+            return None
+        return next((c for c in self.candidates if c.split == split), None)
+
+    def gain_pct(self) -> float | None:
+        """Predicted goodput gain of the best split over the current one, in percent (None when either is
+        missing; inf when the current one serves nothing within the SLOs and the best one does)."""
+        best, now = self.best_split, self.candidate(self.current)
+        if best is None or now is None:
+            return None
+        if now.goodput == 0:
+            return math.inf if best.goodput > 0 else 0.0
+        return 100 * (best.goodput - now.goodput) / now.goodput
+
+    def gain_json(self) -> float | str | None:
+        """`gain_pct` for JSON: rounded, "inf" when the current split serves nothing within the SLOs."""
+        gain = self.gain_pct()
+        return None if gain is None else (round(gain, 2) if math.isfinite(gain) else "inf")
+
+    @property
+    def reason(self) -> str:
+        return explain(self)
+
+    def as_json(self) -> dict[str, object]:
+        """DESIGN's `plan --json` shape (`recommended`, `current`, `candidates`, `reason`) and more."""
+        best = self.best_split
+        return {
+            "recommended": self.recommended.split.as_json(),
+            "current": self.current.as_json() if self.current else None,
+            "candidates": [c.as_json() for c in self.candidates],
+            "reason": self.reason,
+            "best_split": best.split.as_json() if best else None,
+            "gain_pct": self.gain_json(),
+            "window_s": self.window_s,
+            "source": self.source,
+            "requests": self.recommended.requests,
+            "slo": {"ttft_s": self.slo.ttft_s, "tpot_s": self.slo.tpot_s},
+            "devices": list(self.devices.names),
+            "what_if": self.devices.as_json(),
+            "fit": self.costs.as_json(),
+            "notes": self.notes,
+        }
+
+
+def current_split(workers: list[LiveWorker]) -> Split | None:
+    counts = {role: sum(w.role is role for w in workers) for role in WorkerRole}
+    if counts[WorkerRole.MIXED] and not (counts[WorkerRole.PREFILL] or counts[WorkerRole.DECODE]):
+        return Split(mixed=counts[WorkerRole.MIXED])
+    if counts[WorkerRole.PREFILL] and counts[WorkerRole.DECODE] and not counts[WorkerRole.MIXED]:
+        return Split(counts[WorkerRole.PREFILL], counts[WorkerRole.DECODE])
+    return None
+
+
+def make_plan(inputs: PlanInputs, request: PlanRequest, workers: list[LiveWorker] | None = None) -> Plan:
+    """`workers`: the fleet's live workers (default: those the store shows serving the window's last request)."""
+    workers = inputs.workers if workers is None else workers
+    source = "trace" if request.trace is not None else "store"
+    replay = list(request.trace) if request.trace is not None else [
+        SimRequest(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in inputs.requests]
+    if not replay:
+        raise PlanError(f"no requests to replay: the last {format_window(inputs.window_s)} of the store hold none "
+                        f"(send traffic, e.g. `fleetctl bench`, widen --since, or give --trace)")
+    if request.devices is not None:
+        devices = parse_devices(request.devices)
+    elif workers:
+        devices = parse_devices(",".join(w.device for w in workers))
+    else:
+        raise PlanError("the store shows no worker serving the window's requests: name the devices with --devices")
+    kinds = measured_kinds(inputs)
+    if not kinds:
+        raise PlanError(f"no measured steps in the last {format_window(inputs.window_s)} of the store to fit a cost "
+                        f"model to")
+    measured_kind = kinds[0] if devices.gpu else devices.kind
+    if measured_kind not in kinds:
+        raise PlanError(f"the window has no {measured_kind.value} measurements to cost {devices.label} with "
+                        f"(use NxGPU, e.g. 8xH100, for a what-if fleet)")
+    costs, what_if = devices.costs_from(fit_costs(inputs, measured_kind))
+    notes = [what_if] if what_if else []
+    if costs.handoff is None and len(devices.names) > 1:
+        notes.append("handoff: no KV handoff in the window (no disaggregated traffic), so it is taken as free")
+    ranked = sorted((score(split, simulate(replay, split, costs, request.limits), request.slo)
+                     for split in splits_of(len(devices.names))),
+                    key=lambda c: (-c.rounded_goodput, c.headroom(request.slo), c.split.label))
+    return Plan(inputs.window_s, source, request.slo, devices, costs, current_split(workers), ranked, notes)
+
+
+def plan_from_store(path: Path, window_s: float, request: PlanRequest, workers: list[LiveWorker] | None = None,
+                    now: float | None = None) -> Plan:
+    """Plan over the last `window_s` seconds of the store at `path`."""
+    if not path.exists():
+        raise PlanError(f"no metrics store at {path} (run a fleet with `fleetctl serve` first, or pass --store)")
+    db = open_db(path)  # one connection per call, in the calling thread
+    try:
+        inputs = plan_inputs(db, window_s, now)
+    finally:
+        db.close()
+    return make_plan(inputs, request, workers)
+
+
+def _rate(c: Candidate) -> str:
+    return f"{c.goodput:.3g} req/s ({c.good}/{c.requests} requests)"
+
+
+def _worst(c: Candidate, slo: Slo) -> str:
+    if c.ttft_p90_s / slo.ttft_s >= (c.tpot_p90_s or 0.0) / slo.tpot_s:
+        return f"TTFT p90 is {c.ttft_p90_s:.3g} s"
+    return f"TPOT p90 is {c.tpot_p90_s:.3g} s"
+
+
+def explain(plan: Plan) -> str:
+    """One sentence: the winner, what it serves within the SLOs, and what it beats and why."""
+    best, slo = plan.recommended, plan.slo
+    current = plan.candidate(plan.current)
+    others = [c for c in plan.candidates if c is not best]
+    if not others:
+        return f"{best.split.label} is the only layout of {plan.devices.label}: {_rate(best)} within {slo.describe()}"
+    if current is best:
+        rival, opening = others[0], f"the current {best.split.label} is already best"
+    else:
+        rival = current or others[0]
+        opening = f"{best.split.label} is best"
+    name = f"the current {rival.split.label}" if rival is current else f"the next best ({rival.split.label})"
+    if best.good == 0:
+        sentence = (f"no layout answers any request within {slo.describe()}; {best.split.label} comes closest: its "
+                    f"worse p90 is {best.headroom(slo):.3g}x its SLO vs {rival.headroom(slo):.3g}x for {name}")
+    elif rival.rounded_goodput == best.rounded_goodput:
+        sentence = (f"{opening}: it and {name} both serve {_rate(best)} within {slo.describe()}, and "
+                    f"{best.split.label} has more headroom (TTFT p90 {best.ttft_p90_s:.3g} s vs "
+                    f"{rival.ttft_p90_s:.3g} s, TPOT p90 {best.tpot_p90_s or 0:.3g} s vs "
+                    f"{rival.tpot_p90_s or 0:.3g} s)")
+    elif rival.good < best.good:
+        sentence = (f"{opening}: {_rate(best)} within {slo.describe()} vs {rival.goodput:.3g} req/s for {name}, "
+                    f"whose {_worst(rival, slo)}")
+    else:
+        sentence = (f"{opening}: {_rate(best)} within {slo.describe()} vs {rival.goodput:.3g} req/s for {name}, "
+                    f"which meets the SLOs for {rival.good}/{rival.requests} requests but takes longer to serve them "
+                    f"(mean e2e {rival.e2e_mean_s:.3g} s vs {best.e2e_mean_s:.3g} s)")
+    if best.split.layout is not Layout.COLOCATED:
+        return sentence
+    split = plan.best_split
+    if split is not None and split is not rival:
+        sentence += f"; the best prefill:decode split is {split.split.label} at {split.goodput:.3g} req/s"
+    if plan.current is not None and plan.current.layout is Layout.DISAGGREGATED:
+        sentence += (f"; colocated takes a restart with --colocated {best.split.mixed} (rebalance moves prefill:decode "
+                     f"splits only)")
+    return sentence

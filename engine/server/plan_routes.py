@@ -1,0 +1,61 @@
+"""/fleet/plan and /fleet/rebalance: the planner's recommendation for this fleet (query parameters as
+`fleetctl plan`'s options; the JSON is `plan --json`'s) and the move to another split (a dry run that
+lists the moves, or 202 and an operation to poll)."""
+
+import asyncio
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.fleet.operation import OperationError
+from fleetctl.engine.fleet.rebalance import Rebalancer
+from fleetctl.engine.planner.durations import parse_window
+from fleetctl.engine.planner.plan import USER_ERRORS, PlanRequest, plan_from_store
+from fleetctl.engine.planner.simulator import EngineLimits
+from fleetctl.engine.planner.slo import Slo
+from fleetctl.engine.server.errors import APIError
+from fleetctl.store.plan_inputs import LiveWorker
+from fleetctl.store.records import WorkerState
+
+
+class RebalanceBody(BaseModel):
+    split: str  # "P:D", checked by the rebalancer
+    apply: bool = False
+    force: bool = False
+
+
+def plan_router(fleet: Fleet) -> APIRouter:
+    router = APIRouter()
+    rebalancer = Rebalancer(fleet.operations, fleet.lifecycle)
+
+    @router.get("/plan")
+    async def plan(since: str = Query(default="10m"), slo_ttft: str = Query(default="2s"),
+                   slo_tpot: str = Query(default="200ms"), devices: str | None = Query(default=None)) -> dict:
+        """The plan over the last `since` of the store for this fleet's live workers (or `devices`)."""
+        path = fleet.config.store_path
+        if path is None:
+            raise APIError(404, "this fleet keeps no metrics store, so it has nothing to plan from", "not_found_error")
+        engine = fleet.config.engine
+        workers = [LiveWorker(v.worker_id, v.role, v.device) for v in fleet.views.values()
+                   if v.state in (WorkerState.RUNNING, WorkerState.DRAINING)]
+        try:
+            request = PlanRequest(Slo.parse(slo_ttft, slo_tpot), devices,
+                                  limits=EngineLimits(engine.max_num_seqs, engine.max_num_batched_tokens))
+            result = await asyncio.to_thread(plan_from_store, path, parse_window(since), request, workers)
+        except USER_ERRORS as exc:
+            raise APIError(400, str(exc), "invalid_request_error") from None
+        return result.as_json()
+
+    @router.post("/rebalance")
+    async def rebalance(body: RebalanceBody) -> JSONResponse:
+        try:
+            if not body.apply:
+                return JSONResponse(rebalancer.preview(body.split, body.force))
+            op = rebalancer.start(body.split, body.force)
+        except OperationError as exc:
+            raise APIError(exc.status, str(exc), "invalid_request_error") from None
+        return JSONResponse(op.as_json(), 202, headers={"Location": f"/fleet/operations/{op.id}"})
+
+    return router

@@ -1,0 +1,86 @@
+"""Autoplan's decisions, window by window: it applies only when the same split gains enough in two windows in
+a row, and any window that does not (a hold, a skip, another split) starts the count again."""
+
+from pathlib import Path
+
+import pytest
+from fleet_harness import fleetctl
+
+from fleetctl.engine.planner.autoplan_policy import AutoplanPolicy, Decision
+from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
+from fleetctl.engine.planner.costs import DeviceCosts
+from fleetctl.engine.planner.devices import parse_devices
+from fleetctl.engine.planner.fit import LinearFit
+from fleetctl.engine.planner.plan import Candidate, Plan
+from fleetctl.engine.planner.slo import Slo
+from fleetctl.engine.planner.split import Split
+
+CURRENT = Split(1, 2)
+COSTS = DeviceCosts(kind=parse_devices("cpu:0").kind, prefill=LinearFit(("1",), (1.0,), 3, 0.0),
+                    decode=LinearFit(("1",), (0.1,), 3, 0.0), handoff=None, bytes_per_token=0.0, peaks=None)
+
+
+def window(goodputs: dict[Split, float], current: Split | None = CURRENT) -> Plan:
+    candidates = sorted((Candidate(s, 40, round(g * 40), g, 1.0, 0.1, 2.0) for s, g in goodputs.items()),
+                        key=lambda c: -c.goodput)
+    return Plan(60.0, "store", Slo(), parse_devices("cpu:0,cpu:1,cpu:2"), COSTS, current, candidates, [])
+
+
+RAG = {Split(2, 1): 1.0, Split(1, 2): 0.5, Split(mixed=3): 0.9}  # 2:1 gains 100 %
+SLIGHT = {Split(2, 1): 0.52, Split(1, 2): 0.5, Split(mixed=3): 0.4}  # 2:1 gains 4 %
+BALANCED = {Split(1, 2): 0.8, Split(2, 1): 0.5, Split(mixed=3): 0.6}
+
+
+def test_applies_when_the_gain_holds_for_two_windows() -> None:
+    policy = AutoplanPolicy(AutoplanSettings(min_gain_pct=10))
+    first = policy.judge(window(RAG))
+    assert first.decision is Decision.WAIT and first.target is None
+    assert first.reason == "2:1 would gain 100.0 % of goodput over the current 1:2: applied if the next window agrees"
+    second = policy.judge(window(RAG))
+    assert second.decision is Decision.APPLY and second.target == Split(2, 1)
+    assert second.reason.endswith("for the second window in a row")
+    assert policy.judge(window(RAG)).decision is Decision.WAIT  # a new count after an apply
+
+
+@pytest.mark.parametrize("between", ["slight", "balanced", "skip", "other split"])
+def test_anything_else_between_two_good_windows_starts_again(between: str) -> None:
+    policy = AutoplanPolicy(AutoplanSettings(min_gain_pct=10))
+    assert policy.judge(window(RAG)).decision is Decision.WAIT
+    if between == "slight":
+        verdict = policy.judge(window(SLIGHT))
+        assert verdict.decision is Decision.HOLD
+        assert "gain 4.0 %" in verdict.reason and "minimum of 10 %" in verdict.reason
+    elif between == "balanced":
+        verdict = policy.judge(window(BALANCED))
+        assert verdict.decision is Decision.HOLD and verdict.reason.startswith("the current 1:2 is the best split")
+    elif between == "skip":
+        assert policy.skip("no requests").decision is Decision.SKIP
+    else:  # a different split wins the window between
+        other = {Split(3, 1): 1.0, Split(1, 2): 0.5}
+        assert policy.judge(window(other)).decision is Decision.WAIT
+    assert policy.judge(window(RAG)).decision is Decision.WAIT
+
+
+def test_a_plan_without_the_current_layout_is_skipped() -> None:
+    policy = AutoplanPolicy(AutoplanSettings())
+    verdict = policy.judge(window({Split(2, 1): 1.0, Split(1, 2): 0.5}, current=None))
+    assert verdict.decision is Decision.SKIP
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="interval must be positive"):
+        AutoplanSettings(interval_s=0)
+    with pytest.raises(ValueError, match="minimum gain must be >= 0"):
+        AutoplanSettings(min_gain_pct=-1)
+
+
+def test_serve_refuses_autoplan_it_cannot_run(tiny_model_dir: Path) -> None:
+    """No worker starts: the configuration is refused first (one line, exit 1)."""
+    colocated = fleetctl("serve", "--model", str(tiny_model_dir), "--colocated", "2", "--autoplan", "--port", "0")
+    assert colocated.returncode == 1
+    assert colocated.stderr == ("fleetctl: error: --autoplan needs a disaggregated fleet (it moves prefill:decode "
+                                "splits) with a metrics store (it plans from it)\n")
+    bad_slo = fleetctl("serve", "--model", str(tiny_model_dir), "--autoplan", "--autoplan-slo", "2s", "--port", "0")
+    assert bad_slo.returncode == 1
+    assert bad_slo.stderr == "fleetctl: error: bad --autoplan-slo '2s': use TTFT,TPOT, e.g. 2s,200ms\n"
+    assert Slo.parse_pair("1s, 50ms") == Slo(1.0, 0.05)

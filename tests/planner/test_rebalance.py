@@ -1,0 +1,175 @@
+"""`rebalance` and the autoplan task against in-process fake workers (tests/fake_workers.py): the moves, a
+rebalance under load that loses no session (a fake's tokens depend only on the prompt and the position, so a
+recomputed session continues exactly), every refusal, the store's events, and autoplan applying a split only
+after two windows agree."""
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from fake_workers import FakeLauncher, expected_tokens, run_fleet, tokens_of
+from synthetic_fleet import workload, write_store
+
+from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.engine.fleet.autoplan import Autoplanner
+from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.fleet.operation import Operation, OperationError, OpState
+from fleetctl.engine.fleet.rebalance import Rebalancer
+from fleetctl.engine.fleet.request import TrackedRequest
+from fleetctl.engine.planner.autoplan_policy import Decision
+from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
+from fleetctl.store.db import open_db
+from fleetctl.store.records import WorkerState
+
+LONG = SamplingParams(max_tokens=150, temperature=0.0, ignore_eos=True)
+
+
+def prompts(count: int, offset: int = 0) -> list[list[int]]:
+    return [[3 + i + offset, 4 + i, 5 + (i + offset) % 7] for i in range(count)]
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    while not predicate():
+        await asyncio.sleep(0.005)
+
+
+async def finished(op: Operation) -> Operation:
+    await until(lambda: op.state is not OpState.RUNNING)
+    return op
+
+
+async def all_complete(fleet: Fleet, reqs: list[TrackedRequest]) -> None:
+    results = await asyncio.gather(*(tokens_of(fleet, r) for r in reqs))
+    for req, tokens in zip(reqs, results, strict=True):
+        assert tokens == expected_tokens(req.prompt_token_ids, req.params.max_tokens), req.request_id
+
+
+def shm(tmp_path: Path) -> Path:
+    path = tmp_path / "shm"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def roles(fleet: Fleet) -> dict[str, tuple[str, str]]:
+    return {v.worker_id: (v.role.value, v.device) for v in fleet.views.values() if v.state is WorkerState.RUNNING}
+
+
+def refused(call: Callable[[], object], status: int, message: str) -> None:
+    with pytest.raises(OperationError, match=message) as error:
+        call()
+    assert error.value.status == status
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_rebalance_under_load_loses_no_session(tiny_model_dir: Path, tmp_path: Path, force: bool) -> None:
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        rebalancer = Rebalancer(fleet.operations, fleet.lifecycle)
+        reqs = [fleet.submit(p, LONG) for p in prompts(8)]
+        await until(lambda: all(len(fleet.views[w].requests) >= 2 for w in ("decode-0", "decode-1")))
+        preview = rebalancer.preview("2:1", force)
+        assert preview["current"] == "1:2" and preview["split"] == "2:1"
+        assert [(m["worker"], m["from"], m["to"]) for m in preview["moves"]] in (
+            [("decode-0", "decode", "prefill")], [("decode-1", "decode", "prefill")])
+        moved = preview["moves"][0]
+        op = rebalancer.start("2:1", force)
+        assert (op.kind.value, op.worker_id) == ("rebalance", "fleet")
+        later = [fleet.submit(p, LONG) for p in prompts(6, offset=40)]  # traffic keeps coming meanwhile
+        stages = set()
+        while op.state is OpState.RUNNING:
+            stages.add(op.stage)
+            await asyncio.sleep(0.005)
+        assert op.state is OpState.DONE, op.error
+        assert any(s.startswith(f"1/1 {moved['worker']} on {moved['device']} -> prefill: stop") for s in stages)
+        [done] = op.result["moves"]
+        assert done["new_worker"] == "prefill-1" and done["device"] == moved["device"]
+        if force:
+            assert done["sessions_moved"] >= 1
+        else:
+            assert (done["sessions_finished"], done["sessions_moved"]) == (moved["sessions"], 0)
+        assert sorted(roles(fleet).values()) == [("decode", "cpu:1" if moved["device"] == "cpu:2" else "cpu:2"),
+                                                 ("prefill", "cpu:0"), ("prefill", moved["device"])]
+        await all_complete(fleet, reqs + later)
+        assert "prefill-1" in {r.prefill_worker for r in [*later, *[fleet.submit(p, LONG) for p in prompts(4, 80)]]}
+
+    run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path)), scenario, timeout=60.0)
+
+
+def test_rebalance_refusals_change_nothing(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        rebalancer = Rebalancer(fleet.operations, fleet.lifecycle)
+        before = roles(fleet)
+        refused(lambda: rebalancer.preview("2-1", False), 400, r"bad split '2-1': use PREFILL:DECODE, e.g. 2:1")
+        refused(lambda: rebalancer.preview("0:3", False), 400, "leaves a role empty")
+        refused(lambda: rebalancer.start("3:1", False), 400,
+                r"split 3:1 needs more devices than the fleet's 3 \(cpu:0, cpu:1, cpu:2\): a split uses them all")
+        refused(lambda: rebalancer.start("1:1", False), 400, "split 1:1 leaves devices idle of the fleet's 3")
+        refused(lambda: rebalancer.start("1:2", False), 409, "the fleet is already at split 1:2")
+        assert rebalancer.preview("1:2", False)["moves"] == []
+        # with force, the moved worker's sessions must fit in its peer's free blocks (none here, until it reports)
+        reqs = [fleet.submit(p, LONG) for p in prompts(4)]
+        await until(lambda: all(len(fleet.views[w].requests) >= 1 for w in ("decode-0", "decode-1")))
+        for wid in ("decode-0", "decode-1"):
+            fleet.views[wid].free_blocks = 0
+        refused(lambda: rebalancer.start("2:1", True), 409,
+                r"recomputing \d session\(s\) of decode-\d needs [1-9]\d* KV blocks and their peers have 0 free: "
+                r"rebalance without --force")
+        drain = fleet.lifecycle.drain("decode-1")
+        refused(lambda: rebalancer.start("2:1", False), 409, r"another operation is running \(drain op-")
+        await finished(drain)
+        refused(lambda: rebalancer.start("2:1", False), 409, "decode-1 is draining: rebalance when every worker runs")
+        assert not any(op.kind.value == "rebalance" for op in fleet.operations.ops.values())
+        assert roles(fleet) == {k: v for k, v in before.items() if k != "decode-1"}
+        await all_complete(fleet, reqs)
+
+    run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path)), scenario)
+
+
+def test_a_colocated_fleet_is_not_rebalanced(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        refused(lambda: Rebalancer(fleet.operations, fleet.lifecycle).start("1:1", False), 409,
+                "this fleet is colocated")
+
+    run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path)), scenario, colocated=2, devices=("cpu:0", "cpu:1"))
+
+
+def test_a_failed_step_ends_the_rebalance_and_says_where_the_fleet_is(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        op = await finished(Rebalancer(fleet.operations, fleet.lifecycle).start("2:1", False))
+        assert op.state is OpState.FAILED
+        assert op.error == ("start of prefill-1 failed: the new prefill-1 process on cpu:1 exited during startup "
+                            "(the fleet is at 1:1 after 0 of 1 move(s))")
+
+    run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path), fail_start={"prefill-1"}), scenario)
+
+
+def test_autoplan_applies_the_split_after_two_windows_and_records_each_decision(tiny_model_dir: Path,
+                                                                                tmp_path: Path) -> None:
+    """The store holds ten minutes of rag-like traffic measured on this fleet's devices (the fixture's prefill-0
+    and decode-0): the planner wants 2:1 where the fleet runs 1:2."""
+    store = tmp_path / "fleet.db"
+    write_store(store, workload("rag", 60, 1.5), t0=time.time() - 600)
+
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        autoplan = Autoplanner(fleet.state, Rebalancer(fleet.operations, fleet.lifecycle),
+                               AutoplanSettings(interval_s=900.0, min_gain_pct=10.0))
+        first = await autoplan.step()
+        assert first.decision is Decision.WAIT and first.reason.startswith("2:1 would gain ")
+        second = await autoplan.step()
+        assert second.decision is Decision.APPLY and second.target is not None
+        [op] = [op for op in fleet.operations.ops.values() if op.kind.value == "rebalance"]
+        third = await autoplan.step()  # while it runs
+        assert third.decision is Decision.SKIP and third.reason == f"an operation is running (rebalance {op.id})"
+        assert (await finished(op)).state is OpState.DONE, op.error
+        assert sorted(role for role, _ in roles(fleet).values()) == ["decode", "prefill", "prefill"]
+        fleet.state.recorder.writer.flush()
+        db = open_db(store)
+        events = db.execute("SELECT kind, details FROM events WHERE kind IN ('plan', 'rebalance') "
+                            "ORDER BY id").fetchall()
+        assert [(kind, json.loads(d).get("decision")) for kind, d in events] == [
+            ("plan", "wait"), ("plan", "apply"), ("plan", "skip"), ("rebalance", None)]
+        assert '"operation": "' + op.id in events[1][1] and '"to": "2:1"' in events[3][1]
+
+    run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path)), scenario, timeout=60.0, store_path=store)
