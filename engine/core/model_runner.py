@@ -1,5 +1,5 @@
 """Runs one scheduled step through the model: builds the step's tensors, runs the forward pass,
-and samples one token per sequence."""
+and samples one token per sequence (with its log-probabilities where the request asked)."""
 
 import time
 from dataclasses import dataclass
@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from fleetctl.engine.core.kv_cache import KVCache
+from fleetctl.engine.core.logprobs import token_logprobs
+from fleetctl.engine.core.output import TokenLogprobs
 from fleetctl.engine.core.sampler import sample
 from fleetctl.engine.core.scheduler import ScheduledStep
 from fleetctl.engine.core.sequence import Sequence
@@ -33,7 +35,7 @@ class ModelRunner:
         self.block_size = kv_cache.spec.block_size
 
     @torch.inference_mode()
-    def run(self, step: ScheduledStep) -> tuple[list[int], StepStats]:
+    def run(self, step: ScheduledStep) -> tuple[list[int], list[TokenLogprobs | None], StepStats]:
         start = time.perf_counter()
         seqs = step.seqs
         is_prefill = step.phase is Phase.PREFILL
@@ -43,6 +45,7 @@ class ModelRunner:
             hidden = hidden[batch.cu_seqlens_q[1:].long() - 1]
         logits = self.model.logits(hidden)
         tokens = sample(logits, seqs)
+        logprobs = token_logprobs(logits, seqs, tokens)
         new_tokens = tuple(s.num_tokens - s.num_cached_tokens for s in seqs)
         cached_tokens = tuple(s.num_cached_tokens if is_prefill else 0 for s in seqs)
         context_lens = tuple(s.num_tokens for s in seqs)
@@ -58,7 +61,7 @@ class ModelRunner:
             context_lens=context_lens,
             cached_tokens=cached_tokens,
         )
-        return tokens, stats
+        return tokens, logprobs, stats
 
     def _prepare(
         self, seqs: list[Sequence], is_prefill: bool

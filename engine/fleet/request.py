@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
-from fleetctl.engine.core.output import TextStream
+from fleetctl.engine.core.output import TextStream, TokenLogprobs
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.worker.protocol import KVHandle
 
@@ -21,12 +21,14 @@ class RequestStage(Enum):
 
 @dataclass(frozen=True)
 class StreamEvent:
-    """What a client receives: a text delta with its token, or the end (reason or error)."""
+    """What a client receives: a text delta with its token (and the token's logprobs, when asked for),
+    or the end (reason or error)."""
 
     token_id: int | None = None
     text: str = ""
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: TokenLogprobs | None = None
 
     @property
     def final(self) -> bool:

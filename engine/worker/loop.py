@@ -182,7 +182,7 @@ class Worker:
     def _report(self, outputs: list[RequestOutput]) -> None:
         stats = self.engine.last_step
         assert stats is not None
-        tokens = [m.TokenEvent(o.request_id, o.token_id, o.finished, o.finish_reason) for o in outputs]
+        tokens = [m.TokenEvent(o.request_id, o.token_id, o.finished, o.finish_reason, o.logprobs) for o in outputs]
         scheduler = self.engine.scheduler
         cost = self.cost.step(stats.new_tokens, stats.context_lens)
         self.send(m.StepReport(
