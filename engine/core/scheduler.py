@@ -8,7 +8,8 @@ A sequence admitted for prefill takes the cached blocks of its longest cached pr
 block_manager) and computes only the rest — never less than its last token, whose logits are sampled
 from: the reuse stops at the last full block *before* the one holding that token. A prompt cached
 whole thus recomputes its last block (1 to 16 tokens) into a fresh block, rather than writing into a
-block other sequences share.
+block other sequences share. Two waiting sequences that start with the same uncached blocks are not
+prefilled in one step: the second waits a step and reuses what the first computed.
 """
 
 from collections import deque
@@ -88,9 +89,14 @@ class Scheduler:
     def _schedule_prefill(self) -> list[Sequence]:
         batch: list[Sequence] = []
         tokens = 0
+        computing: set[bytes] = set()  # hashes of the full blocks this batch computes
+        deferred: list[Sequence] = []
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             hits = self._cached_prefix(seq)
+            if self._computed_by_batch(seq, hits, computing):
+                deferred.append(self.waiting.popleft())
+                continue
             needed = self._blocks(seq.num_tokens) - len(hits)
             cached = len(hits) * self.config.block_size
             computed = seq.num_tokens - cached
@@ -104,7 +110,17 @@ class Scheduler:
             self.running.append(seq)
             batch.append(seq)
             tokens += computed
+            computing.update(self.allocator.block_hashes(seq)[len(hits):])
+        self.waiting.extendleft(reversed(deferred))
         return batch
+
+    def _computed_by_batch(self, seq: Sequence, hits: list[int], computing: set[bytes]) -> bool:
+        """Whether the first block `seq` would compute beyond its cached prefix is one a batch-mate computes
+        (a sibling sample of the same prompt, a shared system prompt): it then waits one step and takes those
+        blocks from the cache, rather than compute them a second time."""
+        hashes = self.allocator.block_hashes(seq)  # none with prefix caching off
+        reusable = min((seq.num_tokens - 1) // self.config.block_size, len(hashes))
+        return len(hits) < reusable and hashes[len(hits)] in computing
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks for the longest cached prefix of `seq`, leaving its last token's block to compute."""
