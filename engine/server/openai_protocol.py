@@ -91,7 +91,7 @@ class CompletionRequest(SamplingFields):
     prompt: Text | list[int] | Annotated[list[Text], Field(min_length=1, max_length=MAX_PROMPTS)] | Annotated[
         list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)]
     # the sampled token's logprob and this many alternatives per token
-    logprobs: Annotated[int | None, BeforeValidator(_false_is_none), Field(ge=0, le=MAX_LOGPROBS)] = None
+    logprobs: Annotated[Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None, BeforeValidator(_false_is_none)] = None
     echo: bool = False
 
     @model_validator(mode="after")
@@ -107,7 +107,7 @@ class CompletionRequest(SamplingFields):
     def prompts(self) -> list[str | list[int]]:
         """The prompts, each a text or token ids."""
         prompt = self.prompt
-        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
             return [prompt]  # type: ignore[list-item]
         return list(prompt)  # type: ignore[arg-type]
 
