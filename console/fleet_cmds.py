@@ -53,10 +53,10 @@ def serve(
                                             help="Seconds of silence after which a worker counts as hung and is "
                                                  "killed (its sessions recomputed, the worker restarted)."),
     step_timeout: float = typer.Option(120.0, "--step-timeout", min=0.1,
-                                       help="One model step running longer counts as hung."),
+                                       help="Seconds: one model step running longer counts as hung."),
     checkpoint_timeout: float = typer.Option(300.0, "--checkpoint-timeout", min=0.1,
-                                             help="A checkpoint not written by then is called off; the worker "
-                                                  "serves on."),
+                                             help="Seconds: a checkpoint not written by then is called off; "
+                                                  "the worker serves on."),
     autoplan: bool = typer.Option(False, "--autoplan", help="Plan every interval and rebalance when the gain holds."),
     autoplan_interval: float = typer.Option(60.0, "--autoplan-interval", min=1.0, help="Seconds per autoplan window."),
     min_gain: float = typer.Option(10.0, "--min-gain", min=0.0, help="Predicted goodput gain (%) autoplan needs, "

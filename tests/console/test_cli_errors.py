@@ -1,6 +1,7 @@
 """Every mistake a user can make on the command line ends in one `fleetctl: error:` line on stderr and a
 non-zero exit — never a traceback — and the everyday commands behave as their help says."""
 
+import re
 import socket
 from pathlib import Path
 
@@ -71,3 +72,22 @@ def test_version_and_help() -> None:
     assert fleetctl("--version").stdout.startswith("fleetctl ")
     helped = fleetctl()
     assert helped.returncode == 0 and "fleetctl demo" in helped.stdout  # not a TTY: help that says where to start
+
+
+COMMANDS = ["console", "generate", "serve", "demo", "status", "workers", "bench", "classify", "plan", "rebalance",
+            "devices", "checkpoint", "restore", "checkpoints", "migrate", "start", "drain", "resume", "stop",
+            "models list", "models pull"]
+
+
+def test_help_reads_as_a_newcomer_needs() -> None:
+    """No flag labelled `<bool>` as if it took a value; every timeout and duration says its unit; `checkpoint`
+    says what happens to its sessions after `--hold`."""
+    for name in COMMANDS:
+        helped = fleetctl(*name.split(), "--help", env={"COLUMNS": "200"})
+        assert helped.returncode == 0, (name, helped.stderr)
+        assert "<bool>" not in helped.stdout, name
+        for line in helped.stdout.splitlines():
+            if re.search(r"--[\w-]*timeout\b|--hold\b|--grace\b", line):
+                assert "Seconds" in line or "seconds" in line, (name, line)
+    checkpoint = " ".join(fleetctl("checkpoint", "--help", env={"COLUMNS": "200"}).stdout.split())
+    assert "recomputed on peers after `--hold` seconds" in checkpoint
