@@ -91,3 +91,37 @@ def test_help_reads_as_a_newcomer_needs() -> None:
                 assert "Seconds" in line or "seconds" in line, (name, line)
     checkpoint = " ".join(fleetctl("checkpoint", "--help", env={"COLUMNS": "200"}).stdout.split())
     assert "recomputed on peers after `--hold` seconds" in checkpoint
+
+
+def test_generate_on_a_terminal_shows_speed_dtype_and_device_after_the_answer(tiny_model_dir: Path) -> None:
+    import os
+    import pty
+    import subprocess
+
+    from fleetctl.console.local_fleet import FLEETCTL
+
+    controller, terminal = pty.openpty()
+    try:
+        result = subprocess.run([*FLEETCTL, "generate", "--model", str(tiny_model_dir), "--max-tokens", "4",
+                                 "--dtype", "float32", "hello"], stdout=subprocess.PIPE, stderr=terminal,
+                                text=True, timeout=120)
+        os.close(terminal)
+        shown = b""
+        while chunk := _read_or_eof(controller):
+            shown += chunk
+    finally:
+        os.close(controller)
+    assert result.returncode == 0
+    line = shown.decode().strip().splitlines()[-1]
+    assert "tokens/s" in line and "float32 on cpu" in line and "first token" in line, line
+    plain = fleetctl("generate", "--model", str(tiny_model_dir), "--max-tokens", "4", "hello")
+    assert "tokens/s" not in plain.stderr  # not a terminal: the answer alone
+
+
+def _read_or_eof(fd: int) -> bytes:
+    import os
+
+    try:
+        return os.read(fd, 4096)
+    except OSError:  # the terminal's other end closed: all read
+        return b""
