@@ -2,6 +2,7 @@
 admitted together, their streams interleaved as tokens arrive, each collected with its text and logprobs."""
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -78,10 +79,11 @@ class Choices:
         """Every choice's whole answer; the work stops when the client goes away first, or when a choice fails."""
         watcher = asyncio.create_task(self._cancel_when_gone(request))
         try:
-            async for choice, event in self.events():
-                if event.error:
-                    raise APIError(503, event.error, "service_unavailable")
-                choice.take(event)
+            async with contextlib.aclosing(self.events()) as events:
+                async for choice, event in events:
+                    if event.error:
+                        raise APIError(503, event.error, "service_unavailable")
+                    choice.take(event)
         finally:
             watcher.cancel()
             self.cancel()

@@ -2,6 +2,7 @@
 samples, logprobs, SSE streaming, usage; completions with `echo`) and /v1/models."""
 
 import asyncio
+import contextlib
 import json
 import re
 import uuid
@@ -95,13 +96,14 @@ def openai_router(fleet: Fleet) -> APIRouter:
             try:
                 for payload in first:
                     yield f"data: {json.dumps(payload)}\n\n"
-                async for choice, event in choices.events():
-                    if event.error:
-                        yield f"data: {json.dumps(oai.error_body(event.error, 'service_unavailable'))}\n\n"
-                        break
-                    tokens = choice.take(event)
-                    if event.text or event.finish_reason or tokens:
-                        yield f"data: {json.dumps(chunk(choice, event, tokens))}\n\n"
+                async with contextlib.aclosing(choices.events()) as events:
+                    async for choice, event in events:
+                        if event.error:
+                            yield f"data: {json.dumps(oai.error_body(event.error, 'service_unavailable'))}\n\n"
+                            break
+                        tokens = choice.take(event)
+                        if event.text or event.finish_reason or tokens:
+                            yield f"data: {json.dumps(chunk(choice, event, tokens))}\n\n"
                 if with_usage:
                     use = choices.usage()
                     yield f"data: {json.dumps(oai.usage_chunk(choices.response_id, model_name, kind, use))}\n\n"
