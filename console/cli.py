@@ -15,9 +15,11 @@ from fleetctl.console.models_cmd import models_app
 from fleetctl.console.ops_cmds import checkpoint, checkpoints, drain, migrate, restore, resume, start, stop
 from fleetctl.console.plan_cmd import plan, rebalance
 
-try:
-    from typer._click import exceptions as cli_errors  # newer typer vendors click
+try:  # newer typer vendors click
+    from typer import _click as click
+    from typer._click import exceptions as cli_errors
 except ImportError:
+    import click
     from click import exceptions as cli_errors
 
 app = typer.Typer(
@@ -65,11 +67,22 @@ app.command("stop")(stop)
 app.add_typer(models_app, name="models")
 
 
+def untyped_flags(command: click.Command, ctx: click.Context) -> None:
+    """Help shows a flag (`--json`, `--help`, `--force`) by its name alone: typer's rich help labels each
+    one `<bool>`, as if it took a value."""
+    for param in [*command.params, command.get_help_option(ctx)]:
+        if getattr(param, "is_flag", False):  # an option (arguments have no is_flag) that takes no value
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        untyped_flags(sub, ctx)
+
+
 def main() -> None:
     """Run the CLI; a usage error (unknown option, bad value) is one `fleetctl: error:` line, exit 2."""
     if len(sys.argv) == 1 and sys.stdin.isatty() and sys.stdout.isatty():
         sys.argv.append("console")  # `fleetctl` alone on a terminal opens the console
     command = typer.main.get_command(app)
+    untyped_flags(command, click.Context(command))
     try:
         code = command.main(prog_name="fleetctl", standalone_mode=False)  # an Exit comes back as its code
         if isinstance(code, int):

@@ -6,6 +6,7 @@ import os
 import re
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -55,10 +56,10 @@ def serve(
                                             help="Seconds of silence after which a worker counts as hung and is "
                                                  "killed (its sessions recomputed, the worker restarted)."),
     step_timeout: float = typer.Option(120.0, "--step-timeout", min=0.1,
-                                       help="One model step running longer counts as hung."),
+                                       help="Seconds: one model step running longer counts as hung."),
     checkpoint_timeout: float = typer.Option(300.0, "--checkpoint-timeout", min=0.1,
-                                             help="A checkpoint not written by then is called off; the worker "
-                                                  "serves on."),
+                                             help="Seconds: a checkpoint not written by then is called off; "
+                                                  "the worker serves on."),
     autoplan: bool = typer.Option(False, "--autoplan", help="Plan every interval and rebalance when the gain holds."),
     autoplan_interval: float = typer.Option(60.0, "--autoplan-interval", min=1.0, help="Seconds per autoplan window."),
     min_gain: float = typer.Option(10.0, "--min-gain", min=0.0, help="Predicted goodput gain (%) autoplan needs, "
@@ -222,15 +223,27 @@ def bench(
                                                       "(default: every GPU, or cpu:0,cpu:1,cpu:2)."),
     store_dir: str = typer.Option("", "--store-dir", help="With --compare-layouts: keep the runs' stores here "
                                                           "(colocated.db, split.db) for `plan --store`."),
+    input_len: int = typer.Option(0, "--input-len", min=0, help="Every prompt exactly this many tokens (random "
+                                                                "words; 0: the trace's lengths)."),
+    output_len: int = typer.Option(0, "--output-len", min=0, help="Every answer exactly this many tokens "
+                                                                  "(0: the trace's lengths)."),
+    max_concurrency: int = typer.Option(0, "--max-concurrency", min=0,
+                                        help="At most this many requests in flight (0: no cap)."),
+    warmup: int = typer.Option(0, "--warmup", min=0, help="Send this many requests first, unmeasured."),
+    save: str = typer.Option("", "--save", help="Also write the results and every request's numbers to this "
+                                                "JSON file."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
-    """Load generator against a running fleet: throughput, goodput, TTFT/TPOT/E2E, handoff share."""
+    """Load generator against a running fleet: requests/s, input and output tokens/s, TTFT/TPOT/E2E
+    percentiles, goodput under the SLOs, KV handoff share."""
     import asyncio
 
     import httpx
 
-    from fleetctl.console.bench import run_bench
+    from fleetctl.console.bench import Outcome, fixed_lengths, run_bench
+    from fleetctl.console.bench_report import print_results, save_results
     from fleetctl.console.client import FleetClient, FleetClientError, fleet_url
+    from fleetctl.console.progress import stage_progress
     from fleetctl.console.traces import load_trace
     from fleetctl.engine.planner.trace_file import TraceFileError
 
@@ -249,15 +262,25 @@ def bench(
     except FleetClientError as exc:
         if "no fleet answers" in str(exc):
             raise fail(str(exc)) from None
+
+    async def run(progress: Callable[[str, int, int], None] | None) -> dict:
+        async with httpx.AsyncClient(base_url=target, timeout=60.0) as http:
+            trace_ = await fixed_lengths(http, requests_, input_len, output_len, seed)
+        return await run_bench(target, trace_, name, slo_ttft, slo_tpot, max_concurrency=max_concurrency,
+                               warmup=warmup, progress=progress, details=outcomes)
+
+    outcomes: list[Outcome] = []
     try:
-        result = asyncio.run(run_bench(target, requests_, name, slo_ttft, slo_tpot))
+        with stage_progress("bench") as progress:
+            result = asyncio.run(run(progress)) | {"input_len": input_len or None, "output_len": output_len or None}
+        if save:
+            save_results(Path(save), result, outcomes)
     except (httpx.HTTPError, OSError, ValueError, KeyError) as exc:
         raise fail(f"bench failed against {target}: {exc.__class__.__name__}: {exc}") from None
     if as_json:
         print(json.dumps(result))
         return
-    for key, value in result.items():
-        print(f"{key:<24} {value}")
+    print_results(result)
 
 
 def parse_window(text: str) -> float:

@@ -79,7 +79,8 @@ def checkpoint(
     as_json: bool = JSON_OPTION,
     timeout: float = TIMEOUT_OPTION,
 ) -> None:
-    """Stand a worker down with its complete state saved; its sessions pause until `restore`."""
+    """Stand a worker down with its complete state saved; its sessions pause (their streams stay open) until
+    `restore`, or are recomputed on peers after `--hold` seconds."""
     _run(f"/fleet/workers/{worker}/checkpoint", {"hold_s": hold}, url, as_json, timeout)
 
 

@@ -45,6 +45,7 @@ class TraceRequest:
     prompt_words: int
     max_tokens: int
     arrival_s: float  # offset from the start of the run
+    prompt_token_ids: tuple[int, ...] = ()  # sent instead of `prompt` when given (bench --input-len: exact length)
 
 
 def make_trace(kind: TraceKind, count: int, rate: float, seed: int = 0) -> list[TraceRequest]:

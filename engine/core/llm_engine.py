@@ -212,12 +212,12 @@ class LLMEngine:
     def run(self, scheduled: ScheduledStep) -> list[RequestOutput]:
         """Run a scheduled step, or some of its sequences again: a step that raised changed no sequence
         (a worker re-runs them one at a time to find the one that fails)."""
-        tokens, self.last_step = self.runner.run(scheduled)
+        tokens, logprobs, self.last_step = self.runner.run(scheduled)
         for seq, new in zip(scheduled.seqs, self.last_step.new_tokens, strict=True):
             self.kv_cache.allocator.cache_full_blocks(seq, seq.num_cached_tokens - new)
         park = self.config.prefill_only and scheduled.phase is Phase.PREFILL
         outputs = []
-        for seq, token in zip(scheduled.seqs, tokens, strict=True):
+        for seq, token, token_logprobs in zip(scheduled.seqs, tokens, logprobs, strict=True):
             if token is None:  # a prefill chunk with more of the prompt to come
                 continue
             seq.append_token(token)
@@ -236,7 +236,7 @@ class LLMEngine:
                 del self._seqs[seq.request_id]
             elif park:
                 self.scheduler.park(seq)
-            outputs.append(RequestOutput(seq.request_id, token, delta, reason is not None, reason))
+            outputs.append(RequestOutput(seq.request_id, token, delta, reason is not None, reason, token_logprobs))
         return outputs
 
     def generate(self, prompts: list[str | list[int]], params: SamplingParams) -> list[GenerationResult]:

@@ -1,5 +1,5 @@
 """Runs one scheduled step through the model: builds the step's tensors, runs the forward pass,
-and samples one token per sequence."""
+and samples one token per sequence (with its log-probabilities where the request asked)."""
 
 import time
 from dataclasses import dataclass
@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from fleetctl.engine.core.kv_cache import KVCache
+from fleetctl.engine.core.logprobs import token_logprobs
+from fleetctl.engine.core.output import TokenLogprobs
 from fleetctl.engine.core.sampler import sample
 from fleetctl.engine.core.scheduler import ScheduledStep
 from fleetctl.engine.model.llama import AttentionBatch, LlamaModel
@@ -33,8 +35,9 @@ class ModelRunner:
         self.block_size = kv_cache.spec.block_size
 
     @torch.inference_mode()
-    def run(self, step: ScheduledStep) -> tuple[list[int | None], StepStats]:
-        """Tokens sampled per sequence (None for one whose prefill chunk leaves more of its prompt)."""
+    def run(self, step: ScheduledStep) -> tuple[list[int | None], list[TokenLogprobs | None], StepStats]:
+        """Per sequence the token sampled and its logprobs (when asked); None for a sequence whose prefill
+        chunk leaves more of its prompt."""
         start = time.perf_counter()
         seqs = step.seqs
         is_prefill = step.phase is Phase.PREFILL
@@ -43,8 +46,15 @@ class ModelRunner:
         if is_prefill:
             hidden = hidden[batch.cu_seqlens_q[1:].long() - 1]
         sampling = [i for i in range(len(seqs)) if step.completes(i)]
-        sampled = iter(sample(self.model.logits(hidden[sampling]), [seqs[i] for i in sampling]) if sampling else [])
-        tokens = [next(sampled) if i in sampling else None for i in range(len(seqs))]
+        tokens: list[int | None] = [None] * len(seqs)
+        logprobs: list[TokenLogprobs | None] = [None] * len(seqs)
+        if sampling:
+            logits = self.model.logits(hidden[sampling])  # [S, V]: the rows that sample
+            sampling_seqs = [seqs[i] for i in sampling]
+            sampled = sample(logits, sampling_seqs)
+            for i, token, token_logprobs_ in zip(sampling, sampled, token_logprobs(logits, sampling_seqs, sampled),
+                                                 strict=True):
+                tokens[i], logprobs[i] = token, token_logprobs_
         context_lens = tuple(s.num_cached_tokens + n for s, n in zip(seqs, step.chunks, strict=True))
         for seq, n in zip(seqs, step.chunks, strict=True):
             seq.num_cached_tokens += n
@@ -59,7 +69,7 @@ class ModelRunner:
             context_lens=context_lens,
             cached_tokens=tuple(step.cache_hits),
         )
-        return tokens, stats
+        return tokens, logprobs, stats
 
     def _prepare(self, step: ScheduledStep) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:
         """The step's flat inputs: token ids [T], positions [T] and the attention batch (T = sum of chunks)."""

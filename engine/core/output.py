@@ -7,12 +7,22 @@ from fleetctl.engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 @dataclass(frozen=True)
+class TokenLogprobs:
+    """A sampled token's log-probability under the model (log-softmax of its raw logits: before
+    temperature, top-k and top-p, as vLLM reports by default) and the most likely tokens', best first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob)
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     request_id: str
     token_id: int
     text_delta: str  # new text safe to show; never (part of) a stop string; "" when not detokenizing
     finished: bool
     finish_reason: FinishReason | None
+    logprobs: TokenLogprobs | None = None  # only for a request that asked (SamplingParams.logprobs)
 
 
 def token_finish_reason(seq: Sequence, eos_token_ids: frozenset[int], max_len: int) -> FinishReason | None:

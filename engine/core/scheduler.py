@@ -15,6 +15,8 @@ what is left of that budget is computed a chunk per step (its blocks are all all
 admitted; it sits in `prefilling` between chunks, and samples its first token only with its last
 chunk). While a prompt is part-way through and sequences are decoding, prefill and decode steps
 alternate, so one long prompt does not stall a mixed worker's decodes for its whole prefill.
+Two waiting sequences that start with the same uncached blocks are not prefilled in one step: the second
+waits a step and reuses what the first computed.
 """
 
 from collections import deque
@@ -119,13 +121,18 @@ class Scheduler:
         """Chunks of the prompts part-way through first, then new sequences, within the token budget."""
         step = ScheduledStep(Phase.PREFILL, [], [], [])
         budget = self.config.max_num_batched_tokens
+        computing: set[bytes] = set()  # hashes of the full blocks this step computes
         for seq in list(self.prefilling):
             if budget == 0:
                 break
-            budget -= self._take(step, seq, min(budget, seq.num_tokens - seq.num_cached_tokens), 0)
+            budget -= self._take(step, seq, min(budget, seq.num_tokens - seq.num_cached_tokens), 0, computing)
+        deferred: list[Sequence] = []
         while budget and self.waiting and len(self.running) + len(self.prefilling) < self.config.max_num_seqs:
             seq = self.waiting[0]
             hits = self._cached_prefix(seq)
+            if self._computed_by_batch(seq, hits, computing):
+                deferred.append(self.waiting.popleft())
+                continue
             needed = self._blocks(seq.num_tokens) - len(hits)
             cached = len(hits) * self.config.block_size
             if not self.allocator.can_allocate(needed, hits):
@@ -135,18 +142,31 @@ class Scheduler:
             seq.num_cached_tokens = cached
             seq.status = SequenceStatus.RUNNING
             self.prefilling.append(seq)
-            budget -= self._take(step, seq, min(budget, seq.num_tokens - cached), cached)
+            budget -= self._take(step, seq, min(budget, seq.num_tokens - cached), cached, computing)
+        self.waiting.extendleft(reversed(deferred))
         return step if step.seqs else None
 
-    def _take(self, step: ScheduledStep, seq: Sequence, chunk: int, cache_hit: int) -> int:
-        """Put `chunk` tokens of `seq` in the step; a sequence whose prompt this chunk completes runs."""
+    def _take(self, step: ScheduledStep, seq: Sequence, chunk: int, cache_hit: int, computing: set[bytes]) -> int:
+        """Put `chunk` tokens of `seq` in the step (noting the full blocks it computes); a sequence whose
+        prompt this chunk completes runs."""
         step.seqs.append(seq)
         step.chunks.append(chunk)
         step.cache_hits.append(cache_hit)
+        block = self.config.block_size
+        start = seq.num_cached_tokens
+        computing.update(self.allocator.block_hashes(seq)[start // block : (start + chunk) // block])
         if seq.num_cached_tokens + chunk >= seq.num_tokens:
             self.prefilling.remove(seq)
             self.running.append(seq)
         return chunk
+
+    def _computed_by_batch(self, seq: Sequence, hits: list[int], computing: set[bytes]) -> bool:
+        """Whether the first block `seq` would compute beyond its cached prefix is one a batch-mate computes
+        (a sibling sample of the same prompt, a shared system prompt): it then waits one step and takes those
+        blocks from the cache, rather than compute them a second time."""
+        hashes = self.allocator.block_hashes(seq)  # none with prefix caching off
+        reusable = min((seq.num_tokens - 1) // self.config.block_size, len(hashes))
+        return len(hits) < reusable and hashes[len(hits)] in computing
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks for the longest cached prefix of `seq`, leaving its last token's block to compute."""

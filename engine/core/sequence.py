@@ -27,6 +27,7 @@ class SamplingError(ValueError):
 MAX_TEMPERATURE = 2.0  # the bounds the engine, the OpenAI API and the CLI all check
 # Below this a temperature samples like argmax (its limit), and dividing logits by it would overflow to inf.
 GREEDY_BELOW_TEMPERATURE = 1e-5
+MAX_LOGPROBS = 20  # alternatives per token a request may ask for (vLLM's default max_logprobs)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # None: no log-probabilities; k: each sampled token's log-probability and the k most likely tokens'
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -48,6 +51,8 @@ class SamplingParams:
             raise SamplingError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise SamplingError(f"top_k must be >= 0, got {self.top_k}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise SamplingError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if any(not s for s in self.stop):
             raise SamplingError("stop strings must not be empty")
 

@@ -33,8 +33,9 @@ class Admission:
         self.dispatcher = dispatcher
         self._refused, self._refusal_logged = 0, float("-inf")
 
-    def check(self, request_id: str) -> None:
-        """Raises RequestIdInUse, FleetClosing, NoWorkers or FleetBusy when the request may not enter."""
+    def check(self, request_id: str, arriving: int = 1) -> None:
+        """Raises RequestIdInUse, FleetClosing, NoWorkers or FleetBusy when the request (one of `arriving`
+        admitted together) may not enter."""
         state = self.state
         if request_id in state.requests:
             raise RequestIdInUse(f"request id {request_id!r} is already in flight")
@@ -44,7 +45,7 @@ class Admission:
             if not state.serves(role):
                 raise NoWorkers(f"no {role.value} worker is available")
         waiting = self.dispatcher.waiting()
-        if waiting >= state.config.max_queue:
+        if waiting + arriving > state.config.max_queue:
             self._record_refusal(waiting)
             raise FleetBusy(f"{waiting} requests are already waiting")
 

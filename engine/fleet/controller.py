@@ -179,18 +179,30 @@ class Fleet:
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "") -> TrackedRequest:
         """Admit a request (raises PromptError, RequestIdInUse, FleetClosing, NoWorkers, FleetBusy); read its
         events with `stream`."""
+        return self.submit_samples(prompt_token_ids, params, [request_id])[0]
+
+    def submit_samples(self, prompt_token_ids: list[int], params: SamplingParams,
+                       request_ids: list[str]) -> list[TrackedRequest]:
+        """Admit one request per id ("" for a generated one): independent samples of one prompt (parallel
+        sampling, `n`). With a seed, sample i draws with seed + i. They go to one prefill worker, which computes
+        the prompt's full blocks once (the others reuse them from its prefix cache), and to one decode worker
+        where they fit. All are admitted or none (the same errors as `submit`)."""
         check_prompt(prompt_token_ids, self.model_config.vocab_size, self.max_model_len)
-        self.admission.check(request_id)
-        request_id = request_id or f"req-{uuid.uuid4().hex[:16]}"
         eos = frozenset() if params.ignore_eos else self.tokenizer.eos_token_ids
-        req = TrackedRequest(
-            request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
-            seed=params.request_seed(), stream=TextStream(self.tokenizer, params.stop, eos),
-        )
-        self.state.requests[request_id] = req
-        self.state.queued.append(req)
+        for request_id in request_ids:
+            self.admission.check(request_id, len(request_ids))
+        siblings: list[TrackedRequest] = []
+        for i, request_id in enumerate(request_ids):
+            req = TrackedRequest(
+                request_id=request_id or f"req-{uuid.uuid4().hex[:16]}", prompt_token_ids=list(prompt_token_ids),
+                params=params, seed=params.seed + i if params.seed is not None else params.request_seed(),
+                stream=TextStream(self.tokenizer, params.stop, eos), siblings=siblings,
+            )
+            siblings.append(req)
+            self.state.requests[req.request_id] = req
+            self.state.queued.append(req)
         self.dispatcher.dispatch_queued()
-        return req
+        return siblings
 
     @staticmethod
     async def stream(req: TrackedRequest) -> AsyncIterator[StreamEvent]:

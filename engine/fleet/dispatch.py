@@ -25,7 +25,8 @@ class Dispatcher:
             req = state.queued.popleft()
             if req.done:
                 continue
-            view = state.router.pick_prefill_worker(self.candidates(req), state.config.prompt_role)
+            view = state.router.pick_prefill_worker(self.candidates(req), state.config.prompt_role,
+                                                    near=req.sibling_prefill_workers())
             if view is not None:
                 self.run_on(req, view)
                 continue

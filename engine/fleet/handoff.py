@@ -24,7 +24,8 @@ class HandoffRouting:
             if req.done or req.handle is None or req.decode_worker is not None:
                 continue
             tokens = len(req.prompt_token_ids) + len(req.output_token_ids)
-            view = state.router.pick_decode_worker(self.dispatcher.candidates(req), tokens, req.failed_on)
+            view = state.router.pick_decode_worker(self.dispatcher.candidates(req), tokens, req.failed_on,
+                                                   req.sibling_decode_workers())
             if view is None:
                 state.pending_handoffs.append(req)
                 continue

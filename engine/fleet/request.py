@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
-from fleetctl.engine.core.output import TextStream
+from fleetctl.engine.core.output import TextStream, TokenLogprobs
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.worker.protocol import KVHandle
 
@@ -21,12 +21,14 @@ class RequestStage(Enum):
 
 @dataclass(frozen=True)
 class StreamEvent:
-    """What a client receives: a text delta with its token, or the end (reason or error)."""
+    """What a client receives: a text delta with its token (and the token's logprobs, when asked for),
+    or the end (reason or error)."""
 
     token_id: int | None = None
     text: str = ""
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: TokenLogprobs | None = None
 
     @property
     def final(self) -> bool:
@@ -70,10 +72,19 @@ class TrackedRequest:
     prefill_model_s: float = 0.0  # this request's share of its workers' prefill / decode step time
     decode_model_s: float = 0.0
     times: RequestTimes = field(default_factory=RequestTimes)
+    # the samples of the same prompt (a request with n > 1), itself included: routed together, so that the
+    # prompt's KV is computed once and its full blocks shared through the workers' prefix caches
+    siblings: list["TrackedRequest"] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
         return self.stage is RequestStage.DONE
+
+    def sibling_prefill_workers(self) -> set[str]:
+        return {s.prefill_worker for s in self.siblings if s is not self and not s.done and s.prefill_worker}
+
+    def sibling_decode_workers(self) -> set[str]:
+        return {s.decode_worker for s in self.siblings if s is not self and not s.done and s.decode_worker}
 
     def computed_by(self) -> str | None:
         """The worker running its model steps (adopting its KV counts), if one is."""

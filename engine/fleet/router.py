@@ -52,19 +52,24 @@ class Router:
         self.config = config
 
     def pick_prefill_worker(self, views: list[WorkerView], role: WorkerRole,
-                            avoid: set[str] | frozenset[str] = frozenset()) -> WorkerView | None:
+                            avoid: set[str] | frozenset[str] = frozenset(),
+                            near: set[str] | frozenset[str] = frozenset()) -> WorkerView | None:
         """The accepting worker of `role` (prefill, mixed, or decode for a recompute) holding the fewest
-        requests, if any has room; one not in `avoid` (workers the request failed on) if there is one."""
+        requests, if any has room; one not in `avoid` (workers the request failed on) if there is one, and
+        one in `near` (holding its siblings: their prompt's KV) if there is one."""
         candidates = _preferred([v for v in views if v.role is role and v.accepting
                                  and len(v.requests) < self.config.max_requests_per_worker], avoid)
+        candidates = [v for v in candidates if v.worker_id in near] or candidates
         return min(candidates, key=lambda v: (len(v.requests), v.worker_id), default=None)
 
     def pick_decode_worker(self, views: list[WorkerView], num_tokens: int,
-                           avoid: set[str] | frozenset[str] = frozenset()) -> WorkerView | None:
+                           avoid: set[str] | frozenset[str] = frozenset(),
+                           near: set[str] | frozenset[str] = frozenset()) -> WorkerView | None:
         """The accepting decode worker with free blocks for `num_tokens` tokens, least loaded first (one
-        not in `avoid` if there is one)."""
+        not in `avoid` if there is one, one in `near` if there is one)."""
         candidates = _preferred([v for v in views if v.role is WorkerRole.DECODE and v.accepting
                                  and v.free_blocks >= blocks_for(num_tokens, v.block_size)], avoid)
+        candidates = [v for v in candidates if v.worker_id in near] or candidates
         return min(candidates, key=lambda v: (len(v.requests), -v.free_blocks, v.worker_id), default=None)
 
     @staticmethod

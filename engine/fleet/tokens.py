@@ -54,13 +54,13 @@ class TokenStreams:
         delta = req.stream.push(event.token_id)
         if req.stream.stopped:
             self.dispatcher.release_everywhere(req)
-            self.dispatcher.finish(req, "stop", StreamEvent(event.token_id, delta, finish_reason="stop"))
+            self.dispatcher.finish(req, "stop", StreamEvent(event.token_id, delta, "stop", logprobs=event.logprobs))
         elif event.finished:
             self.state.views[wid].requests.discard(req.request_id)
             reason = event.finish_reason or "stop"
-            self.dispatcher.finish(req, reason,
-                                   StreamEvent(event.token_id, delta + req.stream.flush(), finish_reason=reason))
+            self.dispatcher.finish(req, reason, StreamEvent(event.token_id, delta + req.stream.flush(), reason,
+                                                            logprobs=event.logprobs))
         else:
             if req.stage is RequestStage.PREFILL and self.state.views[wid].role is WorkerRole.PREFILL:
                 req.stage = RequestStage.HANDOFF
-            req.events.put_nowait(StreamEvent(token_id=event.token_id, text=delta))
+            req.events.put_nowait(StreamEvent(token_id=event.token_id, text=delta, logprobs=event.logprobs))

@@ -1,5 +1,6 @@
 """The controller's end of one worker process: a writer thread drains an outbox into the pipe, a
-reader thread hands every message (and finally the process's exit) to the event loop."""
+reader thread hands every message (and finally the process's exit) to the event loop, then reaps the
+process (no zombie is left, whoever asked it to exit or none)."""
 
 import asyncio
 import itertools
@@ -12,6 +13,7 @@ from fleetctl.engine.worker.launcher import LaunchedWorker
 
 _incarnations = itertools.count()
 _CLOSED = object()  # wakes the writer thread of a link whose process is gone
+REAP_TIMEOUT_S = 10.0  # a process whose pipe closed gets this long to exit before it is killed
 
 
 class WorkerLink:
@@ -63,6 +65,7 @@ class WorkerLink:
             self._loop.call_soon_threadsafe(self._on_message, self, msg)
         self._close()
         self._loop.call_soon_threadsafe(self._on_exit, self)
+        self.launched.join(REAP_TIMEOUT_S)  # its pipe closed: it is exiting; reap it (killed if it lingers)
 
     def _write(self) -> None:
         while True:

@@ -7,6 +7,7 @@ from pathlib import Path
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders
 
 
 class TokenizerError(ValueError):
@@ -21,6 +22,17 @@ def _token_text(value: object) -> str | None:
 
 def _raise_exception(message: str) -> None:
     raise TokenizerError(f"chat template: {message}")
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's stand-ins (GPT-2's scheme): printable Latin-1 bytes stand for themselves, every
+    other byte for the next code point from 256 on. Maps each stand-in character to its byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
+
+
+BYTE_LEVEL = _byte_level_alphabet()
 
 
 class Tokenizer:
@@ -56,6 +68,14 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """One token's own bytes: part of a multi-byte character, when the tokenizer splits one (byte-level
+        BPE), where decoding it alone would give U+FFFD."""
+        piece = self._tok.id_to_token(token_id) or ""
+        if isinstance(self._tok.decoder, decoders.ByteLevel) and piece and all(c in BYTE_LEVEL for c in piece):
+            return bytes(BYTE_LEVEL[c] for c in piece)
+        return self.decode([token_id], skip_special_tokens=False).encode()
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:

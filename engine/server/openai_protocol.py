@@ -2,24 +2,26 @@
 
 A parameter this server does not implement is refused with a 400 that names it when its value would
 change the answer (asking for tools and getting plain text is worse than an error); the same field
-at its neutral value (`n: 1`, `presence_penalty: 0`, `logprobs: false`, …) is accepted."""
+at its neutral value (`presence_penalty: 0`, `best_of: 1`, …) is accepted."""
 
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from fleetctl.engine.core.sequence import MAX_TEMPERATURE, SamplingParams
+from fleetctl.engine.core.sequence import MAX_LOGPROBS, MAX_TEMPERATURE, SamplingParams
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1000
+MAX_N = 16  # samples per prompt
+MAX_PROMPTS = 64  # prompts per completions request
 # parameter -> its neutral values (the only ones accepted)
 UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
     "response_format": (None, {"type": "text"}), "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0), "repetition_penalty": (None, 1, 1.0), "logit_bias": (None, {}),
-    "best_of": (None, 1), "logprobs": (None, False), "top_logprobs": (None, 0), "n": (None, 1),
-    "echo": (None, False), "suffix": (None, ""), "guided_json": (None,), "guided_regex": (None,),
+    "best_of": (None, 1), "suffix": (None, ""), "guided_json": (None,), "guided_regex": (None,),
+    "prompt_logprobs": (None, 0),
 }
 
 
@@ -55,6 +57,7 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # extension (benchmarks)
+    n: int = Field(default=1, ge=1, le=MAX_N)
 
     @model_validator(mode="before")
     @classmethod
@@ -68,15 +71,45 @@ class SamplingFields(BaseModel):
     def sampling(self, max_tokens: int) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=self.top_k, seed=self.seed, stop=stop, ignore_eos=self.ignore_eos)
+                              top_k=self.top_k, seed=self.seed, stop=stop, ignore_eos=self.ignore_eos,
+                              logprobs=self.logprobs_wanted())
+
+    def logprobs_wanted(self) -> int | None:
+        """How many alternatives per token to report (0: only the sampled token's), or None for no logprobs."""
+        return None
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+def _false_is_none(value: object) -> object:
+    return None if value is False else value  # `logprobs: false`, as some clients send it: none wanted
+
+
 class CompletionRequest(SamplingFields):
-    prompt: Text | list[int] | list[Text] | list[list[int]]
+    prompt: Text | list[int] | Annotated[list[Text], Field(min_length=1, max_length=MAX_PROMPTS)] | Annotated[
+        list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)]
+    # the sampled token's logprob and this many alternatives per token
+    logprobs: Annotated[Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None, BeforeValidator(_false_is_none)] = None
+    echo: bool = False
+
+    @model_validator(mode="after")
+    def echo_without_logprobs(self) -> "CompletionRequest":
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs is not supported by this server (the prompt's logprobs are not "
+                             "computed); ask for one or the other")
+        return self
+
+    def logprobs_wanted(self) -> int | None:
+        return self.logprobs
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, each a text or token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+            return [prompt]  # type: ignore[list-item]
+        return list(prompt)  # type: ignore[arg-type]
 
 
 class TextPart(BaseModel):
@@ -104,36 +137,50 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @model_validator(mode="after")
+    def top_logprobs_needs_logprobs(self) -> "ChatRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def logprobs_wanted(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 def error_body(message: str, kind: str, code: str | None = None, param: str | None = None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def completion_body(rid: str, model: str, choices: list[dict], use: dict) -> dict:
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model, "choices": choices,
+            "usage": use}
 
 
-def completion_body(rid: str, model: str, text: str, reason: str, use: dict) -> dict:
-    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}], "usage": use}
+def completion_choice(index: int, text: str, reason: str | None, logprobs: dict | None = None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
 
 
-def completion_chunk(rid: str, model: str, text: str, reason: str | None) -> dict:
-    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
+def completion_chunk(rid: str, model: str, choice: dict) -> dict:
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model, "choices": [choice]}
 
 
-def chat_body(rid: str, model: str, text: str, reason: str, use: dict) -> dict:
-    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": reason}], "usage": use}
+def chat_body(rid: str, model: str, choices: list[dict], use: dict) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model, "choices": choices,
+            "usage": use}
 
 
-def chat_chunk(rid: str, model: str, delta: dict, reason: str | None) -> dict:
+def chat_choice(index: int, text: str, reason: str, logprobs: dict | None = None) -> dict:
+    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+            "finish_reason": reason}
+
+
+def chat_chunk(rid: str, model: str, index: int, delta: dict, reason: str | None,
+               logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]}
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]}
 
 
 def usage_chunk(rid: str, model: str, kind: str, use: dict) -> dict:

@@ -1,9 +1,11 @@
-"""The OpenAI-compatible routes: /v1/completions, /v1/chat/completions (SSE streaming, usage) and
-/v1/models."""
+"""The OpenAI-compatible routes: /v1/completions (one prompt or a list), /v1/chat/completions (both with `n`
+samples, logprobs, SSE streaming, usage; completions with `echo`) and /v1/models."""
 
 import asyncio
+import contextlib
 import json
 import re
+import uuid
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
@@ -13,15 +15,17 @@ from fleetctl.engine.core.prompt import PromptError
 from fleetctl.engine.core.sequence import SamplingError
 from fleetctl.engine.fleet.admission import FleetBusy, NoWorkers, RequestIdInUse
 from fleetctl.engine.fleet.controller import Fleet
-from fleetctl.engine.fleet.request import TrackedRequest
+from fleetctl.engine.fleet.request import StreamEvent
 from fleetctl.engine.model.tokenizer import TokenizerError
 from fleetctl.engine.server import openai_protocol as oai
+from fleetctl.engine.server.choices import Choice, Choices
 from fleetctl.engine.server.errors import APIError
+from fleetctl.engine.server.openai_logprobs import LogprobsFormat, SampledToken
 
-ChunkBuilder = Callable[[str, str | None], dict]  # (text delta, finish reason) -> one SSE payload
+# (choice, its event, the event's token with logprobs if asked for) -> one SSE payload
+ChunkBuilder = Callable[[Choice, StreamEvent, list[SampledToken]], dict]
 MAX_CHARS_PER_TOKEN = 32  # no tokenizer needs more: longer prompts cannot fit the context, refuse them untokenized
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")  # a client's X-Request-Id, used as the fleet's request id
-DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 
 
 def request_id_of(request: Request) -> str:
@@ -34,30 +38,51 @@ def request_id_of(request: Request) -> str:
     return given
 
 
+def admission_error(exc: Exception) -> APIError:
+    if isinstance(exc, FleetBusy):
+        return APIError(429, f"the fleet is busy: {exc}", "rate_limit_error", headers={"Retry-After": "1"})
+    if isinstance(exc, NoWorkers):
+        return APIError(503, str(exc), "service_unavailable")
+    return APIError(400, str(exc), "invalid_request_error")
+
+
 def openai_router(fleet: Fleet) -> APIRouter:
     router = APIRouter()
     model_name = fleet.model_name
+    logprobs_format = LogprobsFormat(fleet.tokenizer)
 
     def check_model(name: str) -> None:
         if name != model_name:
             raise APIError(404, f"The model `{name}` does not exist; this fleet serves `{model_name}`.",
                            "invalid_request_error", "model_not_found")
 
-    def admit(prompt_ids: list[int], body: oai.SamplingFields, requested: int | None, default: int,
-              request_id: str) -> TrackedRequest:
+    def max_tokens_for(prompt_ids: list[int], requested: int | None, default: int) -> int:
         room = fleet.max_model_len - len(prompt_ids)
         max_tokens = requested or min(default, room)
         if max_tokens > room:
             raise APIError(400, f"max_tokens ({max_tokens}) plus the prompt ({len(prompt_ids)} tokens) exceeds "
                                 f"the model's context of {fleet.max_model_len} tokens", "invalid_request_error")
+        return max(1, max_tokens)
+
+    def admit(prompts: list[list[int]], body: oai.SamplingFields, requested: int | None, default: int,
+              request_id: str, echoes: list[str] | None = None) -> Choices:
+        """Every prompt's `n` samples, or none of them. Several choices get ids `<id>-<index>`."""
+        limits = [max_tokens_for(ids, requested, default) for ids in prompts]
+        n = body.n
+        many = len(prompts) * n > 1
+        base = request_id or (f"req-{uuid.uuid4().hex[:16]}" if many else "")
+        choices: list[Choice] = []
         try:
-            return fleet.submit(prompt_ids, body.sampling(max(1, max_tokens)), request_id)
-        except (PromptError, SamplingError, RequestIdInUse) as exc:
-            raise APIError(400, str(exc), "invalid_request_error") from None
-        except FleetBusy as exc:
-            raise APIError(429, f"the fleet is busy: {exc}", "rate_limit_error", headers={"Retry-After": "1"}) from None
-        except NoWorkers as exc:
-            raise APIError(503, str(exc), "service_unavailable") from None
+            for p, (ids, limit) in enumerate(zip(prompts, limits, strict=True)):
+                request_ids = [f"{base}-{p * n + i}" for i in range(n)] if many else [base]
+                reqs = fleet.submit_samples(ids, body.sampling(limit), request_ids)
+                echo = echoes[p] if echoes else ""
+                choices += [Choice(p * n + i, req, echo, text_offset=len(echo)) for i, req in enumerate(reqs)]
+        except (PromptError, SamplingError, RequestIdInUse, FleetBusy, NoWorkers) as exc:
+            for choice in choices:
+                fleet.cancel(choice.req)
+            raise admission_error(exc) from None
+        return Choices(fleet, choices, base if many else choices[0].req.request_id)
 
     async def tokenize(text: str) -> list[int]:
         """Off the event loop (a long prompt takes a while), and only if it could fit the context at all."""
@@ -66,65 +91,60 @@ def openai_router(fleet: Fleet) -> APIRouter:
                                 f"{fleet.max_model_len} tokens", "invalid_request_error")
         return await asyncio.to_thread(fleet.tokenizer.encode, text)
 
-    async def collect(req: TrackedRequest, request: Request) -> str:
-        """The whole answer; the work stops (queued, held or running) when the client goes away first."""
-        watcher = asyncio.create_task(cancel_when_gone(req, request))
-        text = ""
-        try:
-            async for event in fleet.stream(req):
-                if event.error:
-                    raise APIError(503, event.error, "service_unavailable")
-                text += event.text
-        finally:
-            watcher.cancel()
-            fleet.cancel(req)  # no-op when finished
-        return text
-
-    async def cancel_when_gone(req: TrackedRequest, request: Request) -> None:
-        while not req.done:
-            if await request.is_disconnected():
-                fleet.cancel(req)
-                return
-            await asyncio.sleep(DISCONNECT_POLL_S)
-
-    def sse(req: TrackedRequest, first: list[dict], chunk: ChunkBuilder, kind: str,
-            with_usage: bool) -> StreamingResponse:
+    def sse(choices: Choices, first: list[dict], chunk: ChunkBuilder, kind: str, with_usage: bool) -> StreamingResponse:
         async def body() -> AsyncIterator[str]:
             try:
                 for payload in first:
                     yield f"data: {json.dumps(payload)}\n\n"
-                async for event in fleet.stream(req):
-                    if event.error:
-                        yield f"data: {json.dumps(oai.error_body(event.error, 'service_unavailable'))}\n\n"
-                        break
-                    if event.text or event.finish_reason:
-                        yield f"data: {json.dumps(chunk(event.text, event.finish_reason))}\n\n"
+                async with contextlib.aclosing(choices.events()) as events:
+                    async for choice, event in events:
+                        if event.error:
+                            yield f"data: {json.dumps(oai.error_body(event.error, 'service_unavailable'))}\n\n"
+                            break
+                        tokens = choice.take(event)
+                        if event.text or event.finish_reason or tokens:
+                            yield f"data: {json.dumps(chunk(choice, event, tokens))}\n\n"
                 if with_usage:
-                    use = oai.usage(len(req.prompt_token_ids), len(req.output_token_ids))
-                    yield f"data: {json.dumps(oai.usage_chunk(req.request_id, model_name, kind, use))}\n\n"
+                    use = choices.usage()
+                    yield f"data: {json.dumps(oai.usage_chunk(choices.response_id, model_name, kind, use))}\n\n"
                 yield "data: [DONE]\n\n"
             finally:
-                fleet.cancel(req)  # no-op when finished; stops the work when the client went away
+                choices.cancel()  # no-op when finished; stops the work when the client went away
 
         return StreamingResponse(body(), media_type="text/event-stream")
+
+    def completion_logprobs(choice: Choice, tokens: list[SampledToken], wanted: bool) -> dict | None:
+        if not wanted:
+            return None
+        logprobs = logprobs_format.completion(tokens, choice.text_offset)
+        choice.text_offset += sum(len(token) for token in logprobs["tokens"])
+        return logprobs
 
     @router.post("/v1/completions")
     async def completions(body: oai.CompletionRequest, request: Request) -> object:
         check_model(body.model)
         request_id = request_id_of(request)
-        prompt = body.prompt
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-            if len(prompt) != 1:
-                raise APIError(400, "only one prompt per request is supported", "invalid_request_error")
-            prompt = prompt[0]
-        ids = await tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        req = admit(ids, body, body.max_tokens, 16, request_id)
+        prompts = body.prompts()
+        ids = [await tokenize(p) if isinstance(p, str) else list(p) for p in prompts]
+        echoes = None
+        if body.echo:
+            echoes = [p if isinstance(p, str) else fleet.tokenizer.decode(p) for p in prompts]
+        choices = admit(ids, body, body.max_tokens, 16, request_id, echoes)
+        rid, wanted = choices.response_id, body.logprobs is not None
         if body.stream:
-            return sse(req, [], lambda text, reason: oai.completion_chunk(req.request_id, model_name, text, reason),
-                       "text_completion", body.include_usage)
-        text = await collect(req, request)
-        use = oai.usage(len(ids), len(req.output_token_ids))
-        return oai.completion_body(req.request_id, model_name, text, req.finish_reason or "stop", use)
+            first = [oai.completion_chunk(rid, model_name, oai.completion_choice(c.index, c.echo, None))
+                     for c in choices.choices if c.echo]
+
+            def chunk(choice: Choice, event: StreamEvent, tokens: list[SampledToken]) -> dict:
+                logprobs = completion_logprobs(choice, tokens, wanted)
+                return oai.completion_chunk(rid, model_name, oai.completion_choice(
+                    choice.index, event.text, event.finish_reason, logprobs))
+
+            return sse(choices, first, chunk, "text_completion", body.include_usage)
+        await choices.collect(request)
+        return oai.completion_body(rid, model_name, [oai.completion_choice(
+            c.index, c.echo + c.text, c.finish_reason, completion_logprobs(c, c.tokens, wanted))
+            for c in choices.choices], choices.usage())
 
     @router.post("/v1/chat/completions")
     async def chat(body: oai.ChatRequest, request: Request) -> object:
@@ -135,16 +155,21 @@ def openai_router(fleet: Fleet) -> APIRouter:
         except TokenizerError as exc:
             raise APIError(400, str(exc), "invalid_request_error") from None
         ids = await tokenize(prompt)
-        req = admit(ids, body, body.max_completion_tokens or body.max_tokens, fleet.max_model_len, request_id)
+        choices = admit([ids], body, body.max_completion_tokens or body.max_tokens, fleet.max_model_len, request_id)
+        rid = choices.response_id
+
+        def chat_logprobs(tokens: list[SampledToken]) -> dict | None:
+            return logprobs_format.chat(tokens) if body.logprobs else None
+
         if body.stream:
-            rid = req.request_id
-            first = [oai.chat_chunk(rid, model_name, {"role": "assistant", "content": ""}, None)]
-            return sse(req, first,
-                       lambda text, reason: oai.chat_chunk(rid, model_name, {"content": text} if text else {}, reason),
-                       "chat.completion.chunk", body.include_usage)
-        text = await collect(req, request)
-        use = oai.usage(len(ids), len(req.output_token_ids))
-        return oai.chat_body(req.request_id, model_name, text, req.finish_reason or "stop", use)
+            first = [oai.chat_chunk(rid, model_name, c.index, {"role": "assistant", "content": ""}, None)
+                     for c in choices.choices]
+            return sse(choices, first, lambda choice, event, tokens: oai.chat_chunk(
+                rid, model_name, choice.index, {"content": event.text} if event.text else {}, event.finish_reason,
+                chat_logprobs(tokens)), "chat.completion.chunk", body.include_usage)
+        await choices.collect(request)
+        return oai.chat_body(rid, model_name, [oai.chat_choice(
+            c.index, c.text, c.finish_reason, chat_logprobs(c.tokens)) for c in choices.choices], choices.usage())
 
     @router.get("/v1/models")
     async def models() -> dict:

@@ -17,7 +17,7 @@ def workers_status(fleet: Fleet) -> list[dict]:
             "role": view.role.value,
             "device": view.device,
             "state": view.state.value,
-            "pid": view.pid,
+            "pid": None if view.gone else view.pid,  # a stopped or failed worker's process is gone (reaped)
             "sessions": len(view.requests),
             "kv_usage": round(view.kv_usage, 4),
             "kv_blocks": view.num_kv_blocks,

@@ -182,7 +182,7 @@ class Worker:
     def _report(self, outputs: list[RequestOutput]) -> None:
         stats = self.engine.last_step
         assert stats is not None
-        tokens = [m.TokenEvent(o.request_id, o.token_id, o.finished, o.finish_reason) for o in outputs]
+        tokens = [m.TokenEvent(o.request_id, o.token_id, o.finished, o.finish_reason, o.logprobs) for o in outputs]
         computed = dict(zip(stats.request_ids, stats.new_tokens, strict=True))
         seq_tokens = [computed.pop(o.request_id) for o in outputs]  # what is left: prefill chunks, no token yet
         scheduler = self.engine.scheduler

@@ -7,6 +7,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from fleetctl.engine.checkpoint.format import RestoreMode
+from fleetctl.engine.core.output import TokenLogprobs
 from fleetctl.engine.core.sequence import FinishReason, SamplingParams
 from fleetctl.store.records import Phase
 
@@ -148,6 +149,7 @@ class TokenEvent:
     token_id: int
     finished: bool
     finish_reason: FinishReason | None
+    logprobs: TokenLogprobs | None = None  # only for a request that asked for them
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Every mistake a user can make on the command line ends in one `fleetctl: error:` line on stderr and a
 non-zero exit — never a traceback — and the everyday commands behave as their help says."""
 
+import re
 import socket
 from pathlib import Path
 
@@ -71,3 +72,56 @@ def test_version_and_help() -> None:
     assert fleetctl("--version").stdout.startswith("fleetctl ")
     helped = fleetctl()
     assert helped.returncode == 0 and "fleetctl demo" in helped.stdout  # not a TTY: help that says where to start
+
+
+COMMANDS = ["console", "generate", "serve", "demo", "status", "workers", "bench", "classify", "plan", "rebalance",
+            "devices", "checkpoint", "restore", "checkpoints", "migrate", "start", "drain", "resume", "stop",
+            "models list", "models pull"]
+
+
+def test_help_reads_as_a_newcomer_needs() -> None:
+    """No flag labelled `<bool>` as if it took a value; every timeout and duration says its unit; `checkpoint`
+    says what happens to its sessions after `--hold`."""
+    for name in COMMANDS:
+        helped = fleetctl(*name.split(), "--help", env={"COLUMNS": "200"})
+        assert helped.returncode == 0, (name, helped.stderr)
+        assert "<bool>" not in helped.stdout, name
+        for line in helped.stdout.splitlines():
+            if re.search(r"--[\w-]*timeout\b|--hold\b|--grace\b", line):
+                assert "Seconds" in line or "seconds" in line, (name, line)
+    checkpoint = " ".join(fleetctl("checkpoint", "--help", env={"COLUMNS": "200"}).stdout.split())
+    assert "recomputed on peers after `--hold` seconds" in checkpoint
+
+
+def test_generate_on_a_terminal_shows_speed_dtype_and_device_after_the_answer(tiny_model_dir: Path) -> None:
+    import os
+    import pty
+    import subprocess
+
+    from fleetctl.console.local_fleet import FLEETCTL
+
+    controller, terminal = pty.openpty()
+    try:
+        result = subprocess.run([*FLEETCTL, "generate", "--model", str(tiny_model_dir), "--max-tokens", "4",
+                                 "--dtype", "float32", "hello"], stdout=subprocess.PIPE, stderr=terminal,
+                                text=True, timeout=120)
+        os.close(terminal)
+        shown = b""
+        while chunk := _read_or_eof(controller):
+            shown += chunk
+    finally:
+        os.close(controller)
+    assert result.returncode == 0
+    line = shown.decode().strip().splitlines()[-1]
+    assert "tokens/s" in line and "float32 on cpu" in line and "first token" in line, line
+    plain = fleetctl("generate", "--model", str(tiny_model_dir), "--max-tokens", "4", "hello")
+    assert "tokens/s" not in plain.stderr  # not a terminal: the answer alone
+
+
+def _read_or_eof(fd: int) -> bytes:
+    import os
+
+    try:
+        return os.read(fd, 4096)
+    except OSError:  # the terminal's other end closed: all read
+        return b""

@@ -198,14 +198,32 @@ def test_reference_counts_never_go_below_zero() -> None:
     assert sched.allocator.num_used == 0
 
 
-def test_two_sequences_computing_the_same_blocks_in_one_step_register_one_copy() -> None:
+def test_a_sequence_whose_blocks_a_batch_mate_computes_waits_one_step_and_reuses_them() -> None:
+    """Parallel samples of one prompt (or a shared system prompt) arriving together: the prompt's full blocks
+    are computed once; a sequence with other tokens behind them is not held up."""
+    sched = make_scheduler(num_blocks=16)
+    a, b, other = seq(tokens(9), "a"), seq(tokens(9), "b"), seq(tokens(9, 500), "other")
+    for s in (a, b, other):
+        sched.add(s)
+    first = sched.schedule()
+    assert first is not None and first.seqs == [a, other]
+    run_step(sched, first.seqs)
+    second = sched.schedule()
+    assert second is not None and second.phase is Phase.PREFILL and second.seqs == [b]
+    assert b.block_table[:2] == a.block_table[:2] and b.num_cached_tokens == 8  # only its last token computed
+    check_refs(sched)
+
+
+def test_two_sequences_registering_the_same_blocks_keep_one_copy() -> None:
+    """Blocks computed twice (by two engines' worth of scheduling) register once; the copy is freed plainly."""
     sched = make_scheduler(num_blocks=8)
     a, b = seq(tokens(9), "a"), seq(tokens(9), "b")
-    prefill(sched, a, b)  # neither was cached when the batch was formed: both compute
-    a_blocks, b_blocks = list(a.block_table), list(b.block_table)
-    assert not set(a_blocks) & set(b_blocks)
-    sched.finish(a)
-    sched.finish(b)
+    for s in (a, b):
+        s.block_table = sched.allocator.allocate(3)
+        run_step(sched, [s])
+    a_blocks = list(a.block_table)
+    sched.allocator.free(a.block_table)
+    sched.allocator.free(b.block_table)
     assert sched.allocator.num_cached == 2  # a's two full blocks; b's copies went back to the free list
     assert sched.allocator.match(b.token_ids) == a_blocks[:2]
 

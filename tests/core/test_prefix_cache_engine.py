@@ -213,3 +213,26 @@ def test_cached_prefix_tokens_and_the_digest(tiny_model_dir: Path) -> None:
     off = make_engine(tiny_model_dir, prefix_cache=False)
     run(off, prompt, "r")
     assert off.cached_prefix_tokens(prompt) == 0 and not off.prefix_digest().hashes
+
+
+def test_parallel_samples_of_one_prompt_compute_it_once(tiny_model_dir: Path) -> None:
+    """n samples of a 40-token prompt queued together: its two reusable full blocks are computed by the first
+    sample only (the others wait one step and read them), and every sample still draws its own tokens."""
+    engine = make_engine(tiny_model_dir)
+    prompt = SHARED[:40]
+    samples = [engine.add_request(prompt, SAMPLED, request_id=f"s-{i}", seed=100 + i) for i in range(3)]
+    computed = 0
+    while engine.has_unfinished():
+        engine.step()
+        if engine.last_step is not None and engine.last_step.phase is Phase.PREFILL:
+            computed += engine.last_step.num_tokens
+    assert computed == 40 + 2 * (40 - 32)
+    alone = make_engine(tiny_model_dir)
+    assert [s.output_token_ids for s in samples] == [_alone(alone, prompt, 100 + i) for i in range(3)]
+
+
+def _alone(engine: LLMEngine, prompt: list[int], seed: int) -> list[int]:
+    seq = engine.add_request(prompt, SAMPLED, request_id=f"alone-{seed}", seed=seed)
+    while engine.has_unfinished():
+        engine.step()
+    return seq.output_token_ids

@@ -72,3 +72,29 @@ def test_tokenizer_matches_transformers(smollm2_dir: Path) -> None:
     assert ours.apply_chat_template(messages) == theirs.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True
     )
+
+
+def test_logprobs_match_transformers_log_softmax(smollm2_dir: Path, transformers_model) -> None:
+    """fp32, sampled at temperature 0.8 with top-p: each token's reported logprob and its top 5 are the
+    raw model's (log-softmax of transformers' logits at that position), within 5e-3."""
+    engine = LLMEngine(EngineConfig(smollm2_dir, settings=EngineSettings(dtype="float32", num_kv_blocks=256)))
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.8, top_p=0.9, seed=11, ignore_eos=True, logprobs=5)
+    worst = 0.0
+    for prompt in PROMPTS[:3]:
+        ids = engine.tokenizer.encode(prompt)
+        seq = engine.add_request(ids, params)
+        outputs = []
+        while engine.has_unfinished():
+            outputs += engine.step()
+        with torch.inference_mode():
+            logits = transformers_model(torch.tensor([ids + seq.output_token_ids[:-1]])).logits[0, len(ids) - 1 :]
+        reference = torch.log_softmax(logits.float(), dim=-1)  # [NEW_TOKENS, V]
+        for position, out in enumerate(outputs):
+            assert out.logprobs is not None
+            worst = max(worst, abs(out.logprobs.logprob - float(reference[position, out.token_id])))
+            ref_values, ref_ids = reference[position].topk(5)
+            ours = torch.tensor([v for _, v in out.logprobs.top])
+            worst = max(worst, float((ours - ref_values).abs().max()))
+            assert {t for t, _ in out.logprobs.top[:3]} <= set(ref_ids.tolist())
+    print(f"logprobs max abs diff vs transformers: {worst:.2e}")
+    assert worst < 5e-3

@@ -82,6 +82,7 @@ def test_start_drain_resume_stop_via_the_cli_lose_no_stream(tiny_model_dir: Path
         now = workers(url)
         assert (now["decode-0"]["state"], now["decode-0"]["sessions"]) == ("draining", 0)
         assert now["decode-1"]["state"] == "stopped" and wait_until(lambda: gone(stopped_pid), 10)
+        assert now["decode-1"]["pid"] is None
 
         assert cli_json("resume", "decode-0", "--url", url) == {"worker": "decode-0", "cancelled_operation": None}
         assert workers(url)["decode-0"]["state"] == "running"

@@ -49,3 +49,38 @@ def test_workers_that_cannot_start_say_why_in_one_line(tiny_model_dir: Path, tmp
     errors = [line for line in result.stderr.splitlines() if line.startswith("fleetctl: error:")]
     assert len(errors) == 1 and "prefill-0 (SafetensorError" in errors[0], result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_serve_logs_requests_and_a_periodic_stats_line_and_status_names_its_window(tiny_model_dir: Path,
+                                                                                   tmp_path: Path) -> None:
+    import re
+    import subprocess
+    import time
+
+    from fleetctl.console.local_fleet import FLEETCTL
+
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([*FLEETCTL, "serve", "--model", str(tiny_model_dir), "--port", "0", "--prefill", "1",
+                                 "--decode", "1", "--devices", "cpu:0,cpu:1"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not (found := re.search(r"serving \S+ on (http://\S+)", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        url = found.group(1)
+        body = {"model": tiny_model_dir.name, "prompt": "hello", "max_tokens": 4}
+        assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
+        status = fleetctl("status", "--url", url)
+        assert "over the last 5 s" in status.stdout, status.stdout  # the window busy/MFU/MBU are measured over
+        deadline = time.monotonic() + 60
+        while "generation" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        text = log.read_text()
+        assert re.search(r'"POST /v1/completions HTTP/1\.1" 200', text), text  # the access log
+        stats = next(line for line in text.splitlines() if "fleetctl.stats" in line and "generation" in line)
+        for part in ("tokens/s", "running", "waiting", "KV"):
+            assert part in stats, stats
+    finally:
+        proc.terminate()
+        proc.wait(60)

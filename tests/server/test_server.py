@@ -122,8 +122,8 @@ def test_bad_requests_get_openai_errors_and_server_keeps_serving(fleet_url: str)
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"n": 2}, "n"),
-    ({"logprobs": True}, "logprobs"),
+    ({"n": 2, "best_of": 3}, "best_of"),
+    ({"prompt_logprobs": 1}, "prompt_logprobs"),
     ({"best_of": 3}, "best_of"),
 ])
 def test_parameters_not_implemented_are_refused_by_name(fleet_url: str, extra: dict, param: str) -> None:
