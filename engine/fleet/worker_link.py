@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 
 from fleetctl.engine.worker import protocol as m
-from fleetctl.engine.worker.launcher import LaunchedWorker
+from fleetctl.engine.worker.launcher import ExitCause, LaunchedWorker
 
 _incarnations = itertools.count()
 _CLOSED = object()  # wakes the writer thread of a link whose process is gone
@@ -28,6 +28,7 @@ class WorkerLink:
         self.ready: m.WorkerReady | None = None  # kept for a process that has not taken over yet
         self.last_error = ""  # the process's own words if it failed (WorkerFailed)
         self.closed = False  # the process's pipe is gone: messages to it are dropped, not queued
+        self.exit_cause: ExitCause | None = None  # what its launcher knows of its end, once it ended
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._loop = loop
         self._on_message = on_message
@@ -62,6 +63,9 @@ class WorkerLink:
                 break
             self._loop.call_soon_threadsafe(self._on_message, self, msg)
         self._close()
+        self.exit_cause = self.launched.exit_cause()
+        if self.exit_cause is not None:
+            self.last_error = self.last_error or self.exit_cause.reason
         self._loop.call_soon_threadsafe(self._on_exit, self)
 
     def _write(self) -> None:
