@@ -8,6 +8,7 @@ import contextlib
 import os
 import socket
 import threading
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
 ACCEPT_POLL_S = 0.5
@@ -35,7 +36,7 @@ class SocketChannel:
                 try:  # the same handshake as multiprocessing's Listener: only the actor holding the key gets in
                     deliver_challenge(conn, self._authkey)
                     answer_challenge(conn, self._authkey)
-                except (OSError, EOFError, ValueError):
+                except (OSError, EOFError, ValueError, AuthenticationError):
                     conn.close()
                     continue
                 self._conn = conn

@@ -38,13 +38,14 @@ class RayActorProcess:
         self._run = run
         self._channel = channel
         self._node = node
+        self._node_id = ""
         self._cause: ExitCause | None = None
         self._ended = threading.Event()
         threading.Thread(target=self._watch, daemon=True, name=f"ray-watch-{node}").start()
 
     def _watch(self) -> None:
         with contextlib.suppress(RayError):
-            self.pid = ray.get(self.actor.where.remote())[1]
+            self._node_id, self.pid = ray.get(self.actor.where.remote())
         try:
             ray.get(self._run)  # the worker's whole life
         except RayError as exc:
@@ -55,7 +56,7 @@ class RayActorProcess:
             ray.kill(self.actor, no_restart=True)
 
     def _death(self, exc: RayError) -> ExitCause:
-        node = ray_nodes.nodes().get(self._node)
+        node = ray_nodes.node_by_id(self._node_id)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if node is not None and not node.alive:
             return ExitCause(f"node {self._node} lost (Ray: {type(exc).__name__})", node_lost=True)

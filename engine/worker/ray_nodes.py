@@ -48,11 +48,17 @@ def connect(address: str) -> None:
         ray.init(resources={f"{NODE_RESOURCE}{LOCAL_NODE}": 1, CPU_SLOT_RESOURCE: slots}, **options)
 
 
+_names_seen: dict[str, str] = {}  # node id -> name: a dead node's entry has no resources left to name it by
+
+
 def _named(entry: dict) -> RayNode:
     resources = entry.get("Resources", {})
     names = [key.removeprefix(NODE_RESOURCE) for key in resources if key.startswith(NODE_RESOURCE)]
     ip = entry.get("NodeManagerAddress", "")
-    return RayNode(name=names[0] if names else ip, node_id=entry["NodeID"], alive=bool(entry.get("Alive")),
+    if names:
+        _names_seen[entry["NodeID"]] = names[0]
+    name = names[0] if names else _names_seen.get(entry["NodeID"], ip)
+    return RayNode(name=name, node_id=entry["NodeID"], alive=bool(entry.get("Alive")),
                    gpus=int(resources.get("GPU", 0)), cpu_slots=int(resources.get(CPU_SLOT_RESOURCE, 0)), ip=ip)
 
 
