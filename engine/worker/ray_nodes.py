@@ -8,6 +8,7 @@ holds one, so Ray, not the controller, decides whether a slot is free. A GPU wor
 """
 
 import os
+import socket
 from dataclasses import dataclass
 
 import ray
@@ -20,6 +21,7 @@ NODE_RESOURCE = "fleetctl-node-"
 CPU_SLOT_RESOURCE = "fleetctl-cpu-slot"
 LOCAL_NODE = "local"  # the name of the node `--ray auto` starts
 NAMESPACE = "fleetctl"
+CONNECT_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ def connect(address: str) -> None:
         return
     options = {"namespace": NAMESPACE, "include_dashboard": False, "configure_logging": False}
     if address != "auto":
+        _reachable(address)
         ray.init(address=address, **options)
         return
     try:
@@ -49,6 +52,17 @@ def connect(address: str) -> None:
 
 
 _names_seen: dict[str, str] = {}  # node id -> name: a dead node's entry has no resources left to name it by
+
+
+def _reachable(address: str) -> None:
+    """Fail in seconds, not minutes (Ray retries a cluster that is not there for a long time)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"a Ray address is HOST:PORT or auto, not {address!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ConnectionError(f"nothing answers at {address} ({exc.strerror or exc})") from None
 
 
 def _named(entry: dict) -> RayNode:

@@ -71,3 +71,14 @@ def test_version_and_help() -> None:
     assert fleetctl("--version").stdout.startswith("fleetctl ")
     helped = fleetctl()
     assert helped.returncode == 0 and "fleetctl demo" in helped.stdout  # not a TTY: help that says where to start
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--ray", NO_FLEET], f"cannot join the Ray cluster at {NO_FLEET}: nothing answers"),
+    (["--ray", "nonsense"], "a Ray address is HOST:PORT or auto"),
+    (["--devices", "node2/cpu:0,cpu:1"], "node2/cpu:0 names a node of a Ray cluster: serve the fleet with --ray"),
+])
+def test_ray_mistakes_are_one_line(tiny_model_dir: Path, args: list[str], said: str) -> None:
+    result = fleetctl("serve", "--model", str(tiny_model_dir), "--port", "0", *args, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and len(lines) == 1 and said in lines[0], result.stderr
