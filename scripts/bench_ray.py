@@ -4,23 +4,28 @@ ratios within a run mean something).
 1. KV handoff GB/s for a few KV sizes, through the production transport code: a buffer published to shared
    memory, fetched by a worker actor on the producer's node (memory-mapped, as local fleets do) and by one
    on another node of a `ray.cluster_utils.Cluster` (pulled through Ray's object store, `RayPull`).
-2. Completion latency: the same `fleetctl bench` trace against `fleetctl serve` with local worker processes
-   and with `--ray` (the same devices, all on one node): TTFT, TPOT and E2E percentiles and their ratios.
+2. Completion latency: `fleetctl serve` with local worker processes and with `--ray auto` (the same devices,
+   all on one node), both up at once; each request of a chat trace goes to one, then the other, one at a time
+   (the same noise for both, no queue): TTFT, TPOT and E2E percentiles and their ratios.
 
-    python scripts/bench_ray.py [--model smollm2-135m] [--requests 16] [--rate 2] [--sizes-mib 1,16,64] [--json]
+    python scripts/bench_ray.py [--model smollm2-135m] [--requests 16] [--max-tokens 32] [--sizes-mib 1,16,64]
+                                [--skip-handoff] [--json]
 """
 
 import argparse
+import asyncio
 import dataclasses
 import json
 import os
-import sys
 import time
 
+import httpx
 import ray
 from ray.cluster_utils import Cluster
 
-from fleetctl.console.local_fleet import FLEETCTL, local_fleet
+from fleetctl.console.bench import Outcome, percentile_json, stream_request
+from fleetctl.console.local_fleet import local_fleet
+from fleetctl.console.traces import TraceKind, TraceRequest, make_trace
 from fleetctl.engine.worker.ray_actor import RayWorker
 from fleetctl.engine.worker.ray_nodes import CPU_SLOT_RESOURCE, NAMESPACE, NODE_RESOURCE, nodes, placement, resolve
 
@@ -93,34 +98,47 @@ def handoff_rates(sizes_mib: list[int]) -> list[dict]:
     return rows
 
 
-def bench_fleet(model: str, requests: int, rate: float, *serve_args: str) -> dict:
-    import subprocess
+async def alternate(urls: dict[str, str], requests: list[TraceRequest]) -> dict[str, list[Outcome]]:
+    """Each trace request sent to every fleet in turn, one at a time: both see the same machine noise, and
+    no queue forms, so the differences are the path's own."""
+    outcomes: dict[str, list[Outcome]] = {name: [] for name in urls}
+    clients = {name: httpx.AsyncClient(base_url=url, timeout=600) for name, url in urls.items()}
+    models = {name: (await client.get("/v1/models")).json()["data"][0]["id"] for name, client in clients.items()}
+    for req in requests:
+        for name, client in clients.items():
+            outcomes[name].append(await stream_request(client, models[name], dataclasses.replace(req, arrival_s=0.0),
+                                                       time.perf_counter()))
+    for client in clients.values():
+        await client.aclose()
+    return outcomes
 
-    args = ("--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2", "--no-access-log", *serve_args)
-    with local_fleet(model, *args) as url:
-        subprocess.run([*FLEETCTL, "bench", "--url", url, "--requests", "2", "--rate", "0", "--json"],
-                       capture_output=True, check=True)  # warm-up: first steps, calibration
-        out = subprocess.run([*FLEETCTL, "bench", "--url", url, "--trace", "chat", "--requests", str(requests),
-                              "--rate", str(rate), "--json"], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+
+def latency(model: str, count: int, max_tokens: int) -> dict:
+    layout = ("--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2", "--no-access-log")
+    trace = [dataclasses.replace(r, max_tokens=max_tokens) for r in make_trace(TraceKind.CHAT, count + 2, 0.0)]
+    with local_fleet(model, *layout) as local_url, local_fleet(model, *layout, "--ray", "auto") as ray_url:
+        runs = asyncio.run(alternate({"local": local_url, "ray": ray_url}, trace))
+    report = {}
+    for name, outcomes in runs.items():
+        done = [o for o in outcomes[2:] if not o.error]  # the first two warm both fleets up
+        cuts = {key: percentile_json([getattr(o, key) for o in done]) for key in ("ttft_s", "tpot_s", "e2e_s")}
+        report[name] = {"requests": len(done), "errors": sum(1 for o in outcomes if o.error), **cuts}
+    report["ray_over_local_p50"] = {key: round(report["ray"][key]["p50"] / report["local"][key]["p50"], 3)
+                                    for key in ("ttft_s", "tpot_s", "e2e_s") if report["local"][key]["p50"]}
+    return report
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--requests", type=int, default=16)
-    parser.add_argument("--rate", type=float, default=2.0)
+    parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--sizes-mib", default="1,16,64")
+    parser.add_argument("--skip-handoff", action="store_true")
     parser.add_argument("--json", action="store_true")
     opts = parser.parse_args()
-    report = {"handoff": handoff_rates([int(s) for s in opts.sizes_mib.split(",")])}
-    local = bench_fleet(opts.model, opts.requests, opts.rate)
-    on_ray = bench_fleet(opts.model, opts.requests, opts.rate, "--ray", "auto")
-    report["latency"] = {name: {key: run[key] for key in ("ttft_s", "tpot_s", "e2e_s", "errors")}
-                         for name, run in (("local", local), ("ray", on_ray))}
-    report["latency"]["ray_over_local_p50"] = {
-        key: round(on_ray[key]["p50"] / local[key]["p50"], 3) if local[key]["p50"] else None
-        for key in ("ttft_s", "tpot_s", "e2e_s")}
+    report = {"handoff": [] if opts.skip_handoff else handoff_rates([int(s) for s in opts.sizes_mib.split(",")]),
+              "latency": latency(opts.model, opts.requests, opts.max_tokens)}
     if opts.json:
         print(json.dumps(report))
         return
@@ -131,8 +149,8 @@ def main() -> None:
     for name in ("local", "ray"):
         run = report["latency"][name]
         print(f"{name:<6} TTFT p50 {run['ttft_s']['p50']:.4f} s  TPOT p50 {run['tpot_s']['p50']:.4f} s  "
-              f"E2E p50 {run['e2e_s']['p50']:.4f} s  errors {run['errors']}")
-    print("ray / local p50:", report["latency"]["ray_over_local_p50"], file=sys.stdout)
+              f"E2E p50 {run['e2e_s']['p50']:.4f} s  ({run['requests']} requests, {run['errors']} errors)")
+    print("ray / local p50:", report["latency"]["ray_over_local_p50"])
 
 
 if __name__ == "__main__":
