@@ -8,8 +8,8 @@ ratios within a run mean something).
    all on one node), both up at once; each request of a chat trace goes to one, then the other, one at a time
    (the same noise for both, no queue): TTFT, TPOT and E2E percentiles and their ratios.
 
-    python scripts/bench_ray.py [--model smollm2-135m] [--requests 16] [--max-tokens 32] [--sizes-mib 1,16,64]
-                                [--skip-handoff] [--json]
+    python scripts/bench_ray.py [--model smollm2-135m] [--requests 16] [--max-tokens 32] [--prompt-words N]
+                                [--sizes-mib 1,16,64] [--skip-handoff] [--json]
 """
 
 import argparse
@@ -113,16 +113,19 @@ async def alternate(urls: dict[str, str], requests: list[TraceRequest]) -> dict[
     return outcomes
 
 
-def latency(model: str, count: int, max_tokens: int) -> dict:
+def latency(model: str, count: int, max_tokens: int, prompt_words: int) -> dict:
     layout = ("--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2", "--no-access-log")
-    trace = [dataclasses.replace(r, max_tokens=max_tokens) for r in make_trace(TraceKind.CHAT, count + 2, 0.0)]
+    trace = [dataclasses.replace(r, max_tokens=max_tokens, prompt=" ".join(r.prompt.split()[:prompt_words or None]))
+             for r in make_trace(TraceKind.CHAT, count + 2, 0.0)]
     with local_fleet(model, *layout) as local_url, local_fleet(model, *layout, "--ray", "auto") as ray_url:
         runs = asyncio.run(alternate({"local": local_url, "ray": ray_url}, trace))
     report = {}
     for name, outcomes in runs.items():
         done = [o for o in outcomes[2:] if not o.error]  # the first two warm both fleets up
         cuts = {key: percentile_json([getattr(o, key) for o in done]) for key in ("ttft_s", "tpot_s", "e2e_s")}
-        report[name] = {"requests": len(done), "errors": sum(1 for o in outcomes if o.error), **cuts}
+        errors = [o.error for o in outcomes if o.error]
+        report[name] = {"requests": len(done), "errors": len(errors), "first_error": errors[0] if errors else None,
+                        **cuts}
     report["ray_over_local_p50"] = {key: round(report["ray"][key]["p50"] / report["local"][key]["p50"], 3)
                                     for key in ("ttft_s", "tpot_s", "e2e_s") if report["local"][key]["p50"]}
     return report
@@ -133,12 +136,14 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--prompt-words", type=int, default=0, help="cut prompts to this many words (a small "
+                                                                        "model's context; 0: as the trace has them)")
     parser.add_argument("--sizes-mib", default="1,16,64")
     parser.add_argument("--skip-handoff", action="store_true")
     parser.add_argument("--json", action="store_true")
     opts = parser.parse_args()
     report = {"handoff": [] if opts.skip_handoff else handoff_rates([int(s) for s in opts.sizes_mib.split(",")]),
-              "latency": latency(opts.model, opts.requests, opts.max_tokens)}
+              "latency": latency(opts.model, opts.requests, opts.max_tokens, opts.prompt_words)}
     if opts.json:
         print(json.dumps(report))
         return
