@@ -35,14 +35,18 @@ def node_resources(name: str, slots: int) -> dict:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[Cluster, object]]:
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "resources": node_resources("node1", 2), "object_store_memory": OBJECT_STORE,
-        "include_dashboard": False})
-    node2 = cluster.add_node(num_cpus=1, resources=node_resources("node2", 2), object_store_memory=OBJECT_STORE)
-    ray.init(address=cluster.address, namespace="fleetctl", include_dashboard=False)
-    yield cluster, node2
-    ray.shutdown()
-    cluster.shutdown()
+    with pytest.MonkeyPatch.context() as env:
+        # Ray's memory monitor kills workers when the machine is near full, whoever fills it: on a shared CI
+        # machine that would be other tests' memory failing this one
+        env.setenv("RAY_memory_monitor_refresh_ms", "0")
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "resources": node_resources("node1", 2), "object_store_memory": OBJECT_STORE,
+            "include_dashboard": False})
+        node2 = cluster.add_node(num_cpus=1, resources=node_resources("node2", 2), object_store_memory=OBJECT_STORE)
+        ray.init(address=cluster.address, namespace="fleetctl", include_dashboard=False)
+        yield cluster, node2
+        ray.shutdown()
+        cluster.shutdown()
 
 
 @pytest.fixture(scope="module")
