@@ -5,13 +5,13 @@ name the actor class: torch is imported only inside the actor."""
 
 import dataclasses
 import os
-from multiprocessing.connection import Client
 
 import numpy as np
 import ray
 
 from fleetctl.engine.core.device_names import DeviceName, parse_device_name
 from fleetctl.engine.worker.protocol import KVHandle
+from fleetctl.engine.worker.ray_channel import connect
 from fleetctl.engine.worker.ray_nodes import NAMESPACE
 from fleetctl.engine.worker.spec import WorkerSpec
 from fleetctl.store.records import DeviceKind
@@ -39,7 +39,7 @@ class RayWorker:
         if spec.cores:
             os.sched_setaffinity(0, spec.cores)
         transport = KVTransport(spec.shm_dir, spec.fleet_pid, RayPull(self.where()[0], self.name))
-        conn = Client(address, authkey=authkey)
+        conn = connect(address, authkey)
         try:
             return run_worker(spec, conn, transport)
         finally:

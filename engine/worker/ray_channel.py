@@ -9,9 +9,23 @@ import os
 import socket
 import threading
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 
 ACCEPT_POLL_S = 0.5
+
+
+def no_delay(sock: socket.socket) -> None:
+    """Send each message at once: `Connection` writes a large message's header and body separately, and
+    Nagle's algorithm would hold the body back for the peer's delayed acknowledgement (up to 40 ms)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def connect(address: tuple[str, int], authkey: bytes) -> Connection:
+    """The actor's end: multiprocessing's authenticated `Client`, without Nagle's delay."""
+    conn = Client(address, authkey=authkey)
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        no_delay(sock)
+    return conn
 
 
 class SocketChannel:
@@ -32,6 +46,7 @@ class SocketChannel:
                     sock, _ = self._server.accept()
                 except TimeoutError:
                     continue
+                no_delay(sock)
                 conn = Connection(sock.detach())
                 try:  # the same handshake as multiprocessing's Listener: only the actor holding the key gets in
                     deliver_challenge(conn, self._authkey)

@@ -3,9 +3,11 @@ memory-mapped) and rebuilt exactly; a GPU handle from another node fails with th
 socket channel an actor talks through; the local launcher refusing node names; CPU slots pinned per node.
 The Ray path itself runs in tests/fleet/test_ray_fleet.py."""
 
+import os
+import socket
 import threading
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client
+from multiprocessing.connection import Client, Connection
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from fleetctl.engine.fleet.config import pinned_cores
 from fleetctl.engine.worker.kv_transport import NO_GPU_CROSS_NODE, HandoffError, KVTransport
 from fleetctl.engine.worker.launcher import LocalLauncher
 from fleetctl.engine.worker.protocol import HandleKind, KVHandle
-from fleetctl.engine.worker.ray_channel import SocketChannel
+from fleetctl.engine.worker.ray_channel import SocketChannel, connect
 
 SHAPE = (2, 2, 3, 16, 2, 8)  # [layers, 2, n_blocks, block_size, Hkv, d]
 KEY = b"k" * 32
@@ -54,11 +56,20 @@ def test_a_gpu_handle_from_another_node_names_the_missing_transport(tmp_path: Pa
     assert NO_GPU_CROSS_NODE in str(exc.value) and "NCCL" in str(exc.value)
 
 
+def no_delay(conn: Connection) -> bool:
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        return bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+
 def test_the_socket_channel_carries_messages_both_ways() -> None:
     channel = SocketChannel("127.0.0.1", KEY)
-    conn = Client(channel.address, authkey=KEY)
+    conn = connect(channel.address, KEY)
     channel.send({"to": "worker"})
     assert conn.recv() == {"to": "worker"}
+    assert no_delay(conn) and no_delay(channel._connected())  # no Nagle delay on a message's second write
+    big = bytes(range(256)) * 512  # past Connection's one-write size
+    channel.send(big)
+    assert conn.recv() == big
     conn.send(("to", "controller"))
     assert channel.recv() == ("to", "controller")
     conn.close()
