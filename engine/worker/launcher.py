@@ -25,6 +25,14 @@ class WorkerProcess(Protocol):
     def join(self, timeout: float | None = None) -> None: ...
 
 
+class Channel(Protocol):
+    """Protocol messages both ways: a local pipe's `Connection`, or a Ray actor's socket (`ray_channel`)."""
+
+    def send(self, obj: object) -> None: ...
+
+    def recv(self) -> object: ...
+
+
 @dataclass(frozen=True)
 class ExitCause:
     """Why a worker's process ended, as its placement saw it (a Ray actor's death, its node's loss)."""
@@ -36,7 +44,7 @@ class ExitCause:
 @dataclass
 class LaunchedWorker:
     spec: WorkerSpec
-    conn: Connection  # duplex: protocol messages both ways
+    conn: Channel | Connection
     process: WorkerProcess
     node: str = ""  # the Ray node it was placed on; "" for a process on this machine
     exit_cause: Callable[[], ExitCause | None] = lambda: None  # asked once its channel closed (may wait briefly)
