@@ -41,7 +41,9 @@ def parse_device_name(name: str, *, indexed: bool = False) -> DeviceName:
     match = _NAME.fullmatch(name.strip())
     if not match or (indexed and match.group(3) is None):
         form = "cpu:N or cuda:N" if indexed else "cpu, cpu:N or cuda:N"
-        raise DeviceError(f"unknown device {name!r}: use {form}, optionally after a Ray node's name (node2/{form})")
+        if "/" in name:
+            form = f"NODE/{form} (NODE: a Ray node's name, of letters, digits, '.', '_' and '-')"
+        raise DeviceError(f"unknown device {name!r}: use {form}")
     return DeviceName(DeviceKind(match.group(2)), int(match.group(3) or 0), match.group(1) or "")
 
 
