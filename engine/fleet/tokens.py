@@ -25,9 +25,10 @@ class TokenStreams:
     def _attribute_model_time(self, report: m.StepReport) -> None:
         """Split the step's seconds among its sequences by their tokens in it (for `classify`), and
         note when a request's prefill began."""
-        total = sum(report.seq_tokens) or 1
-        for event, tokens in zip(report.tokens, report.seq_tokens, strict=True):
-            req = self.state.requests.get(event.request_id)
+        total = sum(report.seq_tokens) + sum(report.chunks.values()) or 1
+        ran = [*zip((e.request_id for e in report.tokens), report.seq_tokens, strict=True), *report.chunks.items()]
+        for request_id, tokens in ran:
+            req = self.state.requests.get(request_id)
             if req is None:
                 continue
             share = report.seconds * tokens / total

@@ -170,6 +170,7 @@ class StepReport:
     running: int
     waiting: int
     ended_at: float  # time.time()
+    chunks: dict[str, int] = field(default_factory=dict)  # prompts computed part-way: tokens run this step
 
 
 @dataclass(frozen=True)
