@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 		echo "no NVIDIA GPU: installing the CPU build of torch ($(TORCH_SPEC))"; \
 		$(PIP) install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"; \
 	fi
-	$(PIP) install --quiet -e '.[dev]'
+	$(PIP) install --quiet -e '.[dev,ray]'
 	touch $@
 
 # the embedded fleet + demo traffic + console (headless with a summary when there is no terminal)

@@ -66,6 +66,9 @@ def serve(
                                                                      "two windows in a row."),
     autoplan_slo: str = typer.Option("2s,200ms", "--autoplan-slo", help="TTFT,TPOT objectives autoplan's goodput "
                                                                         "counts against."),
+    ray: str = typer.Option("", "--ray", metavar="ADDRESS",
+                            help="Workers as Ray actors: `auto` (this machine's Ray, started if none runs) or a "
+                                 "cluster's address. Devices may name a node: node2/cpu:0, node2/cuda:0."),
 ) -> None:
     """Run a fleet and its HTTP server in the foreground (a stats line every 10 s on stderr)."""
     import logging
@@ -101,7 +104,7 @@ def serve(
                 autoplan=AutoplanSettings(autoplan_interval, min_gain, Slo.parse_pair(autoplan_slo)) if autoplan
                 else None,
             )
-            fleet = Fleet(config)
+            fleet = Fleet(config, launcher=ray_launcher(ray) if ray else None)
         except (FleetConfigError, DurationError) as exc:
             listener.close()
             raise fail(str(exc)) from None
@@ -125,6 +128,18 @@ def serve(
             raise
     if app.state.startup_error:
         raise fail(app.state.startup_error)
+
+
+def ray_launcher(address: str):
+    """The Ray launcher for `--ray ADDRESS` (Ray is imported only here); one clear line if it cannot be had."""
+    try:
+        from fleetctl.engine.worker.ray_launcher import RayLauncher
+    except ImportError as exc:
+        raise fail(f"--ray needs Ray installed (pip install 'fleetctl[ray]'): {exc}") from None
+    try:
+        return RayLauncher(address)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise fail(f"cannot join the Ray cluster at {address}: {exc}") from None
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -174,10 +189,13 @@ def _show(path: str, url: str | None, as_json: bool, render) -> None:
 
 
 def _worker_table(workers: list[dict]) -> None:
-    print(f"{'worker':<12} {'role':<8} {'device':<8} {'state':<9} {'pid':>7} {'sessions':>8} {'kv':>6} "
+    on_nodes = any(w.get("node") for w in workers)  # a Ray fleet: which node each worker is on
+    node_head = f"{'node':<13} " if on_nodes else ""
+    print(f"{'worker':<12} {'role':<8} {'device':<8} {node_head}{'state':<9} {'pid':>7} {'sessions':>8} {'kv':>6} "
           f"{'busy':>6} {'mfu':>7} {'mbu':>7}")
     for w in workers:
-        print(f"{w['id']:<12} {w['role']:<8} {w['device']:<8} {w['state']:<9} {w['pid'] or '-':>7} "
+        node = f"{(w.get('node') or '-') + (' (lost)' if w.get('node_lost') else ''):<13} " if on_nodes else ""
+        print(f"{w['id']:<12} {w['role']:<8} {w['device']:<8} {node}{w['state']:<9} {w['pid'] or '-':>7} "
               f"{w['sessions']:>8} {w['kv_usage']:>6.1%} {w['busy']:>6.1%} {w['mfu']:>7.2%} {w['mbu']:>7.2%}")
 
 

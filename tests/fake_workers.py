@@ -25,7 +25,7 @@ from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.worker import protocol as m
-from fleetctl.engine.worker.launcher import LaunchedWorker
+from fleetctl.engine.worker.launcher import LaunchedWorker, LocalLauncher
 from fleetctl.engine.worker.shm_files import buffer_path
 from fleetctl.engine.worker.spec import WorkerSpec
 from fleetctl.store.records import Phase, WorkerRole
@@ -242,6 +242,8 @@ class FakeLauncher:
         self.faults.load_s |= load_s or {}
         self.faults.fail_start |= fail_start or set()
         self.workers: dict[str, FakeWorker] = {}
+
+    check_device = staticmethod(LocalLauncher.check_device)
 
     def launch(self, spec: WorkerSpec) -> LaunchedWorker:
         parent, child = mp.Pipe(duplex=True)

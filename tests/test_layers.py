@@ -99,3 +99,16 @@ def test_controller_server_and_planner_import_no_torch() -> None:
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))[:5])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def _loaded(code: str, prefixes: tuple[str, ...]) -> list[str]:
+    probe = f"import sys; {code}; print(sorted(m for m in sys.modules if m.split('.')[0] in {prefixes!r})[:5])"
+    return ast.literal_eval(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                           check=True).stdout)
+
+
+def test_the_single_node_path_imports_no_ray_and_the_ray_launcher_no_torch() -> None:
+    single_node = ("import fleetctl.engine.fleet.controller, fleetctl.engine.server.app, fleetctl.console.cli, "
+                   "fleetctl.engine.worker.loop")
+    assert _loaded(single_node, ("ray",)) == []
+    assert _loaded("import fleetctl.engine.worker.ray_launcher", ("torch",)) == []

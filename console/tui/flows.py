@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog, OperationDialog
 from fleetctl.console.tui.source import ActionError
+from fleetctl.engine.core.device_names import DeviceName, parse_device_name
+from fleetctl.store.records import DeviceKind
 
 if TYPE_CHECKING:
     from fleetctl.console.tui.app import FleetConsole
@@ -16,12 +18,17 @@ HOLD_CHOICES = [("60", "60 s"), ("300", "5 minutes (default)"), ("900", "15 minu
 
 
 def free_devices(workers: list[dict], count: int = 6) -> list[str]:
-    """Devices no live worker holds, of the kind the fleet uses (cuda when it has GPU workers)."""
-    used = {w["device"] for w in workers if w["state"] in LIVE_STATES}
-    kind = "cuda" if any(w["device"].startswith("cuda") for w in workers) else "cpu"
-    highest = max((int(w["device"].split(":")[1]) for w in workers if w["device"].startswith(kind)), default=-1)
-    free = [f"{kind}:{i}" for i in range(highest + 1 + count) if f"{kind}:{i}" not in used]
-    return free[:count]
+    """Devices no live worker holds, of the kind the fleet uses (cuda when it has GPU workers): up to `count`
+    on each node the fleet's workers are on (a Ray fleet's `node2/cpu:N`; "" is this machine)."""
+    names = [parse_device_name(w["device"], indexed=True) for w in workers]
+    used = {str(name) for name, w in zip(names, workers, strict=True) if w["state"] in LIVE_STATES}
+    kind = DeviceKind.CUDA if any(name.kind is DeviceKind.CUDA for name in names) else DeviceKind.CPU
+    free = []
+    for node in sorted({name.node for name in names}) or [""]:
+        highest = max((name.index for name in names if name.kind is kind and name.node == node), default=-1)
+        candidates = (str(DeviceName(kind, i, node)) for i in range(highest + 1 + count))
+        free += [device for device in candidates if device not in used][:count]
+    return free
 
 
 class ActionFlows:

@@ -118,11 +118,13 @@ def cpu_slot_cores(slot: int, num_slots: int, cores: list[int]) -> tuple[int, ..
 
 
 def pinned_cores(device: str, cpu_devices: set[str]) -> tuple[int, ...]:
-    """The cores of `device` when the fleet's CPU slots are `cpu_devices` (() for a GPU)."""
+    """The cores of `device` when the fleet's CPU slots are `cpu_devices` (() for a GPU). Slots on
+    different nodes of a Ray cluster do not share cores: only the slots of `device`'s node count."""
     name = check_device(device, indexed=True)
     if name.kind is not DeviceKind.CPU:
         return ()
-    slots = sorted({check_device(d, indexed=True).index for d in cpu_devices} | {name.index})
+    peers = [check_device(d, indexed=True) for d in cpu_devices]
+    slots = sorted({peer.index for peer in peers if peer.node == name.node} | {name.index})
     return cpu_slot_cores(slots.index(name.index), len(slots), sorted(os.sched_getaffinity(0)))
 
 

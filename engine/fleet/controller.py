@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+from fleetctl.engine.core.device_names import DeviceError
 from fleetctl.engine.core.output import TextStream
 from fleetctl.engine.core.prompt import check_prompt
 from fleetctl.engine.core.sequence import SamplingParams
@@ -87,10 +88,15 @@ class Fleet:
         self._loop = asyncio.get_running_loop()
         if swept := sweep_dead_fleets(self.config.shm_dir):
             log.info("removed %d KV handoff buffer(s) left by fleets that were killed", swept)
+        for spec in self.state.specs.values():
+            try:
+                self.check_device(spec.device)
+            except DeviceError as exc:
+                raise RuntimeError(f"{spec.worker_id}: {exc}") from None
         for wid, spec in self.state.specs.items():
             link = self.launch(spec)
             self.state.links[wid] = link
-            self.views[wid].pid = link.pid
+            self.views[wid].pid, self.views[wid].node = link.pid, link.launched.node
         deadline = time.monotonic() + self.config.ready_timeout_s
         while any(v.state is WorkerState.STARTING for v in self.views.values()):
             if time.monotonic() > deadline:
@@ -153,6 +159,9 @@ class Fleet:
 
     # ---- what operations ask of the controller (operation.WorkerHost) -------------------------
 
+    def check_device(self, device: str) -> None:
+        self._launcher.check_device(device)
+
     def launch(self, spec: WorkerSpec) -> WorkerLink:
         assert self._loop is not None, "the fleet is not started"
         return WorkerLink(self._launcher.launch(spec), self._loop, self._on_link_message, self._on_link_exit)
@@ -163,7 +172,7 @@ class Fleet:
         view = self.views.get(wid)
         if view is None:
             view = self.views[wid] = WorkerView(wid, spec.role, spec.device)
-        view.device = spec.device
+        view.device, view.node, view.node_lost = spec.device, link.launched.node, False
         self._on_message(wid, ready)
 
     def routing_changed(self) -> None:
@@ -246,6 +255,9 @@ class Fleet:
         if self.state.links.get(wid) is not link:
             self.operations.on_foreign_exit(link)
             return
+        if link.exit_cause is not None:  # its placement's word (Ray: the actor died, or its node was lost)
+            view = self.views[wid]
+            view.last_error, view.node_lost = view.last_error or link.exit_cause.reason, link.exit_cause.node_lost
         self.operations.resolve(wid, "checkpoint", m.CheckpointFailed("the worker exited"))
         if self.recovery.on_worker_exit(wid):
             self.supervisor.on_failure(wid)  # first: requests for its role may wait for the restart

@@ -60,7 +60,7 @@ class HandoffRouting:
         req.times.handoff_end = time.time()
         req.times.handoff_bytes += msg.nbytes
         req.times.handoff_seconds += msg.seconds
-        self.state.stats.on_handoff(msg.nbytes, msg.seconds)
+        self.state.stats.on_handoff(msg.nbytes, msg.seconds, msg.cross_node)
         self.dispatcher.release_prefill_copy(req)
 
     def on_adopt_failed(self, wid: str, msg: m.AdoptFailed) -> None:

@@ -86,6 +86,9 @@ class Operation:
 class WorkerHost(Protocol):
     """What operations need from the controller: processes it starts and links it reads."""
 
+    def check_device(self, device: str) -> None:
+        """Raise DeviceError unless the fleet's launcher can place a worker on `device`."""
+
     def launch(self, spec: WorkerSpec) -> WorkerLink:
         """Start a worker process; its messages reach the runner's on_foreign_* until it takes over."""
 
@@ -145,6 +148,7 @@ class OperationRunner:
         and no running operation is starting a process on."""
         try:
             check_device(device, indexed=True)
+            self.host.check_device(device)
         except DeviceError as exc:
             raise OperationError(400, str(exc)) from None
         for view in self.state.views.values():

@@ -14,6 +14,8 @@ class WorkerView:
     role: WorkerRole
     device: str
     state: WorkerState = WorkerState.STARTING
+    node: str = ""  # the Ray node its process runs on ("" on this machine)
+    node_lost: bool = False  # its process ended because the Ray cluster lost that node
     pid: int | None = None
     num_kv_blocks: int = 0
     block_size: int = BLOCK_SIZE

@@ -42,6 +42,8 @@ class FleetStats:
         self.handoff_hist = Histogram("fleet_kv_handoff_seconds", "KV handoff time (publish + copy)",
                                       registry=r, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 1))
         self.handoff_bytes_total = Counter("fleet_kv_handoff_bytes", "KV bytes handed off", registry=r)
+        self.handoffs_by_route = Counter("fleet_kv_handoffs", "KV handoffs by route: local (shared memory, CUDA IPC) "
+                                         "or cross-node (a Ray cluster's object store)", ["route"], registry=r)
         self.running = Gauge("fleet_requests_running", "Sequences running on a worker", ["worker"], registry=r)
         self.waiting = Gauge("fleet_requests_waiting", "Sequences waiting on a worker", ["worker"], registry=r)
         self.kv_usage = Gauge("fleet_kv_cache_usage_ratio", "KV blocks in use", ["worker"], registry=r)
@@ -84,9 +86,10 @@ class FleetStats:
             mbu=nbytes / BUSY_WINDOW_S / peak_bytes if peak_bytes else 0.0,
         )
 
-    def on_handoff(self, nbytes: int, seconds: float) -> None:
+    def on_handoff(self, nbytes: int, seconds: float, cross_node: bool = False) -> None:
         self.handoff_hist.observe(seconds)
         self.handoff_bytes_total.inc(nbytes)
+        self.handoffs_by_route.labels(route="cross-node" if cross_node else "local").inc()
 
     def on_failure(self, role: WorkerRole) -> None:
         self.failures.labels(role=role.value).inc()

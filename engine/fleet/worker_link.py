@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 
 from fleetctl.engine.worker import protocol as m
-from fleetctl.engine.worker.launcher import LaunchedWorker
+from fleetctl.engine.worker.launcher import ExitCause, LaunchedWorker
 
 _incarnations = itertools.count()
 _CLOSED = object()  # wakes the writer thread of a link whose process is gone
@@ -30,6 +30,7 @@ class WorkerLink:
         self.ready: m.WorkerReady | None = None  # kept for a process that has not taken over yet
         self.last_error = ""  # the process's own words if it failed (WorkerFailed)
         self.closed = False  # the process's pipe is gone: messages to it are dropped, not queued
+        self.exit_cause: ExitCause | None = None  # what its launcher knows of its end, once it ended
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._loop = loop
         self._on_message = on_message
@@ -64,6 +65,9 @@ class WorkerLink:
                 break
             self._loop.call_soon_threadsafe(self._on_message, self, msg)
         self._close()
+        self.exit_cause = self.launched.exit_cause()
+        if self.exit_cause is not None:
+            self.last_error = self.last_error or self.exit_cause.reason
         self._loop.call_soon_threadsafe(self._on_exit, self)
         self.launched.join(REAP_TIMEOUT_S)  # its pipe closed: it is exiting; reap it (killed if it lingers)
 

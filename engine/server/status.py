@@ -16,6 +16,8 @@ def workers_status(fleet: Fleet) -> list[dict]:
             "id": view.worker_id,
             "role": view.role.value,
             "device": view.device,
+            "node": view.node or None,  # a Ray fleet's node (None: this machine)
+            "node_lost": view.node_lost,  # the process ended because the cluster lost its node
             "state": view.state.value,
             "pid": None if view.gone else view.pid,  # a stopped or failed worker's process is gone (reaped)
             "sessions": len(view.requests),

@@ -34,13 +34,13 @@ IDLE_POLL_SECONDS = 0.02
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec, conn: Connection) -> None:
+    def __init__(self, spec: WorkerSpec, conn: Connection, transport: KVTransport | None = None) -> None:
         self.spec = spec
         self.conn = conn
         self._send_lock = threading.Lock()  # the heartbeat thread sends too
         with machine_lock(exclusive=False):  # no sibling calibrates while this worker loads
             self.engine = LLMEngine(spec.engine_config())
-        self.transport = KVTransport(spec.shm_dir)
+        self.transport = transport or KVTransport(spec.shm_dir, spec.fleet_pid)
         self.heartbeat = Heartbeat(spec.worker_id, self.send, spec.heartbeat_s, spec.step_timeout_s)
         self.handles: dict[str, m.KVHandle] = {}
         self.running = True
@@ -145,7 +145,7 @@ class Worker:
             self.send(m.AdoptFailed(msg.request_id, str(exc), retryable=True))
             return
         free = self.engine.kv_cache.allocator.num_free
-        self.send(m.Adopted(msg.request_id, msg.handle.nbytes, seconds, free))
+        self.send(m.Adopted(msg.request_id, msg.handle.nbytes, seconds, free, self.transport.is_remote(msg.handle)))
 
     def step(self) -> bool:
         """Run one engine step and report it; False when nothing could be scheduled."""

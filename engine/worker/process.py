@@ -12,11 +12,18 @@ from fleetctl.engine.worker.spec import WorkerSpec
 
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
-    """Process entry point (multiprocessing spawn): pin to the slot's cores, then run the loop. A worker
-    that cannot go on says why in one line (the controller reports it); FLEET_DEBUG=1 adds the traceback."""
+    """Process entry point (multiprocessing spawn): pin to the slot's cores, then run the loop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's: it drains and stops workers
     if spec.cores:
         os.sched_setaffinity(0, spec.cores)
+    if not run_worker(spec, conn):
+        raise SystemExit(1)
+
+
+def run_worker(spec: WorkerSpec, conn: Connection, transport: object | None = None) -> bool:
+    """Import the engine and run the worker's loop on `conn` (a local pipe, or a Ray actor's socket; the
+    actor passes its KV transport). False when the worker could not go on: it said why in one line
+    (the controller reports it); FLEET_DEBUG=1 adds the traceback."""
     try:
         import torch
 
@@ -24,10 +31,11 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
 
         torch.set_num_threads(max(1, len(spec.cores) or torch.get_num_threads()))
         conn.send(m.WorkerLoading(spec.worker_id, os.getpid()))
-        Worker(spec, conn).run()
+        Worker(spec, conn, transport).run()
     except Exception as exc:
         if os.environ.get("FLEET_DEBUG"):
             traceback.print_exc()
         with contextlib.suppress(OSError, ValueError):
             conn.send(m.WorkerFailed(spec.worker_id, f"{type(exc).__name__}: {exc}"))
-        raise SystemExit(1) from None
+        return False
+    return True

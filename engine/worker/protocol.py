@@ -28,6 +28,8 @@ class KVHandle:
     nbytes: int
     location: str  # shm: file path; cuda-ipc: "" (the payload carries it)
     payload: bytes = b""  # cuda-ipc: pickled torch IPC rebuild recipe
+    node: str = ""  # Ray fleets: the producer's node id (a consumer elsewhere pulls through Ray); "": local
+    owner: str = ""  # Ray fleets: the producer's actor name, which serves pulls of its buffers
 
     @property
     def outlives_producer(self) -> bool:
@@ -188,6 +190,7 @@ class Adopted:
     nbytes: int
     seconds: float
     free_blocks: int
+    cross_node: bool = False  # pulled from another node of a Ray cluster (its object store), not shared memory
 
 
 @dataclass(frozen=True)

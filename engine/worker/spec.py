@@ -14,7 +14,7 @@ from fleetctl.store.records import DeviceKind, WorkerRole
 class WorkerSpec:
     worker_id: str
     role: WorkerRole
-    device: str  # "cpu:N" or "cuda:N"
+    device: str  # "cpu:N" or "cuda:N", or on a named Ray node "node2/cuda:N"
     model_dir: Path
     engine: EngineSettings = field(default_factory=EngineSettings)
     cores: tuple[int, ...] = ()  # CPU cores to pin to (cpu:N slots); () leaves affinity alone
@@ -22,8 +22,10 @@ class WorkerSpec:
     heartbeat_s: float = 1.0  # how often the worker says it is alive
     step_timeout_s: float = 120.0  # a step running longer is hung: the heartbeat falls silent
     shm_dir: Path = SHM_DIR  # where KV handoff buffers are published (CPU)
+    fleet_pid: int | None = None  # the controller's pid, naming the handoff buffers (None: the parent process's)
 
     def engine_config(self) -> EngineConfig:
-        on_cpu = parse_device_name(self.device).kind is DeviceKind.CPU
-        return EngineConfig(model_dir=self.model_dir, device="cpu" if on_cpu else self.device, settings=self.engine,
+        device = parse_device_name(self.device)
+        on_cpu = device.kind is DeviceKind.CPU
+        return EngineConfig(model_dir=self.model_dir, device="cpu" if on_cpu else device.local, settings=self.engine,
                             detokenize=False, prefill_only=self.role is WorkerRole.PREFILL)

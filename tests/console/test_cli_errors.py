@@ -125,3 +125,14 @@ def _read_or_eof(fd: int) -> bytes:
         return os.read(fd, 4096)
     except OSError:  # the terminal's other end closed: all read
         return b""
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--ray", NO_FLEET], f"cannot join the Ray cluster at {NO_FLEET}: nothing answers"),
+    (["--ray", "nonsense"], "a Ray address is HOST:PORT or auto"),
+    (["--devices", "node2/cpu:0,cpu:1"], "node2/cpu:0 names a node of a Ray cluster: serve the fleet with --ray"),
+])
+def test_ray_mistakes_are_one_line(tiny_model_dir: Path, args: list[str], said: str) -> None:
+    result = fleetctl("serve", "--model", str(tiny_model_dir), "--port", "0", *args, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and len(lines) == 1 and said in lines[0], result.stderr

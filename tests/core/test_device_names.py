@@ -143,3 +143,28 @@ def test_gpu_count_is_zero_and_shuts_down_when_count_fails(monkeypatch: pytest.M
     finally:
         gpu_count.cache_clear()
     assert shutdown == [True]
+
+
+@pytest.mark.parametrize(("name", "node", "kind", "index"), [
+    ("node2/cuda:0", "node2", DeviceKind.CUDA, 0),
+    ("node1/cpu:3", "node1", DeviceKind.CPU, 3),
+    ("10.0.0.7/cpu:1", "10.0.0.7", DeviceKind.CPU, 1),
+    (" gpu-box_2/cuda:7 ", "gpu-box_2", DeviceKind.CUDA, 7),
+])
+def test_a_ray_node_prefix_names_the_node(name: str, node: str, kind: DeviceKind, index: int) -> None:
+    device = parse_device_name(name, indexed=True)
+    assert device == DeviceName(kind, index, node)
+    assert str(device) == name.strip() and device.local == f"{kind.value}:{index}"
+
+
+@pytest.mark.parametrize("name", ["/cpu:0", "node2/", "node 2/cpu:0", "a/b/cpu:0", "-x/cpu:0", "node2/cpu"])
+def test_malformed_node_prefixes_raise(name: str) -> None:
+    with pytest.raises(DeviceError, match=r"use NODE/cpu:N or cuda:N \(NODE: a Ray node's name"):
+        parse_device_name(name, indexed=True)
+
+
+def test_a_named_nodes_gpus_are_not_counted_here(four_gpus: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(DeviceError, match=r"this machine has 1 CUDA device"):
+        check_device("cuda:3")
+    assert check_device("node2/cuda:3", indexed=True) == DeviceName(DeviceKind.CUDA, 3, "node2")  # the cluster's

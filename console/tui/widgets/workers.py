@@ -13,9 +13,17 @@ STATE_STYLES = {"running": "green", "starting": "cyan", "draining": "yellow", "c
                 "stopped": "dim", "failed": "bold red"}
 
 
+def device_cell(worker: dict) -> Text | str:
+    """The device, with its Ray node when the name does not already say it, and whether that node was lost."""
+    device, node = worker["device"], worker.get("node")
+    if node and not device.startswith(f"{node}/"):
+        device = f"{node}/{device}"
+    return Text(f"{device} (node lost)", style="bold red") if worker.get("node_lost") else device
+
+
 def cells(worker: dict, snapshot: FleetSnapshot) -> tuple[Text | str, ...]:
     style = STATE_STYLES.get(worker["state"], "")
-    return (Text(worker["id"], style=style), worker["role"], worker["device"], Text(worker["state"], style=style),
+    return (Text(worker["id"], style=style), worker["role"], device_cell(worker), Text(worker["state"], style=style),
             str(worker["sessions"]), percent(worker["kv_usage"]), percent(worker["busy"]), percent(worker["mfu"]),
             percent(worker["mbu"]), rate(snapshot.tokens_per_s(worker["id"])))
 
