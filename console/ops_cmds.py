@@ -1,4 +1,4 @@
-"""`fleetctl checkpoint`, `restore`, `migrate` and the pool changes `start`, `drain`, `resume`, `stop`:
+"""`fleetctl checkpoint`, `restore`, `migrate`, `move` and the pool changes `start`, `drain`, `resume`, `stop`:
 start a fleet operation, follow it to the end (a status line on a TTY), print its result. And
 `fleetctl checkpoints`, the list a restore picks from."""
 
@@ -60,6 +60,10 @@ def _summary(kind: str, result: dict) -> str:
     if kind == "drain":
         return (f"{worker} drained: {result['sessions_finished']} session(s) finished in {result['seconds']:.1f} s; "
                 f"it takes no new work (`fleetctl resume {worker}` or `fleetctl stop {worker}`)")
+    if kind == "move":
+        downtime = "-" if result["downtime_s"] is None else f"{result['downtime_s'] * 1000:.1f} ms"
+        return (f"{result['request']}: {result['from']} -> {result['to']} live in {len(result['stages'])} stage(s), "
+                f"{result['bytes']} bytes, downtime {downtime}")
     if kind == "resume":
         called_off = f" (operation {result['cancelled_operation']} called off)" if result["cancelled_operation"] else ""
         return f"{worker} takes new work again{called_off}"
@@ -124,6 +128,17 @@ def migrate(
 ) -> None:
     """Checkpoint WORKER, restore it on --to, re-route its live sessions; the source resumes on failure."""
     _run(f"/fleet/workers/{worker}/migrate", {"to": to}, url, as_json, timeout)
+
+
+def move(
+    session: str = typer.Argument(..., help="Request id of a decoding session (`fleetctl workers`, X-Request-Id)."),
+    to: str = typer.Option(..., "--to", help="A running worker of the session's role, e.g. decode-1."),
+    url: str = URL_OPTION,
+    as_json: bool = JSON_OPTION,
+    timeout: float = TIMEOUT_OPTION,
+) -> None:
+    """Move SESSION live to worker --to: its KV is copied while it decodes, then it stops for one step."""
+    _run(f"/fleet/requests/{session}/move", {"to": to}, url, as_json, timeout)
 
 
 def start(

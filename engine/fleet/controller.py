@@ -27,6 +27,7 @@ from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.recovery import Recovery
 from fleetctl.engine.fleet.request import StreamEvent, TrackedRequest
 from fleetctl.engine.fleet.router import WorkerView
+from fleetctl.engine.fleet.session_move import SessionMoves
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.fleet.stats import FleetStats
 from fleetctl.engine.fleet.supervisor import Supervisor
@@ -66,6 +67,7 @@ class Fleet:
         self.recovery = Recovery(self.state, self.dispatcher, self.handoffs)
         self.operations = OperationRunner(self.state, self)
         self.checkpoints = CheckpointOperations(self.operations)
+        self.moves = SessionMoves(self.operations, self.dispatcher.recompute)
         self.lifecycle = WorkerLifecycle(self.operations)
         self.supervisor = Supervisor(self.operations, self.dispatcher.fail_stranded)
         self.watchdog = Watchdog(self.state)
@@ -235,6 +237,7 @@ class Fleet:
             self.operations.on_foreign_exit(link)
             return
         self.operations.resolve(wid, "checkpoint", m.CheckpointFailed("the worker exited"))
+        self.moves.on_worker_exit(wid)  # before recovery: a session past its final stage goes on at its destination
         if self.recovery.on_worker_exit(wid):
             self.supervisor.on_failure(wid)  # first: requests for its role may wait for the restart
             self.recovery.recompute_held(wid, failed=True)
@@ -269,6 +272,7 @@ class Fleet:
                     self.state.recorder.on_step(view, msg)
                 if msg.tokens:
                     self.checkpoints.on_progress(wid)
+                    self.moves.on_step(wid, msg)
                 self.tokens.on_step(wid, msg)
                 self.handoffs.dispatch()
             case m.Prefilled():
@@ -285,5 +289,7 @@ class Fleet:
                 self.routing_changed()
             case m.WorkerFailed():
                 view.last_error = msg.reason
+            case m.BlocksReserved() | m.BlocksSent() | m.BlocksReceived() | m.MoveRefused():
+                self.moves.on_message(wid, msg)
             case m.CheckpointStarted() | m.CheckpointDone() | m.CheckpointFailed():
                 self.checkpoints.on_worker_message(wid, msg)

@@ -36,6 +36,7 @@ class OpKind(StrEnum):
     CHECKPOINT = "checkpoint"
     RESTORE = "restore"
     MIGRATE = "migrate"
+    MOVE = "move"  # one session moved live to another worker of its role (`fleet/session_move.py`)
     START = "start"
     DRAIN = "drain"
     RESUME = "resume"
@@ -156,9 +157,12 @@ class OperationRunner:
 
     # ---- running -------------------------------------------------------------------------------
 
-    def launch(self, op: Operation, work: Coroutine[Any, Any, dict]) -> Operation:
+    def launch(self, op: Operation, work: Coroutine[Any, Any, dict], exclusive: bool = True) -> Operation:
+        """Run `work` as `op`; `exclusive`: no other operation may act on its worker meanwhile (a session
+        move is not: several sessions may leave one worker at once)."""
         self.ops[op.id] = op
-        self._busy[op.worker_id] = op.id
+        if exclusive:
+            self._busy[op.worker_id] = op.id
         self._forget_finished()
 
         async def run() -> None:

@@ -1,6 +1,6 @@
-"""/fleet/*: the fleet's status and workers, its long operations (checkpoint, restore, migrate, and the
-pool changes start, drain, resume, stop: 202 and an operation id to poll), checkpoints, recent requests'
-timing breakdowns, the store's history for remote consoles, and the planner's routes (`plan_routes`)."""
+"""/fleet/*: the fleet's status and workers, its long operations (checkpoint, restore, migrate, a session's
+live move, and the pool changes start, drain, resume, stop: 202 and an operation id to poll), checkpoints,
+recent requests' timing breakdowns, the store's history for remote consoles, and the planner's routes (`plan_routes`)."""
 
 import asyncio
 from collections.abc import Callable
@@ -29,6 +29,10 @@ class CheckpointBody(BaseModel):
 
 class MigrateBody(BaseModel):
     to: str
+
+
+class MoveBody(BaseModel):
+    to: str  # a worker id of the session's role
 
 
 class RestoreBody(BaseModel):
@@ -125,6 +129,10 @@ def fleet_router(fleet: Fleet) -> APIRouter:
         """Timing breakdowns of the most recently finished requests (newest last)."""
         records = list(fleet.stats.records)
         return {"requests": records[-limit:] if limit else []}
+
+    @router.post("/requests/{request_id}/move")
+    async def move(request_id: str, body: MoveBody) -> JSONResponse:
+        return start(lambda: fleet.moves.move(request_id, body.to))
 
     @router.get("/history")
     async def store_history(since: float = Query(default=300.0, gt=0, le=MAX_HISTORY_S),
