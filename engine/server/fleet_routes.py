@@ -1,6 +1,7 @@
 """/fleet/*: the fleet's status and workers, its long operations (checkpoint, restore, migrate, a session's
 live move, and the pool changes start, drain, resume, stop: 202 and an operation id to poll), checkpoints,
-recent requests' timing breakdowns, the store's history for remote consoles, and the planner's routes (`plan_routes`)."""
+recent requests' timing breakdowns, the store's history for remote consoles, and the planner's routes
+(`plan_routes`)."""
 
 import asyncio
 from collections.abc import Callable
