@@ -58,7 +58,9 @@ def _summary(kind: str, result: dict) -> str:
     if kind == "start":
         return f"{worker} started on {result['device']} (pid {result['pid']}) in {result['seconds']:.1f} s"
     if kind == "drain":
-        return (f"{worker} drained: {result['sessions_finished']} session(s) finished in {result['seconds']:.1f} s; "
+        moved = f", {result['sessions_moved']} moved to peers" if result.get("sessions_moved") else ""
+        return (f"{worker} drained: {result['sessions_finished']} session(s) finished{moved} in "
+                f"{result['seconds']:.1f} s; "
                 f"it takes no new work (`fleetctl resume {worker}` or `fleetctl stop {worker}`)")
     if kind == "move":
         downtime = "-" if result["downtime_s"] is None else f"{result['downtime_s'] * 1000:.1f} ms"
@@ -155,12 +157,14 @@ def start(
 
 def drain(
     worker: str = typer.Argument(..., help="Worker id, e.g. decode-0."),
+    move: bool = typer.Option(False, "--move", help="Move its decoding sessions to peers live instead of "
+                                                    "waiting for them to finish."),
     url: str = URL_OPTION,
     as_json: bool = JSON_OPTION,
     timeout: float = TIMEOUT_OPTION,
 ) -> None:
-    """Route WORKER nothing new and wait until its sessions have finished; it keeps running, drained."""
-    _run(f"/fleet/workers/{worker}/drain", {}, url, as_json, timeout)
+    """Route WORKER nothing new and wait until its sessions have finished (or moved); it keeps running, drained."""
+    _run(f"/fleet/workers/{worker}/drain", {"move": move}, url, as_json, timeout)
 
 
 def resume(

@@ -20,6 +20,7 @@ from fleetctl.engine.fleet.config import FleetConfig, worker_specs
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.handoff import HandoffRouting
 from fleetctl.engine.fleet.lifecycle import WorkerLifecycle
+from fleetctl.engine.fleet.live_migrate import LiveMigration
 from fleetctl.engine.fleet.operation import OperationRunner
 from fleetctl.engine.fleet.operations import CheckpointOperations
 from fleetctl.engine.fleet.rebalance import Rebalancer
@@ -66,9 +67,9 @@ class Fleet:
         self.handoffs = HandoffRouting(self.state, self.dispatcher)
         self.recovery = Recovery(self.state, self.dispatcher, self.handoffs)
         self.operations = OperationRunner(self.state, self)
-        self.checkpoints = CheckpointOperations(self.operations)
         self.moves = SessionMoves(self.operations, self.dispatcher.recompute)
-        self.lifecycle = WorkerLifecycle(self.operations)
+        self.checkpoints = CheckpointOperations(self.operations, LiveMigration(self.operations, self.moves))
+        self.lifecycle = WorkerLifecycle(self.operations, self.moves)
         self.supervisor = Supervisor(self.operations, self.dispatcher.fail_stranded)
         self.watchdog = Watchdog(self.state)
         self._launcher = launcher or LocalLauncher()

@@ -185,6 +185,14 @@ class OperationRunner:
         asyncio.get_running_loop().create_task(run())
         return op
 
+    def hold(self, worker_id: str, op: Operation) -> None:
+        """`op` acts on `worker_id` too (a migration's standby): no other operation may meanwhile."""
+        self._busy[worker_id] = op.id
+
+    def unhold(self, worker_id: str, op: Operation) -> None:
+        if self._busy.get(worker_id) == op.id:
+            del self._busy[worker_id]
+
     def _forget_finished(self) -> None:
         finished = [op_id for op_id, op in self.ops.items() if op.state is not OpState.RUNNING]
         for op_id in finished[: max(0, len(finished) - KEEP_FINISHED)]:
@@ -226,10 +234,12 @@ class OperationRunner:
         self.resolve(link, "ready", gone)
         self.resolve(link, "restored", gone)
 
-    async def start_process(self, op: Operation, role: WorkerRole, device: str, stage: str) -> WorkerLink:
-        """A new process for `op.worker_id` on `device`, model loaded, not yet routed to (it takes over
-        its id when the operation says so)."""
-        link = self.host.launch(self.spec_for(op.worker_id, role, device))
+    async def start_process(self, op: Operation, role: WorkerRole, device: str, stage: str,
+                            worker_id: str | None = None) -> WorkerLink:
+        """A new process for `op.worker_id` on `device` (with `op.worker_id`'s spec, under `worker_id` when
+        given), model loaded, not yet routed to (it takes over its id when the operation says so)."""
+        spec = self.spec_for(op.worker_id, role, device)
+        link = self.host.launch(dataclasses.replace(spec, worker_id=worker_id or op.worker_id))
         op.destination_pid, op.stage = link.pid, stage
         self.state.arriving[op.id] = role  # requests for the role may wait for it
         try:

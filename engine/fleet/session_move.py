@@ -248,6 +248,8 @@ class SessionMoves:
         move = self.moves.get(msg.move_id)
         if move is None:
             return
+        if isinstance(msg, m.BlocksReserved):
+            self.state.views[wid].free_blocks = msg.free_blocks
         if isinstance(msg, m.BlocksReceived) and msg.committed:
             self.state.views[wid].free_blocks = msg.free_blocks
             move.taken = True

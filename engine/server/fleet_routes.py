@@ -47,6 +47,10 @@ class StartBody(BaseModel):
     device: str
 
 
+class DrainBody(BaseModel):
+    move: bool = False  # move its decoding sessions to peers live rather than wait for them to finish
+
+
 class StopBody(BaseModel):
     force: bool = False
 
@@ -85,8 +89,8 @@ def fleet_router(fleet: Fleet) -> APIRouter:
         return start(lambda: fleet.lifecycle.start(body.role, body.device))
 
     @router.post("/workers/{worker_id}/drain")
-    async def drain(worker_id: str) -> JSONResponse:
-        return start(lambda: fleet.lifecycle.drain(worker_id))
+    async def drain(worker_id: str, body: DrainBody | None = None) -> JSONResponse:
+        return start(lambda: fleet.lifecycle.drain(worker_id, body.move if body else False))
 
     @router.post("/workers/{worker_id}/resume")
     async def resume(worker_id: str) -> JSONResponse:

@@ -91,7 +91,7 @@ def test_move_greedy_and_seeded_sessions_there_and_back(small_model_dir: Path, e
         assert result.returncode == 0, result.stderr
         moved = json.loads(result.stdout)
         assert moved["from"] == placed["s0"] and moved["to"] == other(placed["s0"])
-        assert [s["stage"] for s in moved["stages"]][0] == "reserve" and moved["stages"][-1]["stage"] == "final"
+        assert moved["stages"][0]["stage"] == "reserve" and moved["stages"][-1]["stage"] == "final"
         assert moved["bytes"] > 0 and moved["downtime_s"] is not None
         there = move(url, "s1", other(placed["s1"]))
         assert there["state"] == "done", there
