@@ -248,6 +248,7 @@ class Fleet:
     def _sweep_buffers_of(self, pid: int | None) -> None:
         """A dead worker's KV buffers that no request will read (published, but never announced)."""
         wanted = {req.handle.location for req in self.state.requests.values() if req.handle is not None}
+        wanted |= self.moves.buffers()
         sweep(self.config.shm_dir, lambda buffer: buffer.fleet_pid == os.getpid() and buffer.producer_pid == pid
               and str(buffer.path) not in wanted)
 

@@ -52,6 +52,7 @@ class SessionMove:
     last_source_token: float | None = None
     first_dest_token: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     waiting: tuple[str, asyncio.Future] | None = None  # the worker asked, and its answer
+    handle: m.KVHandle | None = None  # the latest stage's buffer: the destination may still read it
 
     def add_stage(self, name: str, blocks: int, nbytes: int, seconds: float) -> None:
         self.stages.append({"stage": name, "blocks": blocks, "bytes": nbytes, "seconds": round(seconds, 5)})
@@ -111,7 +112,6 @@ class SessionMoves:
         MoveFailed once the session decodes on (or is recomputed) elsewhere."""
         move = SessionMove(f"{req.request_id}~{uuid.uuid4().hex[:8]}", req, source, dest)
         self.moves[move.move_id], self.moving[req.request_id] = move, move.move_id
-        handle: m.KVHandle | None = None
         try:
             progress("reserving blocks")
             start = time.perf_counter()
@@ -123,23 +123,21 @@ class SessionMoves:
             for stage in range(1, MAX_PRECOPY_STAGES + 1):
                 progress(f"pre-copy {stage}")
                 sent, received, seconds = await self._copy(move, first, final=False)
-                handle = self._done_with(handle, sent.handle)
                 move.add_stage(f"pre-copy {stage}", sent.num_blocks, received.nbytes if received else 0, seconds)
                 first += sent.num_blocks
                 if sent.num_blocks <= 1:
                     break  # what is left fits the final stage
             progress("final stage")
             sent, received, seconds = await self._copy(move, first, final=True)
-            handle = self._done_with(handle, sent.handle)
             move.add_stage("final", sent.num_blocks, received.nbytes if received else 0, seconds)
             if not move.committed:
                 raise MoveFailed(f"{req.request_id} ended or went on elsewhere before {dest} took it")
         except MoveFailed as exc:
-            self._settle(move, handle)
+            self._settle(move)
             self._orphaned(move)
             self._record(move, str(exc))
             raise MoveFailed(f"move of {req.request_id} to {dest} called off: {exc}; {self._where(move)}") from None
-        self._settle(move, handle)
+        self._settle(move)
         progress("first token")
         downtime = await self._downtime(move)
         result = {"request": req.request_id, "from": source, "to": dest, "stages": move.stages,
@@ -153,8 +151,6 @@ class SessionMoves:
         sent = await self._ask(move, move.source, m.SendBlocks(move.move_id, move.req.request_id, first, final))
         assert isinstance(sent, m.BlocksSent)
         if final:
-            move.stopped_at, move.final_sent = sent.stopped_at, True
-            move.final_outlives_source = sent.handle is None or sent.handle.outlives_producer
             assert sent.session is not None
             if sent.session.output_token_ids != move.req.output_token_ids and not move.req.done:
                 raise MoveFailed(f"{move.source} stopped it at {len(sent.session.output_token_ids)} tokens, the "
@@ -184,21 +180,24 @@ class SessionMoves:
         return reply
 
     @staticmethod
-    def _done_with(previous: m.KVHandle | None, current: m.KVHandle | None) -> m.KVHandle | None:
-        """The destination copied `current`: an earlier stage's buffer is nobody's now (shm; a device
-        buffer is its producer's, dropped when it sends the next stage)."""
-        if previous is not None and previous is not current:
-            previous.unlink()
-        return current or previous
+    def _unlink(move: SessionMove) -> None:
+        """Remove the move's shared-memory buffer (a device buffer is its producer's: it drops it with the
+        next stage or EndMove)."""
+        if move.handle is not None:
+            move.handle.unlink()
+            move.handle = None
 
-    def _settle(self, move: SessionMove, handle: m.KVHandle | None) -> None:
+    def buffers(self) -> set[str]:
+        """Where the moves under way keep KV a destination may still read (not to be swept)."""
+        return {move.handle.location for move in self.moves.values() if move.handle is not None}
+
+    def _settle(self, move: SessionMove) -> None:
         """Tell both sides how the move ended; nothing of it is left behind."""
         for wid in (move.source, move.dest):
             link, view = self.state.links.get(wid), self.state.views.get(wid)
             if link is not None and view is not None and not view.gone:
                 link.send(m.EndMove(move.move_id, move.committed))
-        if handle is not None:
-            handle.unlink()
+        self._unlink(move)
         del self.moves[move.move_id]
         if self.moving.get(move.req.request_id) == move.move_id:
             del self.moving[move.req.request_id]
@@ -250,12 +249,22 @@ class SessionMoves:
             return
         if isinstance(msg, m.BlocksReserved):
             self.state.views[wid].free_blocks = msg.free_blocks
+        if isinstance(msg, m.BlocksSent):  # noted now: the source's exit may be handled before `_copy` resumes
+            self._sent(move, msg)
         if isinstance(msg, m.BlocksReceived) and msg.committed:
             self.state.views[wid].free_blocks = msg.free_blocks
             move.taken = True
             self._commit(move)
         if move.waiting is not None and move.waiting[0] == wid and not move.waiting[1].done():
             move.waiting[1].set_result(msg)
+
+    def _sent(self, move: SessionMove, sent: m.BlocksSent) -> None:
+        if sent.handle is not None:  # the destination copied the previous stage's buffer (if any) before this
+            self._unlink(move)
+            move.handle = sent.handle
+        if sent.session is not None:
+            move.stopped_at, move.final_sent = sent.stopped_at, True
+            move.final_outlives_source = sent.handle is None or sent.handle.outlives_producer
 
     def _commit(self, move: SessionMove) -> None:
         """The destination decodes the session from its next step: its stream follows it there now."""

@@ -102,6 +102,8 @@ class SessionMover:
             outgoing.handle = self.transport.publish(self.transfer.read(seq, msg.first_block, last))
         self.send(m.BlocksSent(msg.move_id, outgoing.handle, msg.first_block, count, time.perf_counter() - start,
                                session, stopped_at))
+        if msg.final:
+            fault_point("move-handed-over", msg.move_id)  # the final stage sent, the destination not yet told
 
     def _end(self, msg: m.EndMove) -> None:
         reserved = self.incoming.pop(msg.move_id, None)

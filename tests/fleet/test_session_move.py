@@ -12,7 +12,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from fleet_harness import admin, fleetctl, generate_json, serve, wait_until
+from fleet_harness import admin, fleetctl, generate_json, serve, wait_until, worker_pids
+
+from fleetctl.engine.worker.shm_files import SHM_DIR
 
 pytestmark = pytest.mark.fleet  # real worker processes and a real server
 
@@ -134,3 +136,53 @@ def test_move_refusals_change_nothing(small_model_dir: Path, expected: list[str]
         assert unauthorised.status_code in (401, 403)
         assert fleetctl("move", "s0", "--to", "prefill-0", "--url", url).returncode != 0
         assert streams.result(timeout=600) == expected[:1]
+
+
+def one_stream(url: str, request_id: str, i: int) -> "Future[str]":
+    async def run() -> str:
+        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+        sampling = {"temperature": 0.9, "seed": 7} if i in SAMPLED else {"temperature": 0}
+        stream = await api.completions.create(model="small-llama0", prompt=PROMPTS[i], max_tokens=TOKENS, stream=True,
+                                              extra_body={"ignore_eos": True},
+                                              extra_headers={"X-Request-Id": request_id}, **sampling)
+        return "".join([c.choices[0].text async for c in stream if c.choices])
+
+    return ThreadPoolExecutor(1).submit(asyncio.run, run())
+
+
+def running_decode_workers(url: str) -> int:
+    workers = httpx.get(f"{url}/fleet/workers", timeout=10).json()["workers"]
+    return sum(1 for w in workers if w["role"] == "decode" and w["state"] == "running")
+
+
+def buffers_of(pids: set[int]) -> list[Path]:
+    return [p for p in SHM_DIR.glob("fleetctl-kv-*") if int(p.name.split("-")[3]) in pids]
+
+
+# (the side that dies, the fault point it dies at): every stage of the move on each side
+STAGES = {
+    "destination": ["move-reserve", "move-receive", "move-commit"],
+    "source": ["move-send", "move-stop", "move-handed-over"],
+}
+
+
+@pytest.mark.parametrize("side", sorted(STAGES))
+def test_a_side_dying_in_any_stage_loses_nothing(small_model_dir: Path, expected: list[str], side: str,
+                                                 tmp_path: Path) -> None:
+    """One stream at a time (a request that fails on three workers is poisoned), moved while the fault
+    kills one side at one stage: the stream stays where it was, goes on at the destination, or is
+    recomputed, and ends token-identical; the survivors hold no block and no buffer."""
+    faults = ",".join(f"{point}@kill-{i}=exit:9*1" for i, point in enumerate(STAGES[side]))
+    with serve(small_model_dir, *FLEET, env={"FLEET_FAULTS": faults, "FLEET_FAULTS_DIR": str(tmp_path)}) as url:
+        for i, point in enumerate(STAGES[side]):
+            request_id = f"kill-{i}"
+            stream = one_stream(url, request_id, i)
+            assert wait_until(lambda rid=request_id: rid in holders(url), 120)
+            source = holders(url)[request_id]
+            op = move(url, request_id, other(source))
+            assert op["state"] in ("done", "failed"), op
+            assert stream.result(timeout=600) == expected[i], point
+            assert (tmp_path / f"{point}@kill-{i}.0").exists(), f"{point} did not fire"
+            assert wait_until(lambda: running_decode_workers(url) == 2, 120)  # the dead one restarted
+            assert wait_until(lambda: no_blocks_held(url), 30), (point, free_blocks(url))
+            assert not buffers_of(set(worker_pids(url).values())), point
