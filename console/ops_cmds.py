@@ -73,6 +73,9 @@ def _summary(kind: str, result: dict) -> str:
         return (f"{worker} stopped: {result['sessions_finished']} session(s) finished, {result['sessions_moved']} "
                 f"moved to peers, {result['seconds']:.1f} s")
     mode = result["mode"] + (f": {result['reason']}" if result["reason"] else "")
+    if kind == "migrate" and result["mode"] == "live":
+        return (f"{worker} {result['from']} -> {result['to']}: live; {result['sessions']} session(s) moved, "
+                f"{result['bytes']} bytes, longest session downtime {result['downtime_s'] * 1000:.1f} ms")
     return (f"{worker} {result['from'] or '-'} -> {result['to']}: {mode}; {result['sessions']} session(s) moved, "
             f"{result['bytes']} bytes, downtime {result['downtime_s']:.3f} s")
 
@@ -124,12 +127,15 @@ def checkpoints(url: str = URL_OPTION, as_json: bool = JSON_OPTION) -> None:
 def migrate(
     worker: str = typer.Argument(..., help="Worker id, e.g. decode-0."),
     to: str = typer.Option(..., "--to", help="Destination device: cpu:N or cuda:N."),
+    via: str = typer.Option("live", "--via", help="live (sessions moved while they decode) or checkpoint "
+                                                  "(the source pauses, its state goes through disk)."),
     url: str = URL_OPTION,
     as_json: bool = JSON_OPTION,
     timeout: float = TIMEOUT_OPTION,
 ) -> None:
-    """Checkpoint WORKER, restore it on --to, re-route its live sessions; the source resumes on failure."""
-    _run(f"/fleet/workers/{worker}/migrate", {"to": to}, url, as_json, timeout)
+    """Move WORKER to --to: a standby there takes its sessions live (a prefill worker's by checkpoint) and
+    its id; the source keeps serving on failure."""
+    _run(f"/fleet/workers/{worker}/migrate", {"to": to, "via": via}, url, as_json, timeout)
 
 
 def move(

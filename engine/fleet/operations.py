@@ -50,13 +50,15 @@ class CheckpointOperations:
         op = Operation(OpKind.CHECKPOINT, worker_id)
         return self.runner.launch(op, self._checkpoint(op, hold_s))
 
-    def migrate(self, worker_id: str, to: str) -> Operation:
+    def migrate(self, worker_id: str, to: str, via_checkpoint: bool = False) -> Operation:
+        """Live for decode and mixed workers, unless `via_checkpoint` (the disk path: source paused,
+        checkpoint written and restored on the standby); a prefill worker always through a checkpoint."""
         view = self.runner.running_worker(worker_id)
         self.runner.check_device(to, exclude=None)
         if to == view.device:
             raise OperationError(400, f"{worker_id} already runs on {to}")
         op = Operation(OpKind.MIGRATE, worker_id, device=to)
-        if view.role is WorkerRole.PREFILL:  # its sessions wait for their handoff: none decodes to move live
+        if via_checkpoint or view.role is WorkerRole.PREFILL:  # a prefill worker's sessions wait for their handoff
             return self.runner.launch(op, self._migrate(op, to))
         return self.runner.launch(op, self.live.migrate(op, to))
 

@@ -6,6 +6,7 @@ recent requests' timing breakdowns, the store's history for remote consoles, and
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
@@ -30,6 +31,7 @@ class CheckpointBody(BaseModel):
 
 class MigrateBody(BaseModel):
     to: str
+    via: Literal["live", "checkpoint"] = "live"  # checkpoint: the source pauses, its state goes through disk
 
 
 class MoveBody(BaseModel):
@@ -108,7 +110,7 @@ def fleet_router(fleet: Fleet) -> APIRouter:
 
     @router.post("/workers/{worker_id}/migrate")
     async def migrate(worker_id: str, body: MigrateBody) -> JSONResponse:
-        return start(lambda: fleet.checkpoints.migrate(worker_id, body.to))
+        return start(lambda: fleet.checkpoints.migrate(worker_id, body.to, body.via == "checkpoint"))
 
     @router.post("/restore")
     async def restore(body: RestoreBody) -> JSONResponse:
