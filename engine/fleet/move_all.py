@@ -11,6 +11,7 @@ from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.fleet.session_move import MoveFailed, SessionMoves, movable_from
 
 POLL_S = 0.02
+RETRY_AFTER_S = 0.5  # a session whose move was called off is tried again after this
 MOVE_ALL_TIMEOUT_S = 300.0
 
 
@@ -24,6 +25,7 @@ async def move_all(moves: SessionMoves, source: str, pick: Callable[[TrackedRequ
     view = state.views[source]
     moved: list[dict] = []
     tasks: dict[str, asyncio.Task] = {}
+    failed_at: dict[str, float] = {}
     last_error = ""
     deadline = time.monotonic() + timeout_s
     while view.requests or tasks:
@@ -32,7 +34,7 @@ async def move_all(moves: SessionMoves, source: str, pick: Callable[[TrackedRequ
             if task.exception() is None:
                 moved.append(task.result())
             else:
-                last_error = str(task.exception())
+                last_error, failed_at[rid] = str(task.exception()), time.monotonic()
         reason = called_off() or ("" if time.monotonic() < deadline else
                                   f"{len(view.requests)} session(s) still on {source} after {timeout_s:g} s "
                                   f"(last refusal: {last_error or 'none'})")
@@ -40,6 +42,8 @@ async def move_all(moves: SessionMoves, source: str, pick: Callable[[TrackedRequ
             await asyncio.gather(*tasks.values(), return_exceptions=True)
             raise MoveFailed(reason)
         for rid in sorted(view.requests - tasks.keys() - moves.moving.keys()):
+            if time.monotonic() - failed_at.get(rid, -RETRY_AFTER_S) < RETRY_AFTER_S:
+                continue
             req = state.requests.get(rid)
             dest = pick(req) if req is not None and movable_from(req) == source else None
             if req is not None and dest is not None:
