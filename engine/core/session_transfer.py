@@ -73,7 +73,7 @@ class SessionTransfer:
         """`reserved` extended to `count` blocks (the sequence outgrew the reservation while it moved)."""
         return reserved + self.reserve(count - len(reserved)) if count > len(reserved) else reserved
 
-    def attach(self, state: SessionState, reserved: list[int]) -> None:
+    def attach(self, state: SessionState, reserved: list[int]) -> Sequence:
         """Take the sequence: its K/V is in the first blocks of `reserved`; the rest are freed."""
         seq = Sequence(list(state.prompt_token_ids), state.params, request_id=state.request_id,
                        output_token_ids=list(state.output_token_ids), seed=state.seed)
@@ -84,6 +84,7 @@ class SessionTransfer:
         except Exception:
             self.free(reserved[:used])
             raise
+        return seq
 
     def free(self, blocks: list[int]) -> None:
         if blocks:
