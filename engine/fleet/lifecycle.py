@@ -133,7 +133,9 @@ class WorkerLifecycle:
                                        lambda: "resumed" if self._draining[op.id] else None)
         await self._drain_sessions(op, view)
         seconds = round(time.time() - started, 3)
-        details = {"sessions_finished": held - len(moved), "sessions_moved": len(moved), "seconds": seconds}
+        details = {"sessions_finished": held - len(moved), "seconds": seconds}
+        if move:
+            details["sessions_moved"] = len(moved)
         self.state.record_event(EventKind.DRAIN, view.worker_id, details)
         return {"worker": view.worker_id, **details}
 
