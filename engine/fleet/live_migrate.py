@@ -69,6 +69,8 @@ class LiveMigration:
     def _take_id(self, wid: str, standby_id: str) -> None:
         """The standby becomes `wid`: its link, spec and view, and the sessions it holds."""
         state = self.state
+        if state.recorder:  # the store knows the standby under its temporary id until now
+            state.recorder.worker_stopped(state.views[standby_id], WorkerState.STOPPED, {"took_over": wid})
         link, view = state.links.pop(standby_id), state.views.pop(standby_id)
         spec = state.specs.pop(standby_id)
         link.worker_id = view.worker_id = wid
@@ -80,6 +82,8 @@ class LiveMigration:
             if req.prefill_worker == standby_id:
                 req.prefill_worker = wid
         link.send(m.Rename(wid))
+        if state.recorder:
+            state.recorder.worker_started(view)
 
     async def _call_off(self, op: Operation, wid: str, standby_id: str) -> None:
         """The source serves again; what reached the standby comes back, then the standby goes."""
