@@ -51,14 +51,15 @@ class Streams:
         async def one(http: httpx.AsyncClient, i: int) -> None:
             body = {"model": model, "prompt": prompts[i], "max_tokens": max_tokens, "temperature": 0,
                     "ignore_eos": True, "stream": True}
-            async with http.stream("POST", "/v1/completions", json=body) as response:
+            headers = {"X-Request-Id": f"bench-{i}"}
+            async with http.stream("POST", "/v1/completions", json=body, headers=headers) as response:
                 async for line in response.aiter_lines():
                     if self._stop.is_set():
                         return
                     if '"error"' in line:
                         self.errors.append(line)
                     elif line.startswith("data: {"):
-                        self.times[i].append(time.perf_counter())
+                        self.times[i].append(time.time())
 
         async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(3600.0)) as http:
             await asyncio.gather(*[one(http, i) for i in range(len(prompts))])
@@ -66,6 +67,13 @@ class Streams:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+    def resumed(self, after: float, timeout: float = 120.0) -> float:
+        """Wait until every session has a token after `after`; returns when the last one's came."""
+        deadline = time.time() + timeout
+        while time.time() < deadline and not all(times and times[-1] > after for times in self.times):
+            time.sleep(0.05)
+        return max(next(t for t in times if t > after) for times in self.times)
 
     def gaps(self, start: float, end: float) -> list[float]:
         """Per session, its longest gap between two tokens with the later one in [start, end]."""
@@ -75,14 +83,23 @@ class Streams:
             found.append(max(inside, default=float("nan")))
         return found
 
+    def gap_at(self, session: int, moment: float) -> float:
+        """The session's gap at `moment` (when the controller had its first token from the destination):
+        the longer of the gaps before and after the first token the client had by then (its last token
+        from the source may reach the client after that moment)."""
+        times = self.times[session]
+        after = next(i for i, t in enumerate(times) if t >= moment)
+        return max(times[i] - times[i - 1] for i in (after, after + 1) if 0 < i < len(times))
+
     def itl(self, before: float) -> float:
         return statistics.median(b - a for times in self.times for a, b in itertools.pairwise(times)
                                  if b < before)
 
 
-def run_op(url: str, path: str, body: dict, streams: Streams) -> tuple[dict, list[float]]:
-    """Run an operation; its result and each session's client-seen downtime during it."""
-    start = time.perf_counter()
+def run_op(url: str, path: str, body: dict, streams: Streams, since: float | None = None) -> tuple[dict, list[float]]:
+    """Run an operation; its result and each session's longest gap between tokens from its start (or
+    `since`) to its first token after it."""
+    start = time.time()
     headers = {"Authorization": f"Bearer {read_admin_token()}"}
     op = httpx.post(f"{url}{path}", json=body, headers=headers, timeout=60).json()
     while op["state"] == "running":
@@ -90,8 +107,9 @@ def run_op(url: str, path: str, body: dict, streams: Streams) -> tuple[dict, lis
         op = httpx.get(f"{url}/fleet/operations/{op['id']}", timeout=60).json()
     if op["state"] != "done":
         raise SystemExit(f"{path} failed: {op['error']}")
-    time.sleep(1.0)  # every session's first token after it
-    return op["result"], streams.gaps(start, time.perf_counter())
+    if path.endswith("/checkpoint"):  # the sessions stay paused until the restore
+        return op["result"], []
+    return op["result"], streams.gaps(since or start, streams.resumed(time.time()))
 
 
 def decoding(url: str) -> int:
@@ -122,23 +140,26 @@ def bench_context(model_dir: Path, args: argparse.Namespace, context: int) -> di
         while decoding(url) < args.sessions:
             time.sleep(0.2)
         time.sleep(2.0)  # every session decoding
-        itl = streams.itl(time.perf_counter())
-        live, live_gaps = run_op(url, "/fleet/workers/decode-0/migrate", {"to": "cpu:2"}, streams)
-        print("live", json.dumps({k: v for k, v in live.items() if k != "session_downtimes_s"}), flush=True)
+        itl = streams.itl(time.time())
+        live, live_window = run_op(url, "/fleet/workers/decode-0/migrate", {"to": "cpu:2"}, streams)
+        print("live", json.dumps({k: v for k, v in live.items() if k != "moves"}), flush=True)
+        live_gaps = [streams.gap_at(int(mv["request"].removeprefix("bench-")), mv["resumed_at"])
+                     for mv in live["moves"]]
         disk, disk_gaps = run_op(url, "/fleet/workers/decode-0/migrate", {"to": "cpu:3", "via": "checkpoint"},
                                  streams)
         print("checkpoint", json.dumps(disk), flush=True)
-        cold_start = time.perf_counter()  # the sessions pause here and go on after the restore
+        cold_start = time.time()  # the sessions pause here and go on after the restore
         saved, _ = run_op(url, "/fleet/workers/decode-0/checkpoint", {"hold_s": 600}, streams)
         manifest_path = Path(saved["checkpoint"]) / "manifest.json"
         manifest = json.loads(manifest_path.read_text())
         manifest["compat"]["torch"] = "another-torch"
         manifest_path.write_text(json.dumps(manifest))
-        cold, _ = run_op(url, "/fleet/restore", {"checkpoint": saved["checkpoint"], "device": "cpu:1"}, streams)
-        cold_gaps = streams.gaps(cold_start, time.perf_counter())
+        cold, cold_gaps = run_op(url, "/fleet/restore", {"checkpoint": saved["checkpoint"], "device": "cpu:1"},
+                                 streams, since=cold_start)
         print("cold start", json.dumps(cold), flush=True)
         streams.stop()
-    return {"context": context, "itl_s": itl, "live": live, "live_gaps": live_gaps, "disk": disk,
+    return {"context": context, "itl_s": itl, "live": live, "live_gaps": live_gaps, "live_window": live_window,
+            "disk": disk,
             "disk_gaps": disk_gaps, "cold": cold, "cold_gaps": cold_gaps, "errors": len(streams.errors),
             "checkpoint_bytes": saved["bytes"], "checkpoint_s": saved["seconds"]}
 
@@ -168,17 +189,23 @@ def main() -> None:
         model_dir = test_model(Path(scratch)) if args.test_model else resolve_model(args.model)
         rows = [bench_context(model_dir, args, int(c)) for c in args.contexts.split(",")]
     print(f"\nmodel {'test model (small random Llama)' if args.test_model else args.model}, {args.sessions} sessions; "
-          f"client-seen downtime in ms (each session's longest gap between two tokens during the operation: "
-          f"median / max over sessions); itl = median gap before")
-    print(f"{'context':>8} {'itl':>8} | {'live med':>8} {'live max':>8} {'srv max':>8} | {'ckpt med':>8} "
+          f"client-seen downtime in ms, median / max over sessions. live: the gap between a session's last token "
+          f"from the source and its first from the destination; ckpt (migrate --via checkpoint) and cold (checkpoint "
+          f"+ incompatible restore): each session's longest gap from the pause to its first token after; window: "
+          f"live's longest gap over the whole migration; srv: the controller's longest live downtime; itl: the "
+          f"median gap before")
+    print(f"{'context':>8} {'itl':>8} | {'live med':>8} {'live max':>8} {'srv max':>8} {'window':>8} | {'ckpt med':>8} "
           f"{'ckpt max':>8} | {'cold med':>8} {'cold max':>8} | {'cold/live':>9} {'ckpt MiB':>8} {'write s':>7}")
     for row in rows:
-        live, disk, cold = (sorted(g for g in row[k] if g == g) for k in ("live_gaps", "disk_gaps", "cold_gaps"))
+        live, disk, cold, window = (sorted(g for g in row[k] if g == g)
+                                    for k in ("live_gaps", "disk_gaps", "cold_gaps", "live_window"))
         print(f"{row['context']:>8} {ms(row['itl_s'])} | {ms(statistics.median(live))} {ms(live[-1])} "
-              f"{ms(row['live']['downtime_s'])} | {ms(statistics.median(disk))} {ms(disk[-1])} | "
+              f"{ms(row['live']['downtime_s'])} {ms(window[-1])} | {ms(statistics.median(disk))} {ms(disk[-1])} | "
               f"{ms(statistics.median(cold))} {ms(cold[-1])} | "
               f"{statistics.median(cold) / statistics.median(live):9.1f} "
               f"{row['checkpoint_bytes'] / 2**20:8.1f} {row['checkpoint_s']:7.3f}   stream errors {row['errors']}")
+        print(f"{'':>8} checkpoint write inside migrate --via checkpoint {row['disk']['checkpoint_s']:.3f} s vs "
+              f"standalone {row['checkpoint_s']:.3f} s ({row['checkpoint_bytes'] / 2**20:.1f} MiB)")
 
 
 if __name__ == "__main__":

@@ -61,9 +61,11 @@ class LiveMigration:
         result = {"worker": wid, "from": source_device, "to": to, "mode": "live", "reason": None,
                   "sessions": len(moved), "bytes": sum(mv["bytes"] for mv in moved),
                   "downtime_s": max(downtimes, default=0.0), "checkpoint": None,
-                  "session_downtimes_s": downtimes, "seconds": round(time.time() - started, 4)}
+                  "moves": [{key: mv[key] for key in ("request", "downtime_s", "resumed_at")} for mv in moved],
+                  "seconds": round(time.time() - started, 4)}
         self.state.stats.migrations.labels(mode="live").inc()
-        self.state.record_event(EventKind.MIGRATE, wid, {k: v for k, v in result.items() if k != "worker"})
+        details = {k: v for k, v in result.items() if k not in ("worker", "moves")}
+        self.state.record_event(EventKind.MIGRATE, wid, details)
         return result
 
     def _take_id(self, wid: str, standby_id: str) -> None:

@@ -140,8 +140,9 @@ class SessionMoves:
         self._settle(move)
         progress("first token")
         downtime = await self._downtime(move)
+        resumed = move.first_dest_token.result() if move.first_dest_token.done() else None
         result = {"request": req.request_id, "from": source, "to": dest, "stages": move.stages,
-                  "bytes": sum(s["bytes"] for s in move.stages), "downtime_s": downtime}
+                  "bytes": sum(s["bytes"] for s in move.stages), "downtime_s": downtime, "resumed_at": resumed}
         self._record(move, None, downtime)
         return result
 
