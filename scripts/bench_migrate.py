@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -158,6 +159,8 @@ def bench_context(model_dir: Path, args: argparse.Namespace, context: int) -> di
                                  streams, since=cold_start)
         print("cold start", json.dumps(cold), flush=True)
         streams.stop()
+    for path in (disk["checkpoint"], saved["checkpoint"]):  # this run's, nobody else's
+        shutil.rmtree(path, ignore_errors=True)
     return {"context": context, "itl_s": itl, "live": live, "live_gaps": live_gaps, "live_window": live_window,
             "disk": disk,
             "disk_gaps": disk_gaps, "cold": cold, "cold_gaps": cold_gaps, "errors": len(streams.errors),
