@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -108,6 +108,7 @@ class OperationRunner:
         self.ops: dict[str, Operation] = {}
         self._busy: dict[str, str] = {}  # worker id -> running operation id
         self._waiters: dict[tuple[object, str], asyncio.Future] = {}
+        self.moving_on: Callable[[str], int] = lambda worker_id: 0  # live session moves involving a worker
 
     # ---- checks every kind makes before it starts (4xx, nothing changed) -------------------------
 
@@ -133,6 +134,9 @@ class OperationRunner:
         busy = self.busy_with(worker_id)
         if busy is not None:
             raise OperationError(409, f"another operation is running on {worker_id} ({busy.kind.value} {busy.id})")
+        if moving := self.moving_on(worker_id):
+            raise OperationError(409, f"{moving} session(s) are moving live to or from {worker_id}; try again when "
+                                      f"they have moved")
         return view
 
     def running_worker(self, worker_id: str) -> WorkerView:

@@ -67,6 +67,7 @@ class SessionMoves:
         self.moves: dict[str, SessionMove] = {}  # move id -> move in progress
         self.moving: dict[str, str] = {}  # request id -> its move's id
         self._first_tokens: dict[str, SessionMove] = {}  # request id -> a committed move awaiting its first token
+        runner.moving_on = lambda wid: sum(1 for move in self.moves.values() if wid in (move.source, move.dest))
 
     # ---- the operation: POST /fleet/requests/{id}/move ------------------------------------------
 
