@@ -179,6 +179,17 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:8.1f}"
 
 
+def print_row(row: dict) -> None:
+    live, disk, cold, window = (sorted(g for g in row[k] if g == g)
+                                for k in ("live_gaps", "disk_gaps", "cold_gaps", "live_window"))
+    print(f"{row['context']:>8} {ms(row['itl_s'])} | {ms(statistics.median(live))} {ms(live[-1])} "
+          f"{ms(row['live']['downtime_s'])} {ms(window[-1])} | {ms(statistics.median(disk))} {ms(disk[-1])} | "
+          f"{ms(statistics.median(cold))} {ms(cold[-1])} | {statistics.median(cold) / statistics.median(live):9.1f} "
+          f"{row['checkpoint_bytes'] / 2**20:8.1f} {row['checkpoint_s']:7.3f}   stream errors {row['errors']}")
+    print(f"{'':>8} checkpoint write inside migrate --via checkpoint {row['disk']['checkpoint_s']:.3f} s vs "
+          f"standalone {row['checkpoint_s']:.3f} s ({row['checkpoint_bytes'] / 2**20:.1f} MiB)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -188,27 +199,23 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=2000)
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
+    header = (f"model {'test model (small random Llama)' if args.test_model else args.model}, {args.sessions} "
+              f"sessions; client-seen downtime in ms, median / max over sessions. live: the gap between a session's "
+              f"last token from the source and its first from the destination; ckpt (migrate --via checkpoint) and "
+              f"cold (checkpoint + incompatible restore): each session's longest gap from the pause to its first "
+              f"token after; window: live's longest gap over the whole migration; srv: the controller's longest "
+              f"live downtime; itl: the median gap before\n"
+              f"{'context':>8} {'itl':>8} | {'live med':>8} {'live max':>8} {'srv max':>8} {'window':>8} | "
+              f"{'ckpt med':>8} {'ckpt max':>8} | {'cold med':>8} {'cold max':>8} | {'cold/live':>9} {'ckpt MiB':>8} "
+              f"{'write s':>7}")
+    rows = []
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = test_model(Path(scratch)) if args.test_model else resolve_model(args.model)
-        rows = [bench_context(model_dir, args, int(c)) for c in args.contexts.split(",")]
-    print(f"\nmodel {'test model (small random Llama)' if args.test_model else args.model}, {args.sessions} sessions; "
-          f"client-seen downtime in ms, median / max over sessions. live: the gap between a session's last token "
-          f"from the source and its first from the destination; ckpt (migrate --via checkpoint) and cold (checkpoint "
-          f"+ incompatible restore): each session's longest gap from the pause to its first token after; window: "
-          f"live's longest gap over the whole migration; srv: the controller's longest live downtime; itl: the "
-          f"median gap before")
-    print(f"{'context':>8} {'itl':>8} | {'live med':>8} {'live max':>8} {'srv max':>8} {'window':>8} | {'ckpt med':>8} "
-          f"{'ckpt max':>8} | {'cold med':>8} {'cold max':>8} | {'cold/live':>9} {'ckpt MiB':>8} {'write s':>7}")
-    for row in rows:
-        live, disk, cold, window = (sorted(g for g in row[k] if g == g)
-                                    for k in ("live_gaps", "disk_gaps", "cold_gaps", "live_window"))
-        print(f"{row['context']:>8} {ms(row['itl_s'])} | {ms(statistics.median(live))} {ms(live[-1])} "
-              f"{ms(row['live']['downtime_s'])} {ms(window[-1])} | {ms(statistics.median(disk))} {ms(disk[-1])} | "
-              f"{ms(statistics.median(cold))} {ms(cold[-1])} | "
-              f"{statistics.median(cold) / statistics.median(live):9.1f} "
-              f"{row['checkpoint_bytes'] / 2**20:8.1f} {row['checkpoint_s']:7.3f}   stream errors {row['errors']}")
-        print(f"{'':>8} checkpoint write inside migrate --via checkpoint {row['disk']['checkpoint_s']:.3f} s vs "
-              f"standalone {row['checkpoint_s']:.3f} s ({row['checkpoint_bytes'] / 2**20:.1f} MiB)")
+        for context in args.contexts.split(","):
+            rows.append(bench_context(model_dir, args, int(context)))
+            print(header)
+            for row in rows:
+                print_row(row)
 
 
 if __name__ == "__main__":
