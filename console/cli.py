@@ -12,7 +12,7 @@ from fleetctl.console.devices_cmd import devices
 from fleetctl.console.fleet_cmds import bench, classify, serve, status, workers
 from fleetctl.console.generate_cmd import generate
 from fleetctl.console.models_cmd import models_app
-from fleetctl.console.ops_cmds import checkpoint, checkpoints, drain, migrate, restore, resume, start, stop
+from fleetctl.console.ops_cmds import checkpoint, checkpoints, drain, migrate, move, restore, resume, start, stop
 from fleetctl.console.plan_cmd import plan, rebalance
 
 try:  # newer typer vendors click
@@ -60,6 +60,7 @@ app.command("checkpoint")(checkpoint)
 app.command("restore")(restore)
 app.command("checkpoints")(checkpoints)
 app.command("migrate")(migrate)
+app.command("move")(move)
 app.command("start")(start)
 app.command("drain")(drain)
 app.command("resume")(resume)

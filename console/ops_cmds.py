@@ -1,4 +1,4 @@
-"""`fleetctl checkpoint`, `restore`, `migrate` and the pool changes `start`, `drain`, `resume`, `stop`:
+"""`fleetctl checkpoint`, `restore`, `migrate`, `move` and the pool changes `start`, `drain`, `resume`, `stop`:
 start a fleet operation, follow it to the end (a status line on a TTY), print its result. And
 `fleetctl checkpoints`, the list a restore picks from."""
 
@@ -58,8 +58,14 @@ def _summary(kind: str, result: dict) -> str:
     if kind == "start":
         return f"{worker} started on {result['device']} (pid {result['pid']}) in {result['seconds']:.1f} s"
     if kind == "drain":
-        return (f"{worker} drained: {result['sessions_finished']} session(s) finished in {result['seconds']:.1f} s; "
+        moved = f", {result['sessions_moved']} moved to peers" if result.get("sessions_moved") else ""
+        return (f"{worker} drained: {result['sessions_finished']} session(s) finished{moved} in "
+                f"{result['seconds']:.1f} s; "
                 f"it takes no new work (`fleetctl resume {worker}` or `fleetctl stop {worker}`)")
+    if kind == "move":
+        downtime = "-" if result["downtime_s"] is None else f"{result['downtime_s'] * 1000:.1f} ms"
+        return (f"{result['request']}: {result['from']} -> {result['to']} live in {len(result['stages'])} stage(s), "
+                f"{result['bytes']} bytes, downtime {downtime}")
     if kind == "resume":
         called_off = f" (operation {result['cancelled_operation']} called off)" if result["cancelled_operation"] else ""
         return f"{worker} takes new work again{called_off}"
@@ -67,6 +73,9 @@ def _summary(kind: str, result: dict) -> str:
         return (f"{worker} stopped: {result['sessions_finished']} session(s) finished, {result['sessions_moved']} "
                 f"moved to peers, {result['seconds']:.1f} s")
     mode = result["mode"] + (f": {result['reason']}" if result["reason"] else "")
+    if kind == "migrate" and result["mode"] == "live":
+        return (f"{worker} {result['from']} -> {result['to']}: live; {result['sessions']} session(s) moved, "
+                f"{result['bytes']} bytes, longest session downtime {result['downtime_s'] * 1000:.1f} ms")
     return (f"{worker} {result['from'] or '-'} -> {result['to']}: {mode}; {result['sessions']} session(s) moved, "
             f"{result['bytes']} bytes, downtime {result['downtime_s']:.3f} s")
 
@@ -119,12 +128,26 @@ def checkpoints(url: str = URL_OPTION, as_json: bool = JSON_OPTION) -> None:
 def migrate(
     worker: str = typer.Argument(..., help="Worker id, e.g. decode-0."),
     to: str = typer.Option(..., "--to", help="Destination device: cpu:N or cuda:N."),
+    via: str = typer.Option("live", "--via", help="live (sessions moved while they decode) or checkpoint "
+                                                  "(the source pauses, its state goes through disk)."),
     url: str = URL_OPTION,
     as_json: bool = JSON_OPTION,
     timeout: float = TIMEOUT_OPTION,
 ) -> None:
-    """Checkpoint WORKER, restore it on --to, re-route its live sessions; the source resumes on failure."""
-    _run(f"/fleet/workers/{worker}/migrate", {"to": to}, url, as_json, timeout)
+    """Move WORKER to --to: a standby there takes its sessions live (a prefill worker's by checkpoint) and
+    its id; the source keeps serving on failure."""
+    _run(f"/fleet/workers/{worker}/migrate", {"to": to, "via": via}, url, as_json, timeout)
+
+
+def move(
+    session: str = typer.Argument(..., help="Request id of a decoding session (`fleetctl workers`, X-Request-Id)."),
+    to: str = typer.Option(..., "--to", help="A running worker of the session's role, e.g. decode-1."),
+    url: str = URL_OPTION,
+    as_json: bool = JSON_OPTION,
+    timeout: float = TIMEOUT_OPTION,
+) -> None:
+    """Move SESSION live to worker --to: its KV is copied while it decodes, then it stops for one step."""
+    _run(f"/fleet/requests/{session}/move", {"to": to}, url, as_json, timeout)
 
 
 def start(
@@ -141,12 +164,14 @@ def start(
 
 def drain(
     worker: str = typer.Argument(..., help="Worker id, e.g. decode-0."),
+    move: bool = typer.Option(False, "--move", help="Move its decoding sessions to peers live instead of "
+                                                    "waiting for them to finish."),
     url: str = URL_OPTION,
     as_json: bool = JSON_OPTION,
     timeout: float = TIMEOUT_OPTION,
 ) -> None:
-    """Route WORKER nothing new and wait until its sessions have finished; it keeps running, drained."""
-    _run(f"/fleet/workers/{worker}/drain", {}, url, as_json, timeout)
+    """Route WORKER nothing new and wait until its sessions have finished (or moved); it keeps running, drained."""
+    _run(f"/fleet/workers/{worker}/drain", {"move": move}, url, as_json, timeout)
 
 
 def resume(

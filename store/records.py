@@ -42,6 +42,7 @@ class EventKind(StrEnum):
     CHECKPOINT = "checkpoint"
     RESTORE = "restore"
     MIGRATE = "migrate"
+    MOVE = "move"  # a session moved live between two workers (or a move called off): stages, bytes, downtime
     FAILURE = "failure"
     RESTART = "restart"  # the supervisor restarted a worker that died
     GAVE_UP = "gave-up"  # a worker failed too often: the supervisor does not restart it again

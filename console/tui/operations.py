@@ -1,11 +1,13 @@
 """Reading operations for the operator: how far one has got (from its stage) and what it did, in a
 sentence — the console's progress bar and result line, and the same words the CLI prints."""
 
-# Stages each operation passes through, in order (engine/fleet/operations.py sets them).
+# Stages each operation passes through, in order (engine/fleet/operations.py and live_migrate.py set them):
+# a kind may have several paths (migrate: live by default, through a checkpoint with --via checkpoint).
 STAGES = {
-    "migrate": ("queued", "starting destination", "pausing source", "writing", "restoring", "first step"),
-    "restore": ("queued", "starting destination", "restoring", "first step"),
-    "checkpoint": ("queued", "pausing", "writing"),
+    "migrate": (("queued", "starting destination", "moving sessions", "switching over"),
+                ("queued", "starting destination", "pausing source", "writing", "restoring", "first step")),
+    "restore": (("queued", "starting destination", "restoring", "first step"),),
+    "checkpoint": (("queued", "pausing", "writing"),),
 }
 
 
@@ -13,11 +15,11 @@ def progress_of(op: dict) -> float | None:
     """A fraction for the progress bar; None (indeterminate) for a stage this console does not know."""
     if op["state"] != "running":
         return 1.0
-    stages = STAGES.get(op["kind"], ())
     stage = op["stage"].split(":")[0]
-    if stage not in stages:
-        return None
-    return (stages.index(stage) + 1) / (len(stages) + 1)
+    for stages in STAGES.get(op["kind"], ()):
+        if stage in stages:
+            return (stages.index(stage) + 1) / (len(stages) + 1)
+    return None
 
 
 def describe_result(op: dict) -> str:

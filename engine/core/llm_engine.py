@@ -152,6 +152,14 @@ class LLMEngine:
             self.scheduler.park(seq)
         self._register(seq)
 
+    def attach_moved(self, seq: Sequence, blocks: list[int]) -> None:
+        """Take a sequence moved here live (`session_transfer`), its K/V already written into `blocks`."""
+        if seq.request_id in self._seqs:
+            raise PromptError(f"request id {seq.request_id!r} is already running")
+        self.scheduler.admit_moved(seq, blocks)
+        self.kv_cache.allocator.cache_full_blocks(seq, 0)
+        self._register(seq)
+
     def export_kv(self, request_id: str) -> torch.Tensor:
         """The K/V of a parked sequence's cached tokens: [layers, 2, n_blocks, block_size, Hkv, d]."""
         seq = self.scheduler.parked[request_id]

@@ -104,6 +104,22 @@ class Scheduler:
         seq.status = SequenceStatus.PARKED
         self.parked[seq.request_id] = seq
 
+    def unpark(self, seq: Sequence) -> None:
+        """Schedule a parked sequence again (a live move of it was called off)."""
+        del self.parked[seq.request_id]
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def admit_moved(self, seq: Sequence, blocks: list[int]) -> None:
+        """Take a sequence moved here live, its K/V for all but its last token already in `blocks`
+        (allocated to it): schedule it straight into decode."""
+        if len(self.running) >= self.config.max_num_seqs:
+            raise OutOfBlocks(f"decode batch is full ({self.config.max_num_seqs} sequences)")
+        seq.block_table = blocks
+        seq.num_cached_tokens = seq.num_tokens - 1
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
     def admit_prefilled(self, seq: Sequence) -> int:
         """Take a sequence whose KV for all but its last token arrives from elsewhere: allocate its blocks
         and schedule it straight into decode. Returns how many leading blocks came from the prefix cache

@@ -111,3 +111,15 @@ class Sequence:
             self.first_token_time = now
         self.last_token_time = now
         self.output_token_ids.append(token_id)
+
+
+@dataclass(frozen=True)
+class SessionState:
+    """Everything a destination needs besides the K/V: the tokens, sampling (draws are seeded by
+    (seed, position), so the seed is the generator's whole state) and stop criteria (params)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    params: SamplingParams
+    seed: int

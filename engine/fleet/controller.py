@@ -21,6 +21,7 @@ from fleetctl.engine.fleet.config import FleetConfig, worker_specs
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.handoff import HandoffRouting
 from fleetctl.engine.fleet.lifecycle import WorkerLifecycle
+from fleetctl.engine.fleet.live_migrate import LiveMigration
 from fleetctl.engine.fleet.operation import OperationRunner
 from fleetctl.engine.fleet.operations import CheckpointOperations
 from fleetctl.engine.fleet.rebalance import Rebalancer
@@ -28,6 +29,7 @@ from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.recovery import Recovery
 from fleetctl.engine.fleet.request import StreamEvent, TrackedRequest
 from fleetctl.engine.fleet.router import WorkerView
+from fleetctl.engine.fleet.session_move import SessionMoves
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.fleet.stats import FleetStats
 from fleetctl.engine.fleet.supervisor import Supervisor
@@ -66,8 +68,9 @@ class Fleet:
         self.handoffs = HandoffRouting(self.state, self.dispatcher)
         self.recovery = Recovery(self.state, self.dispatcher, self.handoffs)
         self.operations = OperationRunner(self.state, self)
-        self.checkpoints = CheckpointOperations(self.operations)
-        self.lifecycle = WorkerLifecycle(self.operations)
+        self.moves = SessionMoves(self.operations, self.dispatcher.recompute)
+        self.checkpoints = CheckpointOperations(self.operations, LiveMigration(self.operations, self.moves))
+        self.lifecycle = WorkerLifecycle(self.operations, self.moves)
         self.supervisor = Supervisor(self.operations, self.dispatcher.fail_stranded)
         self.watchdog = Watchdog(self.state)
         self._launcher = launcher or LocalLauncher()
@@ -259,6 +262,7 @@ class Fleet:
             view = self.views[wid]
             view.last_error, view.node_lost = view.last_error or link.exit_cause.reason, link.exit_cause.node_lost
         self.operations.resolve(wid, "checkpoint", m.CheckpointFailed("the worker exited"))
+        self.moves.on_worker_exit(wid)  # before recovery: a session past its final stage goes on at its destination
         if self.recovery.on_worker_exit(wid):
             self.supervisor.on_failure(wid)  # first: requests for its role may wait for the restart
             self.recovery.recompute_held(wid, failed=True)
@@ -268,6 +272,7 @@ class Fleet:
     def _sweep_buffers_of(self, pid: int | None) -> None:
         """A dead worker's KV buffers that no request will read (published, but never announced)."""
         wanted = {req.handle.location for req in self.state.requests.values() if req.handle is not None}
+        wanted |= self.moves.buffers()
         sweep(self.config.shm_dir, lambda buffer: buffer.fleet_pid == os.getpid() and buffer.producer_pid == pid
               and str(buffer.path) not in wanted)
 
@@ -293,6 +298,7 @@ class Fleet:
                     self.state.recorder.on_step(view, msg)
                 if msg.tokens:
                     self.checkpoints.on_progress(wid)
+                    self.moves.on_step(wid, msg)
                 self.tokens.on_step(wid, msg)
                 self.handoffs.dispatch()
             case m.Prefilled():
@@ -309,5 +315,7 @@ class Fleet:
                 self.routing_changed()
             case m.WorkerFailed():
                 view.last_error = msg.reason
+            case m.BlocksReserved() | m.BlocksSent() | m.BlocksReceived() | m.MoveRefused():
+                self.moves.on_message(wid, msg)
             case m.CheckpointStarted() | m.CheckpointDone() | m.CheckpointFailed():
                 self.checkpoints.on_worker_message(wid, msg)

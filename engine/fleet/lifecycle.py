@@ -7,18 +7,24 @@ A draining worker keeps serving what it holds. A drain (or the drain inside a st
 `resume`; nothing else may act on a worker while an operation runs on it."""
 
 import asyncio
+import contextlib
 import time
 
+from fleetctl.engine.core.block_allocator import blocks_for
+from fleetctl.engine.fleet.move_all import move_all
 from fleetctl.engine.fleet.operation import Operation, OperationCancelled, OperationError, OperationRunner, OpKind
+from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.fleet.router import WorkerView
+from fleetctl.engine.fleet.session_move import RESERVE_SLACK_TOKENS, MoveFailed, SessionMoves
 from fleetctl.store.records import EventKind, WorkerRole, WorkerState
 
 DRAIN_POLL_S = 0.05
 
 
 class WorkerLifecycle:
-    def __init__(self, runner: OperationRunner) -> None:
+    def __init__(self, runner: OperationRunner, moves: SessionMoves) -> None:
         self.runner = runner
+        self.moves = moves
         self.state = runner.state
         self.host = runner.host
         self._draining: dict[str, bool] = {}  # id of an operation waiting for a drain -> called off by resume
@@ -31,13 +37,17 @@ class WorkerLifecycle:
         op = Operation(OpKind.START, self._next_id(worker_role), device=device)
         return self.runner.launch(op, self._start(op, worker_role, device))
 
-    def drain(self, worker_id: str) -> Operation:
+    def drain(self, worker_id: str, move: bool = False) -> Operation:
+        """`move`: its decoding sessions move live to its peers rather than finish where they are."""
         view = self.runner.running_worker(worker_id)
         self._check_not_last(view, "drain")
+        if move and view.role is WorkerRole.PREFILL:
+            raise OperationError(409, f"{worker_id} is a prefill worker: its sessions do not decode there, so "
+                                      f"none moves; drain it without --move")
         view.state = WorkerState.DRAINING  # routes nothing new to it from here on
         op = Operation(OpKind.DRAIN, worker_id)
         self._draining[op.id] = False
-        return self.runner.launch(op, self._drain(op, view, len(view.requests)))
+        return self.runner.launch(op, self._drain(op, view, len(view.requests), move))
 
     def resume(self, worker_id: str) -> Operation:
         view = self.runner.known_worker(worker_id)
@@ -111,13 +121,31 @@ class WorkerLifecycle:
         return {"worker": op.worker_id, "role": role.value, "device": device, "pid": link.pid,
                 "seconds": round(time.time() - started, 3)}
 
-    async def _drain(self, op: Operation, view: WorkerView, held: int) -> dict:
+    async def _drain(self, op: Operation, view: WorkerView, held: int, move: bool) -> dict:
         """`held`: the sessions the worker held when it stopped taking new ones."""
         started = time.time()
+        moved: list[dict] = []
+        if move:
+            # called off by a resume (raised below), or timed out: what did not move finishes where it is
+            with contextlib.suppress(MoveFailed):
+                moved = await move_all(self.moves, view.worker_id, lambda req: self._peer_for(req, view),
+                                       lambda stage: setattr(op, "stage", stage),
+                                       lambda: "resumed" if self._draining[op.id] else None)
         await self._drain_sessions(op, view)
         seconds = round(time.time() - started, 3)
-        self.state.record_event(EventKind.DRAIN, view.worker_id, {"sessions_finished": held, "seconds": seconds})
-        return {"worker": view.worker_id, "sessions_finished": held, "seconds": seconds}
+        details = {"sessions_finished": held - len(moved), "seconds": seconds}
+        if move:
+            details["sessions_moved"] = len(moved)
+        self.state.record_event(EventKind.DRAIN, view.worker_id, details)
+        return {"worker": view.worker_id, **details}
+
+    def _peer_for(self, req: TrackedRequest, view: WorkerView) -> str | None:
+        """The running peer of `view`'s role with room for `req`, holding the fewest sessions."""
+        tokens = len(req.prompt_token_ids) + len(req.output_token_ids) + RESERVE_SLACK_TOKENS
+        peers = [v for v in self.state.views.values() if v.role is view.role and v.accepting
+                 and v.free_blocks >= blocks_for(tokens, v.block_size)]
+        best = min(peers, key=lambda v: (len(v.requests), -v.free_blocks, v.worker_id), default=None)
+        return best.worker_id if best else None
 
     async def _resume(self, op: Operation, called_off: Operation | None) -> dict:
         cancelled = called_off.id if called_off else None

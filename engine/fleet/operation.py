@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -36,6 +36,7 @@ class OpKind(StrEnum):
     CHECKPOINT = "checkpoint"
     RESTORE = "restore"
     MIGRATE = "migrate"
+    MOVE = "move"  # one session moved live to another worker of its role (`fleet/session_move.py`)
     START = "start"
     DRAIN = "drain"
     RESUME = "resume"
@@ -110,6 +111,7 @@ class OperationRunner:
         self.ops: dict[str, Operation] = {}
         self._busy: dict[str, str] = {}  # worker id -> running operation id
         self._waiters: dict[tuple[object, str], asyncio.Future] = {}
+        self.moving_on: Callable[[str], int] = lambda worker_id: 0  # live session moves involving a worker
 
     # ---- checks every kind makes before it starts (4xx, nothing changed) -------------------------
 
@@ -135,6 +137,9 @@ class OperationRunner:
         busy = self.busy_with(worker_id)
         if busy is not None:
             raise OperationError(409, f"another operation is running on {worker_id} ({busy.kind.value} {busy.id})")
+        if moving := self.moving_on(worker_id):
+            raise OperationError(409, f"{moving} session(s) are moving live to or from {worker_id}; try again when "
+                                      f"they have moved")
         return view
 
     def running_worker(self, worker_id: str) -> WorkerView:
@@ -160,9 +165,12 @@ class OperationRunner:
 
     # ---- running -------------------------------------------------------------------------------
 
-    def launch(self, op: Operation, work: Coroutine[Any, Any, dict]) -> Operation:
+    def launch(self, op: Operation, work: Coroutine[Any, Any, dict], exclusive: bool = True) -> Operation:
+        """Run `work` as `op`; `exclusive`: no other operation may act on its worker meanwhile (a session
+        move is not: several sessions may leave one worker at once)."""
         self.ops[op.id] = op
-        self._busy[op.worker_id] = op.id
+        if exclusive:
+            self._busy[op.worker_id] = op.id
         self._forget_finished()
 
         async def run() -> None:
@@ -184,6 +192,14 @@ class OperationRunner:
 
         asyncio.get_running_loop().create_task(run())
         return op
+
+    def hold(self, worker_id: str, op: Operation) -> None:
+        """`op` acts on `worker_id` too (a migration's standby): no other operation may meanwhile."""
+        self._busy[worker_id] = op.id
+
+    def unhold(self, worker_id: str, op: Operation) -> None:
+        if self._busy.get(worker_id) == op.id:
+            del self._busy[worker_id]
 
     def _forget_finished(self) -> None:
         finished = [op_id for op_id, op in self.ops.items() if op.state is not OpState.RUNNING]
@@ -226,10 +242,12 @@ class OperationRunner:
         self.resolve(link, "ready", gone)
         self.resolve(link, "restored", gone)
 
-    async def start_process(self, op: Operation, role: WorkerRole, device: str, stage: str) -> WorkerLink:
-        """A new process for `op.worker_id` on `device`, model loaded, not yet routed to (it takes over
-        its id when the operation says so)."""
-        link = self.host.launch(self.spec_for(op.worker_id, role, device))
+    async def start_process(self, op: Operation, role: WorkerRole, device: str, stage: str,
+                            worker_id: str | None = None) -> WorkerLink:
+        """A new process for `op.worker_id` on `device` (with `op.worker_id`'s spec, under `worker_id` when
+        given), model loaded, not yet routed to (it takes over its id when the operation says so)."""
+        spec = self.spec_for(op.worker_id, role, device)
+        link = self.host.launch(dataclasses.replace(spec, worker_id=worker_id or op.worker_id))
         op.destination_pid, op.stage = link.pid, stage
         self.state.arriving[op.id] = role  # requests for the role may wait for it
         try:

@@ -1,5 +1,6 @@
 """Checkpoint (stand a worker down, sessions held), restore (bring it back on a device) and migrate
-(checkpoint + restore elsewhere + re-route, the source resuming if anything fails), each an operation
+(decode and mixed workers live, `live_migrate.py`; a prefill worker by checkpoint + restore elsewhere +
+re-route, the source resuming if anything fails), each an operation
 (`operation.py`) whose progress `/fleet/operations/{id}` reports. A checkpoint that is not written within
 `Supervision.checkpoint_timeout_s` is called off (its writer killed) and the worker serves on."""
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from fleetctl.engine.checkpoint.format import CheckpointError, checkpoint_name, mark_used, read_checkpoint, used_at
 from fleetctl.engine.fleet.checkpoint_catalog import FORCE_HINT, replay_refusal, resolve_checkpoint
 from fleetctl.engine.fleet.holds import Holds
+from fleetctl.engine.fleet.live_migrate import LiveMigration
 from fleetctl.engine.fleet.operation import (
     LIVE,
     SHUTDOWN_TIMEOUT_S,
@@ -32,8 +34,9 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointOperations:
-    def __init__(self, runner: OperationRunner) -> None:
+    def __init__(self, runner: OperationRunner, live: LiveMigration) -> None:
         self.runner = runner
+        self.live = live
         self.state = runner.state
         self.host = runner.host
         self.holds = Holds(self.state, self._hold_expired, self._restoring)
@@ -47,13 +50,17 @@ class CheckpointOperations:
         op = Operation(OpKind.CHECKPOINT, worker_id)
         return self.runner.launch(op, self._checkpoint(op, hold_s))
 
-    def migrate(self, worker_id: str, to: str) -> Operation:
+    def migrate(self, worker_id: str, to: str, via_checkpoint: bool = False) -> Operation:
+        """Live for decode and mixed workers, unless `via_checkpoint` (the disk path: source paused,
+        checkpoint written and restored on the standby); a prefill worker always through a checkpoint."""
         view = self.runner.running_worker(worker_id)
         self.runner.check_device(to, exclude=None)
         if to == view.device:
             raise OperationError(400, f"{worker_id} already runs on {to}")
         op = Operation(OpKind.MIGRATE, worker_id, device=to)
-        return self.runner.launch(op, self._migrate(op, to))
+        if via_checkpoint or view.role is WorkerRole.PREFILL:  # a prefill worker's sessions wait for their handoff
+            return self.runner.launch(op, self._migrate(op, to))
+        return self.runner.launch(op, self.live.migrate(op, to))
 
     async def restore(self, checkpoint: str, device: str, force: bool = False) -> Operation:
         """Verify the checkpoint (every file hashed, in a thread), refuse a replay unless `force`, start."""

@@ -52,6 +52,9 @@ class FleetStats:
         self.mfu = Gauge("fleet_worker_mfu", "Model FLOP/s over device peak", ["worker", "role"], registry=r)
         self.mbu = Gauge("fleet_worker_mbu", "Bytes/s over device peak bandwidth", ["worker", "role"], registry=r)
         self.migrations = Counter("fleet_migrations", "Worker migrations", ["mode"], registry=r)
+        self.migration_downtime = Histogram(
+            "fleet_migration_downtime_seconds", "A live-moved session's stall: its last token from the source to "
+            "its first from the destination", registry=r, buckets=LATENCY_BUCKETS)
         self.failures = Counter("fleet_worker_failures", "Workers that died", ["role"], registry=r)
         # vLLM's names, so dashboards built for vLLM read a fleet too
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests", registry=r)

@@ -35,6 +35,8 @@ class Supervisor:
             return
         if busy is not None and busy.kind is OpKind.STOP:  # it was on its way out anyway
             return
+        if busy is not None and busy.worker_id != worker_id:  # a migration's standby: the migration settles it
+            return
         now = time.monotonic()
         crashes = self._crashes.setdefault(worker_id, deque())
         crashes.append(now)

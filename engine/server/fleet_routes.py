@@ -1,10 +1,12 @@
-"""/fleet/*: the fleet's status and workers, its long operations (checkpoint, restore, migrate, and the
-pool changes start, drain, resume, stop: 202 and an operation id to poll), checkpoints, recent requests'
-timing breakdowns, the store's history for remote consoles, and the planner's routes (`plan_routes`)."""
+"""/fleet/*: the fleet's status and workers, its long operations (checkpoint, restore, migrate, a session's
+live move, and the pool changes start, drain, resume, stop: 202 and an operation id to poll), checkpoints,
+recent requests' timing breakdowns, the store's history for remote consoles, and the planner's routes
+(`plan_routes`)."""
 
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
@@ -29,6 +31,11 @@ class CheckpointBody(BaseModel):
 
 class MigrateBody(BaseModel):
     to: str
+    via: Literal["live", "checkpoint"] = "live"  # checkpoint: the source pauses, its state goes through disk
+
+
+class MoveBody(BaseModel):
+    to: str  # a worker id of the session's role
 
 
 class RestoreBody(BaseModel):
@@ -40,6 +47,10 @@ class RestoreBody(BaseModel):
 class StartBody(BaseModel):
     role: str  # checked by the operation, which knows the fleet's layout
     device: str
+
+
+class DrainBody(BaseModel):
+    move: bool = False  # move its decoding sessions to peers live rather than wait for them to finish
 
 
 class StopBody(BaseModel):
@@ -80,8 +91,8 @@ def fleet_router(fleet: Fleet) -> APIRouter:
         return start(lambda: fleet.lifecycle.start(body.role, body.device))
 
     @router.post("/workers/{worker_id}/drain")
-    async def drain(worker_id: str) -> JSONResponse:
-        return start(lambda: fleet.lifecycle.drain(worker_id))
+    async def drain(worker_id: str, body: DrainBody | None = None) -> JSONResponse:
+        return start(lambda: fleet.lifecycle.drain(worker_id, body.move if body else False))
 
     @router.post("/workers/{worker_id}/resume")
     async def resume(worker_id: str) -> JSONResponse:
@@ -99,7 +110,7 @@ def fleet_router(fleet: Fleet) -> APIRouter:
 
     @router.post("/workers/{worker_id}/migrate")
     async def migrate(worker_id: str, body: MigrateBody) -> JSONResponse:
-        return start(lambda: fleet.checkpoints.migrate(worker_id, body.to))
+        return start(lambda: fleet.checkpoints.migrate(worker_id, body.to, body.via == "checkpoint"))
 
     @router.post("/restore")
     async def restore(body: RestoreBody) -> JSONResponse:
@@ -125,6 +136,10 @@ def fleet_router(fleet: Fleet) -> APIRouter:
         """Timing breakdowns of the most recently finished requests (newest last)."""
         records = list(fleet.stats.records)
         return {"requests": records[-limit:] if limit else []}
+
+    @router.post("/requests/{request_id}/move")
+    async def move(request_id: str, body: MoveBody) -> JSONResponse:
+        return start(lambda: fleet.moves.move(request_id, body.to))
 
     @router.get("/history")
     async def store_history(since: float = Query(default=300.0, gt=0, le=MAX_HISTORY_S),

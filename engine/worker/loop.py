@@ -6,6 +6,7 @@ drops that request alone (`RequestFailed`, retry), and a step that raises is run
 a time, so that only the sequence that still raises on its own is dropped and its batch-mates continue
 (re-running is safe: a step that raised appended no token, and a re-run rewrites the same KV slots)."""
 
+import dataclasses
 import os
 import sys
 import threading
@@ -28,6 +29,7 @@ from fleetctl.engine.metrics.device_peaks import device_peaks
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.heartbeat import Heartbeat
 from fleetctl.engine.worker.kv_transport import HandoffError, KVTransport, timed_fetch
+from fleetctl.engine.worker.session_mover import SessionMover
 from fleetctl.engine.worker.spec import WorkerSpec
 
 IDLE_POLL_SECONDS = 0.02
@@ -43,6 +45,7 @@ class Worker:
         self.transport = transport or KVTransport(spec.shm_dir, spec.fleet_pid)
         self.heartbeat = Heartbeat(spec.worker_id, self.send, spec.heartbeat_s, spec.step_timeout_s)
         self.handles: dict[str, m.KVHandle] = {}
+        self.mover = SessionMover(self.engine, self.transport, self.send, self._capacity)
         self.running = True
         elem = self.engine.kv_cache.tensor.element_size()
         self.cost = CostModel(self.engine.model_config, weight_bytes=elem, kv_bytes=elem)
@@ -74,6 +77,7 @@ class Worker:
             self.heartbeat.stop()
             for handle in self.handles.values():
                 self.transport.release(handle)
+            self.mover.release_all()
 
     def receive(self, msg: object) -> None:
         """Handle one message; an exception while handling a request's message drops that request only."""
@@ -96,6 +100,9 @@ class Worker:
             self.transport.release(handle)
         self.engine.release(request_id)
         self.send(m.RequestFailed(request_id, f"{type(exc).__name__}: {exc}", retry=True))
+        self._capacity()
+
+    def _capacity(self) -> None:
         self.send(m.Capacity(self.spec.worker_id, self.engine.kv_cache.allocator.num_free))
 
     def handle(self, msg: object) -> None:
@@ -109,7 +116,12 @@ class Worker:
                 if handle is not None:
                     self.transport.release(handle)
                 self.engine.release(rid)
-                self.send(m.Capacity(self.spec.worker_id, self.engine.kv_cache.allocator.num_free))
+                self._capacity()
+            case m.ReserveBlocks() | m.SendBlocks() | m.ReceiveBlocks() | m.EndMove():
+                self.mover.handle(msg)
+            case m.Rename(worker_id=worker_id):
+                self.spec = dataclasses.replace(self.spec, worker_id=worker_id)
+                self.heartbeat.worker_id = worker_id
             case m.Shutdown():
                 self.running = False
             case m.TakeCheckpoint():

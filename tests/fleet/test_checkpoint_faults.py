@@ -60,24 +60,26 @@ def test_a_failed_restore_leaves_no_held_session_stranded(tiny_model_dir: Path, 
 
 def test_a_checkpoint_not_written_in_time_is_called_off_and_the_migration_reaped(tiny_model_dir: Path,
                                                                                  tmp_path: Path) -> None:
+    """A prefill worker migrates through a checkpoint (its sessions wait for their handoff)."""
+
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
         reqs = [fleet.submit(p, PARAMS) for p in prompts(6)]
-        source = launcher.workers["decode-0"]
-        op = await finished(fleet.checkpoints.migrate("decode-0", "cpu:3"))
+        source = launcher.workers["prefill-0"]
+        op = await finished(fleet.checkpoints.migrate("prefill-0", "cpu:3"))
         assert op.state is OpState.FAILED
-        assert op.error == ("checkpoint of decode-0 failed: not written within 0.5 s; the writer was killed; the "
-                            "source resumed on cpu:1, nothing was lost")
-        standby = launcher.workers["decode-0"]
+        assert op.error == ("checkpoint of prefill-0 failed: not written within 0.5 s; the writer was killed; the "
+                            "source resumed on cpu:0, nothing was lost")
+        standby = launcher.workers["prefill-0"]
         assert standby is not source and standby.conn.closed  # the standby was shut down and reaped
-        assert fleet.state.links["decode-0"].launched.process.pid == source.pid
-        assert fleet.views["decode-0"].state is WorkerState.RUNNING
+        assert fleet.state.links["prefill-0"].launched.process.pid == source.pid
+        assert fleet.views["prefill-0"].state is WorkerState.RUNNING
         errors = await ends(fleet, reqs)
         assert set(errors.values()) == {None}
-        again = await finished(fleet.checkpoints.checkpoint("decode-0", 30))
-        assert again.state is OpState.FAILED and fleet.views["decode-0"].state is WorkerState.RUNNING
+        again = await finished(fleet.checkpoints.checkpoint("prefill-0", 30))
+        assert again.state is OpState.FAILED and fleet.views["prefill-0"].state is WorkerState.RUNNING
         await nothing_leaked(fleet, launcher)
 
-    launcher = FakeLauncher(shm(tmp_path), faults=Faults(checkpoint_s={"decode-0": 30.0}))  # every incarnation
+    launcher = FakeLauncher(shm(tmp_path), faults=Faults(checkpoint_s={"prefill-0": 30.0}))  # every incarnation
     run_fleet(tiny_model_dir, launcher, scenario, supervision=Supervision(checkpoint_timeout_s=0.5))
 
 

@@ -81,7 +81,7 @@ def test_migrate_decode_worker_mid_stream_is_token_identical(small_model_dir: Pa
         result = fleetctl("migrate", "decode-0", "--to", "cpu:2", "--url", url, "--json")
         assert result.returncode == 0, result.stderr
         moved = json.loads(result.stdout)
-        assert moved["mode"] == "restored" and moved["reason"] is None
+        assert moved["mode"] == "live" and moved["reason"] is None and moved["checkpoint"] is None
         assert moved["from"] == "cpu:1" and moved["to"] == "cpu:2" and moved["sessions"] >= 1
         assert streams.result(timeout=300) == expected
         workers = {w["id"]: w for w in httpx.get(f"{url}/fleet/workers", timeout=10).json()["workers"]}
@@ -168,10 +168,10 @@ def test_operation_errors_change_nothing(small_model_dir: Path) -> None:
 
 
 def test_killed_checkpoint_writes_never_leave_a_checkpoint(small_model_dir: Path, fleet_home: Path) -> None:
-    """Kill the forked checkpoint writer at several points of a migration: the migration fails, the
-    source resumes and keeps serving, and nothing incomplete is ever listed or accepted. The writer
-    stalls between its data and its manifest (a fault point), so every kill lands mid-write; a last
-    migration, not killed, completes."""
+    """Kill the forked checkpoint writer at several points of a migration (a prefill worker's: it migrates
+    through a checkpoint): the migration fails, the source resumes and keeps serving, and nothing incomplete
+    is ever listed or accepted. The writer stalls between its data and its manifest (a fault point), so
+    every kill lands mid-write; a last migration, not killed, completes."""
     with serve(small_model_dir, *FLEET, env={"FLEET_FAULTS": "checkpoint-write=stall:1.5"}) as url:
         streams = start_streams(url)
         assert wait_until(lambda: sessions(url, "decode-0") >= 1, 60)
@@ -180,7 +180,7 @@ def test_killed_checkpoint_writes_never_leave_a_checkpoint(small_model_dir: Path
         earlier = {p.name for p in root.iterdir()} if root.exists() else set()
         outcomes = []
         for attempt, delay in enumerate((0.0, 0.3, 0.8, None)):
-            op = operation(url, "/fleet/workers/decode-0/migrate", {"to": devices[attempt % 2]})
+            op = operation(url, "/fleet/workers/prefill-0/migrate", {"to": devices[attempt % 2]})
             assert wait_until(lambda op=op: current(url, op)["writer_pid"] is not None
                               or current(url, op)["state"] != "running", 60)
             if delay is not None:
