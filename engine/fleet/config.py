@@ -12,6 +12,11 @@ from fleetctl.engine.worker.shm_files import SHM_DIR
 from fleetctl.engine.worker.spec import WorkerSpec
 from fleetctl.store.records import DeviceKind, WorkerRole
 
+# The uncached prompt length below which a decode worker's own prefill (it stalls that worker's decode batch
+# for one prefill step) costs less than the KV handoff the prefill pool needs; measured by
+# scripts/local_prefill_crossover.py (docs/architecture.md, "Conditional disaggregation").
+DEFAULT_LOCAL_PREFILL_TOKENS = 256
+
 
 class FleetConfigError(ValueError):
     """A fleet layout that cannot be built (bad counts, devices, or a device used twice)."""
@@ -59,6 +64,9 @@ class FleetConfig:
     supervision: Supervision = field(default_factory=Supervision)
     shm_dir: Path = SHM_DIR  # where workers publish KV handoff buffers (CPU)
     autoplan: AutoplanSettings | None = None  # plan and rebalance by itself (`fleet/autoplan.py`)
+    # conditional disaggregation: a decode worker caching part of a prompt prefills it itself when at most
+    # this many of its tokens are uncached there (0: never; see DEFAULT_LOCAL_PREFILL_TOKENS)
+    local_prefill_tokens: int = DEFAULT_LOCAL_PREFILL_TOKENS
 
     def __post_init__(self) -> None:
         if self.colocated < 0 or self.prefill < 0 or self.decode < 0:
@@ -74,6 +82,8 @@ class FleetConfig:
                 check_device(device, indexed=True)
             except DeviceError as exc:
                 raise FleetConfigError(str(exc)) from None
+        if self.local_prefill_tokens < 0:
+            raise FleetConfigError("--local-prefill-tokens must be >= 0")
         if self.autoplan and (self.colocated or self.store_path is None):
             raise FleetConfigError("--autoplan needs a disaggregated fleet (it moves prefill:decode splits) with a "
                                    "metrics store (it plans from it)")

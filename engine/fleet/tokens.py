@@ -23,10 +23,12 @@ class TokenStreams:
             self._on_token(wid, event)
 
     def _attribute_model_time(self, report: m.StepReport) -> None:
-        """Split the step's seconds among its sequences by their tokens in it (for `classify`), and
-        note when a request's prefill began."""
+        """Split the step's seconds among its sequences by the tokens they computed in it (for `classify`:
+        tokens a prefix cache served cost no model time), count each prefill's cached and computed tokens,
+        and note when a request's prefill began."""
         total = sum(report.seq_tokens) or 1
-        for event, tokens in zip(report.tokens, report.seq_tokens, strict=True):
+        cached = report.cached_tokens or [0] * len(report.tokens)
+        for event, tokens, hits in zip(report.tokens, report.seq_tokens, cached, strict=True):
             req = self.state.requests.get(event.request_id)
             if req is None:
                 continue
@@ -34,6 +36,8 @@ class TokenStreams:
             if report.phase is Phase.PREFILL:
                 req.times.prefill_start = req.times.prefill_start or report.ended_at - report.seconds
                 req.prefill_model_s += share
+                req.prefill_cached_tokens += hits
+                req.prefill_computed_tokens += tokens
             else:
                 req.decode_model_s += share
 

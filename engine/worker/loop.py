@@ -28,7 +28,9 @@ from fleetctl.engine.metrics.device_peaks import device_peaks
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.heartbeat import Heartbeat
 from fleetctl.engine.worker.kv_transport import HandoffError, KVTransport, timed_fetch
+from fleetctl.engine.worker.prefix_summary import PrefixSummary
 from fleetctl.engine.worker.spec import WorkerSpec
+from fleetctl.store.records import Phase
 
 IDLE_POLL_SECONDS = 0.02
 
@@ -43,6 +45,7 @@ class Worker:
         self.transport = KVTransport(spec.shm_dir)
         self.heartbeat = Heartbeat(spec.worker_id, self.send, spec.heartbeat_s, spec.step_timeout_s)
         self.handles: dict[str, m.KVHandle] = {}
+        self.prefix_summary = PrefixSummary()
         self.running = True
         elem = self.engine.kv_cache.tensor.element_size()
         self.cost = CostModel(self.engine.model_config, weight_bytes=elem, kv_bytes=elem)
@@ -185,12 +188,16 @@ class Worker:
         tokens = [m.TokenEvent(o.request_id, o.token_id, o.finished, o.finish_reason) for o in outputs]
         scheduler = self.engine.scheduler
         cost = self.cost.step(stats.new_tokens, stats.context_lens)
+        prefill = stats.phase is Phase.PREFILL
+        urgent = prefill or any(o.finished for o in outputs)
         self.send(m.StepReport(
             worker_id=self.spec.worker_id, phase=stats.phase, tokens=tokens, seq_tokens=list(stats.new_tokens),
             num_seqs=stats.num_seqs, num_tokens=stats.num_tokens, context_tokens=stats.context_tokens,
             seconds=stats.seconds, flops=cost.flops, bytes=cost.bytes,
             free_blocks=self.engine.kv_cache.allocator.num_free, running=len(scheduler.running),
             waiting=len(scheduler.waiting), ended_at=time.time(),
+            cached_tokens=list(stats.cached_tokens) if prefill else [],
+            prefix=self.prefix_summary.changes(self.engine.prefix_digest, time.monotonic(), urgent),
         ))
         for out in outputs:
             if not out.finished and out.request_id in scheduler.parked:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fleetctl.engine.checkpoint.format import RestoreMode
 from fleetctl.engine.core.sequence import FinishReason, SamplingParams
+from fleetctl.engine.worker.prefix_summary import PrefixChanges
 from fleetctl.store.records import Phase
 
 
@@ -157,7 +158,7 @@ class StepReport:
     worker_id: str
     phase: Phase
     tokens: list[TokenEvent]
-    seq_tokens: list[int]  # per token event: tokens its sequence ran in this step
+    seq_tokens: list[int]  # per token event: tokens its sequence ran (computed) in this step
     num_seqs: int
     num_tokens: int
     context_tokens: int
@@ -168,6 +169,9 @@ class StepReport:
     running: int
     waiting: int
     ended_at: float  # time.time()
+    # per token event: prompt tokens its prefill took from the prefix cache ([] in decode steps: none)
+    cached_tokens: list[int] = field(default_factory=list)
+    prefix: PrefixChanges | None = None  # what the router should know of its prefix cache, when it changed
 
 
 @dataclass(frozen=True)
