@@ -1,10 +1,11 @@
 """`fleetctl bench`: a load generator against a running fleet. Streams every request (SSE) to
-measure TTFT / TPOT / E2E at the client, and reads the fleet's own KV-handoff time from /metrics."""
+measure TTFT / TPOT / E2E at the client, and reads the fleet's own KV-handoff time from /metrics.
+A session's turns go one after another, each prompt the previous turn's prompt and answer plus its own."""
 
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,6 +20,8 @@ class Outcome:
     e2e_s: float = 0.0
     completion_tokens: int = 0
     error: str | None = None
+    text: str = ""  # the answer (a session's next turn appends it)
+    turn: int = 0  # the turn of its session (0 for a single request)
 
     @property
     def tpot_s(self) -> float:
@@ -35,7 +38,7 @@ async def stream_request(http: httpx.AsyncClient, model: str, req: TraceRequest,
     """One streamed completion sent at `start + req.arrival_s` (perf_counter time), timed at the client."""
     await asyncio.sleep(max(0.0, start + req.arrival_s - time.perf_counter()))
     sent = time.perf_counter()
-    out = Outcome()
+    out = Outcome(turn=req.turn)
     body = {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     try:
@@ -50,14 +53,49 @@ async def stream_request(http: httpx.AsyncClient, model: str, req: TraceRequest,
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
                     out.error = chunk["error"]["message"]
-                elif chunk.get("choices") and not out.ttft_s:
-                    out.ttft_s = time.perf_counter() - sent
+                elif chunk.get("choices"):
+                    out.ttft_s = out.ttft_s or time.perf_counter() - sent
+                    out.text += chunk["choices"][0].get("text", "")
                 if chunk.get("usage"):
                     out.completion_tokens = chunk["usage"]["completion_tokens"]
     except httpx.HTTPError as exc:
         out.error = f"{exc.__class__.__name__}: {exc}"
     out.e2e_s = time.perf_counter() - sent
     return out
+
+
+async def send_trace(http: httpx.AsyncClient, model: str, trace: list[TraceRequest], start: float) -> list[Outcome]:
+    """Every request of `trace` at its arrival time; a session's turns in order, each sent once the previous
+    one ended (and not before its own arrival), its prompt appended to that turn's prompt and answer. A turn
+    that fails ends its session: the turns left are counted as errors."""
+    sessions: dict[str, list[TraceRequest]] = {}
+    for req in trace:
+        if req.session_id is not None:
+            sessions.setdefault(req.session_id, []).append(req)
+
+    async def session(turns: list[TraceRequest]) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        history = ""
+        for req in sorted(turns, key=lambda r: r.turn):
+            if outcomes and outcomes[-1].error:
+                outcomes.append(Outcome(error="an earlier turn of its session failed", turn=req.turn))
+                continue
+            out = await stream_request(http, model, replace(req, prompt=history + req.prompt), start)
+            history += req.prompt + out.text
+            outcomes.append(out)
+        return outcomes
+
+    singles = [stream_request(http, model, r, start) for r in trace if r.session_id is None]
+    done = await asyncio.gather(*singles, *(session(turns) for turns in sessions.values()))
+    return [o for result in done for o in (result if isinstance(result, list) else [result])]
+
+
+def turn_latencies(outcomes: list[Outcome]) -> dict[str, object]:
+    """TTFT of sessions' first turns and of their later turns (a prefix cache serves those), for a trace
+    with sessions."""
+    first = [o.ttft_s for o in outcomes if not o.error and o.turn == 0]
+    later = [o.ttft_s for o in outcomes if not o.error and o.turn > 0]
+    return {"ttft_first_turn_s": percentile_json(first), "ttft_later_turns_s": percentile_json(later)}
 
 
 _SUMS = ("fleet_kv_handoff_seconds_sum", "fleet_e2e_request_latency_seconds_sum")
@@ -78,7 +116,7 @@ async def run_bench(url: str, trace: list[TraceRequest], trace_name: str, slo_tt
         model = (await http.get("/v1/models")).json()["data"][0]["id"]
         before = _metric_sums((await http.get("/metrics")).text)
         start = time.perf_counter()
-        outcomes = await asyncio.gather(*[stream_request(http, model, r, start) for r in trace])
+        outcomes = await send_trace(http, model, trace, start)
         duration = time.perf_counter() - start
         after = _metric_sums((await http.get("/metrics")).text)
     ok = [o for o in outcomes if not o.error]
@@ -96,4 +134,5 @@ async def run_bench(url: str, trace: list[TraceRequest], trace_name: str, slo_tt
         "e2e_s": percentile_json([o.e2e_s for o in ok]),
         "handoff_share_of_e2e": round(handoff_total / e2e_total, 6) if e2e_total else 0.0,
         "errors": len(outcomes) - len(ok),
+        **(turn_latencies(outcomes) if any(r.session_id is not None for r in trace) else {}),
     }

@@ -211,8 +211,9 @@ def workers(
 
 def bench(
     url: str = typer.Option(None, "--url", help="Fleet URL (default $FLEET_URL or http://127.0.0.1:8700)."),
-    trace: str = typer.Option(TraceKind.CHAT.value, "--trace", help="chat, rag, agent, shift, or a Mooncake trace "
-                                                                    "file (JSONL, replayed whole)."),
+    trace: str = typer.Option(TraceKind.CHAT.value, "--trace", help="chat, rag, agent (multi-turn sessions), shift, "
+                                                                    "or a trace file (JSONL: sessions or Mooncake, "
+                                                                    "replayed whole)."),
     requests: int = typer.Option(32, "--requests", min=1, help="Requests to send."),
     rate: float = typer.Option(4.0, "--rate", min=0.0, help="Poisson arrivals per second (0: all at once)."),
     slo_ttft: float = typer.Option(2.0, "--slo-ttft", min=0.0, help="TTFT objective, seconds."),
@@ -237,8 +238,10 @@ def bench(
     from fleetctl.console.traces import load_trace
     from fleetctl.engine.planner.trace_file import TraceFileError
 
+    target = fleet_url(url)
+    context = _context_of(target) if trace == TraceKind.AGENT and not compare_layouts else None
     try:
-        name, requests_ = load_trace(trace, requests, rate, seed)
+        name, requests_ = load_trace(trace, requests, rate, seed, context)
     except TraceFileError as exc:
         raise fail(str(exc)) from None
     if compare_layouts:
@@ -246,7 +249,6 @@ def bench(
 
         compare_layouts_cmd(model, devices, name, requests_, slo_ttft, slo_tpot, store_dir, as_json)
         return
-    target = fleet_url(url)
     try:
         FleetClient(target).get("/health")
     except FleetClientError as exc:
@@ -261,6 +263,17 @@ def bench(
         return
     for key, value in result.items():
         print(f"{key:<24} {value}")
+
+
+def _context_of(url: str) -> int | None:
+    """The served model's context (`max_model_len` in /v1/models), which agent sessions are sized to; None
+    when the fleet does not say (the sessions then assume an 8k context)."""
+    from fleetctl.console.client import FleetClient, FleetClientError
+
+    try:
+        return FleetClient(url).get("/v1/models")["data"][0].get("max_model_len")
+    except (FleetClientError, KeyError, IndexError):
+        return None
 
 
 def parse_window(text: str) -> float:
