@@ -35,6 +35,24 @@ def complete(url: str, prompt: list[int]) -> str:
     return response.json()["choices"][0]["text"]
 
 
+def all_blocks_free(url: str) -> bool:
+    """Every worker's blocks are free or merely cached (no sequence holds one)."""
+    workers = httpx.get(f"{url}/fleet/workers", timeout=10).json()["workers"]
+    return all(w["free_blocks"] == w["kv_blocks"] for w in workers)
+
+
+def abort_midway(url: str, prompt: list[int]) -> None:
+    """A streamed turn (a local prefill: its conversation is cached) whose client leaves after a few tokens."""
+    body = {"model": "tiny-llama0", "prompt": prompt, "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
+        chunks = 0
+        for line in response.iter_lines():
+            chunks += line.startswith("data: ")
+            if chunks == 3:
+                break
+
+
 def requests_by_order(url: str) -> list[dict]:
     return httpx.get(f"{url}/fleet/requests", timeout=10).json()["requests"]
 
@@ -56,7 +74,12 @@ def test_turns_of_a_conversation_reuse_its_cache_locally_or_through_the_prefill_
         text2 = complete(url, turn2)
         turn3 = turn2 + ids(120, 3)  # a long one: the prefill pool, then back to the same decode worker
         text3 = complete(url, turn3)
-        first, second, third = requests_by_order(url)[-3:]
+        assert wait_until(lambda: all_blocks_free(url), 10)  # no reference left after handoffs and local prefills
+        turn4 = turn3 + ids(30, 4)
+        abort_midway(url, turn4)
+        assert wait_until(lambda: all_blocks_free(url), 10)  # nor after a client went away mid-stream
+        assert wait_until(lambda: len(requests_by_order(url)) == 4, 10)
+        first, second, third, aborted = requests_by_order(url)
         status = httpx.get(f"{url}/fleet/status", timeout=10).json()
         hit_ratio = metric(url, "fleet_prefix_cache_hit_ratio")
         local_total = metric(url, "fleet_local_prefills_total")
@@ -80,7 +103,8 @@ def test_turns_of_a_conversation_reuse_its_cache_locally_or_through_the_prefill_
     greedy = SamplingParams(max_tokens=OUTPUT, temperature=0.0, ignore_eos=True)
     assert [r.text for r in reference.generate([turn1, turn2, turn3], greedy)] == [answer1, text2, text3]
 
-    assert status["local_prefills"] == 1 and local_total[()] == 1
+    assert aborted["outcome"] == "abort" and aborted["local_prefill"] and aborted["decode_worker"] == home
+    assert status["local_prefills"] == 2 and local_total[()] == 2
     assert status["pools"]["decode"]["prefix_hit_ratio"] > 0.5 and status["pools"]["prefill"]["prefix_hit_ratio"] > 0
     worker = {w["id"]: w for w in status["workers"]}[home]
     assert hit_ratio[(("role", "decode"), ("worker", home))] == pytest.approx(worker["prefix_hit_ratio"], abs=1e-4)
@@ -89,7 +113,7 @@ def test_turns_of_a_conversation_reuse_its_cache_locally_or_through_the_prefill_
     result = fleetctl("classify", "--store", str(store), "--json")
     assert result.returncode == 0, result.stderr
     classified = json.loads(result.stdout)
-    assert classified["requests"] == 3 and classified["local_prefills"] == 1
-    cached = second["prefill_cached_tokens"] + third["prefill_cached_tokens"]
+    assert classified["requests"] == 4 and classified["local_prefills"] == 2
+    cached = sum(r["prefill_cached_tokens"] for r in (second, third, aborted))
     assert classified["prefill_cached_tokens"] == cached
-    assert classified["prefill_computed_tokens"] == len(turn1) + len(turn2) + len(turn3) - cached
+    assert classified["prefill_computed_tokens"] == len(turn1) + len(turn2) + len(turn3) + len(turn4) - cached
