@@ -12,10 +12,12 @@ from fleetctl.engine.worker.shm_files import SHM_DIR
 from fleetctl.engine.worker.spec import WorkerSpec
 from fleetctl.store.records import DeviceKind, WorkerRole
 
-# The uncached prompt length below which a decode worker's own prefill (it stalls that worker's decode batch
-# for one prefill step) costs less than the KV handoff the prefill pool needs; measured by
-# scripts/local_prefill_crossover.py (docs/architecture.md, "Conditional disaggregation").
-DEFAULT_LOCAL_PREFILL_TOKENS = 256
+# The uncached prompt length up to which a decode worker's own prefill step (which stalls its decode batch)
+# takes no longer than the KV handoff from the prefill pool, as scripts/local_prefill_crossover.py measured it:
+# on this project's CPU slots (smollm2-135m, bf16, one thread, 1,536 tokens cached) the handoff was cheaper at
+# every length measured, from 16 tokens on (708 ms against 451 ms), so conditional disaggregation is off unless
+# asked for. Measure again on GPUs, where a short prefill costs about one decode step.
+DEFAULT_LOCAL_PREFILL_TOKENS = 0
 
 
 class FleetConfigError(ValueError):

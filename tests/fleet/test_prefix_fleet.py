@@ -43,9 +43,10 @@ def all_blocks_free(url: str) -> bool:
 
 def abort_midway(url: str, prompt: list[int]) -> None:
     """A streamed turn (a local prefill: its conversation is cached) whose client leaves after a few tokens."""
-    body = {"model": "tiny-llama0", "prompt": prompt, "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+    body = {"model": "tiny-llama0", "prompt": prompt, "max_tokens": 150, "temperature": 0, "ignore_eos": True,
             "stream": True}
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200
         chunks = 0
         for line in response.iter_lines():
             chunks += line.startswith("data: ")
