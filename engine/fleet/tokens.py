@@ -19,6 +19,10 @@ class TokenStreams:
 
     def on_step(self, wid: str, report: m.StepReport) -> None:
         self._attribute_model_time(report)
+        if report.phase is Phase.PREFILL:  # their prefill is done: no longer work ahead of the worker's next prompt
+            prefilling = self.state.views[wid].prefilling
+            for event in report.tokens:
+                prefilling.pop(event.request_id, None)
         for event in report.tokens:
             self._on_token(wid, event)
 
