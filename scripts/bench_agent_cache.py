@@ -4,7 +4,8 @@ conversation) against two fresh disaggregated fleets started here one after the 
 `--no-prefix-cache`; same model, devices, dtype and trace, same run.
 
     python scripts/bench_agent_cache.py [--model smollm2-135m] [--requests 48] [--rate 0.2]
-                                        [--devices cpu:0,cpu:1] [--max-model-len 0] [--json]
+                                        [--devices cpu:0,cpu:1] [--max-model-len 0] [--local-prefill-tokens N]
+                                        [--json]
 
 Per fleet: the prefix hit ratio (tokens; from the store), TTFT p50/p99 of first turns and of later turns
 (at the client), throughput, local prefills, and the decode share of model time from `classify` over
@@ -12,8 +13,10 @@ that fleet's own store (model time per request is its share of the steps it comp
 from the cache cost none). Then the ratios off/on. The goals (DESIGN §7): decode >= 90 % of model time
 with the cache on, later turns' TTFT >= 3x better than with it off.
 
-`--max-model-len` caps the context the sessions are sized to (0: the model's own); on a CPU a smaller one
-keeps the cache-off run (every turn prefills the whole conversation again) within minutes.
+`--local-prefill-tokens` is passed to both fleets (conditional disaggregation; with the cache off nothing is
+cached, so nothing is prefilled locally). `--max-model-len` caps the context the sessions are sized to (0: the
+model's own); on a CPU a smaller one keeps the cache-off run (every turn prefills the whole conversation
+again) within minutes.
 """
 
 import argparse
@@ -74,12 +77,15 @@ def main() -> None:
     parser.add_argument("--devices", default="cpu:0,cpu:1")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--max-model-len", type=int, default=0)
+    parser.add_argument("--local-prefill-tokens", type=int, default=None)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     model = resolve_model(args.model)
     layout = ["--prefill", "1", "--decode", "1", "--devices", args.devices, "--dtype", args.dtype]
     if args.max_model_len:
         layout += ["--max-model-len", str(args.max_model_len)]
+    if args.local_prefill_tokens is not None:
+        layout += ["--local-prefill-tokens", str(args.local_prefill_tokens)]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for cache in (True, False):
