@@ -5,13 +5,17 @@ conversation) against two fresh disaggregated fleets started here one after the 
 
     python scripts/bench_agent_cache.py [--model smollm2-135m] [--requests 48] [--rate 0.2]
                                         [--devices cpu:0,cpu:1] [--max-model-len 0] [--local-prefill-tokens N]
-                                        [--json]
+                                        [--local-sweep 0,64,256,1024] [--json]
 
 Per fleet: the prefix hit ratio (tokens; from the store), TTFT p50/p99 of first turns and of later turns
 (at the client), throughput, local prefills, and the decode share of model time from `classify` over
 that fleet's own store (model time per request is its share of the steps it computed in: tokens served
 from the cache cost none). Then the ratios off/on. The goals (DESIGN §7): decode >= 90 % of model time
 with the cache on, later turns' TTFT >= 3x better than with it off.
+
+`--local-sweep N,N,…` runs, instead, the same trace with the cache on once per `--local-prefill-tokens` value
+(conditional disaggregation) and prints each run's later-turn TTFT, throughput, local prefills and decode
+share: where more local prefill stops helping is the crossover `serve`'s default comes from.
 
 `--local-prefill-tokens` is passed to both fleets (conditional disaggregation; with the cache off nothing is
 cached, so nothing is prefilled locally). `--max-model-len` caps the context the sessions are sized to (0: the
@@ -78,6 +82,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--max-model-len", type=int, default=0)
     parser.add_argument("--local-prefill-tokens", type=int, default=None)
+    parser.add_argument("--local-sweep", default="", help="comma-separated --local-prefill-tokens values")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     model = resolve_model(args.model)
@@ -86,6 +91,9 @@ def main() -> None:
         layout += ["--max-model-len", str(args.max_model_len)]
     if args.local_prefill_tokens is not None:
         layout += ["--local-prefill-tokens", str(args.local_prefill_tokens)]
+    if args.local_sweep:
+        sweep(model, layout, (args.requests, args.rate, args.seed), [int(n) for n in args.local_sweep.split(",")])
+        return
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for cache in (True, False):
@@ -111,6 +119,21 @@ def main() -> None:
         return
     print("ratios", json.dumps(results["ratios"]))
     print(f"decode share of model time: cache on {on['decode_share']:.1%} (goal >= 90%), off {off['decode_share']:.1%}")
+
+
+def sweep(model: Path, layout: list[str], trace_args: tuple, thresholds: list[int]) -> None:
+    """The cache on, once per --local-prefill-tokens value, same trace: one line each."""
+    print(f"{'local ≤':>8} {'later TTFT p50':>15} {'p99':>8} {'tokens/s':>9} {'local':>6} {'hit ratio':>10} "
+          f"{'decode share':>13}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for threshold in thresholds:
+            run = run_fleet(model, [*layout, "--local-prefill-tokens", str(threshold)], Path(tmp) / f"{threshold}.db",
+                            trace_args, cache=True)
+            later = run["ttft_later_turns_s"]
+            print(f"{threshold:>8} {later['p50']:>13.3f} s {later['p99']:>6.3f} s "
+                  f"{run['throughput_tokens_per_s']:>9.2f} {run['local_prefills']:>6} "
+                  f"{run['prefix_hit_ratio']:>10.1%} {run['decode_share']:>13.1%}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -118,3 +118,21 @@ def test_turns_of_a_conversation_reuse_its_cache_locally_or_through_the_prefill_
     cached = sum(r["prefill_cached_tokens"] for r in (second, third, aborted))
     assert classified["prefill_cached_tokens"] == cached
     assert classified["prefill_computed_tokens"] == len(turn1) + len(turn2) + len(turn3) + len(turn4) - cached
+
+
+def test_bench_replays_a_session_trace_whose_later_turns_hit_the_cache(tiny_model_dir: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "sessions.jsonl"
+    turns = [{"session_id": s, "turn": t, "prompt_tokens": 40 if t == 0 else 10, "output_tokens": 8, "arrival_s": 0}
+             for s in ("a", "b") for t in range(3)]
+    trace.write_text("\n".join(json.dumps(turn) for turn in turns) + "\n")
+    with serve(tiny_model_dir, "--prefill", "1", "--decode", "1", "--devices", "cpu:0,cpu:1") as url:
+        result = fleetctl("bench", "--url", url, "--trace", str(trace), "--json")
+        assert result.returncode == 0, result.stderr
+        status = httpx.get(f"{url}/fleet/status", timeout=10).json()
+        records = requests_by_order(url)
+    body = json.loads(result.stdout)
+    assert (body["trace"], body["requests"], body["errors"]) == ("sessions.jsonl", 6, 0)
+    assert body["ttft_first_turn_s"]["p50"] > 0 and body["ttft_later_turns_s"]["p50"] > 0
+    later = sorted(records, key=lambda r: r["arrival"])[2:]  # each session's first turn comes first
+    assert len(later) == 4 and all(r["prefill_cached_tokens"] >= 16 for r in later)
+    assert status["pools"]["prefill"]["prefix_hit_ratio"] > 0.3
