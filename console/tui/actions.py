@@ -23,6 +23,8 @@ ACTIONS = (
     ConsoleAction("resume", "u", "resume", "Resume routing to a drained worker", True, True),
     ConsoleAction("stop", "x", "stop", "Stop the selected worker", True, True),
     ConsoleAction("start", "n", "new worker", "Start a new worker", True),
+    ConsoleAction("plan", "p", "plan", "Open the planner: the recommended split, its gain and why; apply it",
+                  False),
     ConsoleAction("detail", "enter", "detail", "Open the selected worker's detail", False, True),
     ConsoleAction("sort", "s", "sort", "Sort the worker table by the next column", False),
     ConsoleAction("theme", "t", "theme", "Switch between the dark and light theme", False),

@@ -13,6 +13,7 @@ from fleetctl.console.tui.actions import ACTIONS, ACTIONS_BY_ID, READONLY_REASON
 from fleetctl.console.tui.flows import ActionFlows
 from fleetctl.console.tui.palette import ActionCommands
 from fleetctl.console.tui.screens.help import HelpScreen
+from fleetctl.console.tui.screens.plan import PlanScreen
 from fleetctl.console.tui.screens.worker_detail import WorkerDetail
 from fleetctl.console.tui.settings import ConsoleSettings, remember_theme
 from fleetctl.console.tui.snapshot import FleetSnapshot
@@ -130,6 +131,8 @@ class FleetConsole(App[None]):
                 detail = WorkerDetail(worker)
                 self.push_screen(detail)
                 detail.call_after_refresh(lambda: detail.show(self.snapshot, None))
+            case "plan":
+                self.push_screen(PlanScreen())
             case "sort":
                 table = self.query_one(WorkersTable)
                 table.next_sort()

@@ -2,6 +2,7 @@
 what cannot be undone, start the operation, follow it in a progress dialog. Runs in Textual workers
 (the dialogs are awaited), so the dashboard keeps refreshing underneath."""
 
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog, OperationDialog
@@ -28,13 +29,17 @@ class ActionFlows:
         self.app = app
 
     def run(self, action_id: str, worker: str | None) -> None:
-        self.app.run_worker(self.flow(action_id, worker), group="actions")
+        self.launch(action_id, getattr(self, action_id)(worker))
 
-    async def flow(self, action_id: str, worker: str | None) -> None:
+    def launch(self, name: str, starting: Awaitable[dict | None]) -> None:
+        """Run one flow (`starting` asks, then starts the operation or returns None) and follow it."""
+        self.app.run_worker(self._follow(name, starting), group="actions")
+
+    async def _follow(self, name: str, starting: Awaitable[dict | None]) -> None:
         try:
-            started = await getattr(self, action_id)(worker)
+            started = await starting
         except ActionError as exc:
-            self.app.notify(f"{action_id}: {exc}", severity="error", timeout=8)
+            self.app.notify(f"{name}: {exc}", severity="error", timeout=8)
             return
         if started is not None:
             result = await self.app.push_screen_wait(OperationDialog(self.app.source, started))
@@ -99,3 +104,12 @@ class ActionFlows:
         if device is None:
             return None
         return await self.app.source.post("/fleet/workers", {"role": role, "device": device})
+
+    async def rebalance(self, split: str) -> dict | None:
+        """From the plan screen: the dry run's moves in the confirmation, then the rebalance itself."""
+        preview = await self.app.source.post("/fleet/rebalance", {"split": split, "apply": False})
+        moves = "\n".join(f"  {m['worker']} on {m['device']}: {m['from']} → {m['to']} ({m['sessions']} sessions "
+                          f"finish first)" for m in preview["moves"])
+        if not await self._confirm(f"Rebalance {preview['current']} → {preview['split']}?\n{moves}"):
+            return None
+        return await self.app.source.post("/fleet/rebalance", {"split": split, "apply": True})

@@ -60,6 +60,24 @@ HOST = {"host": "lab-node", "gpus": [], "processes": {4101: 41.0, 4102: 35.0, 41
 MIGRATE_STAGES = ("starting destination", "pausing source", "restoring", "first step")
 
 
+def _layout(prefill: int, decode: int, goodput: float, good: int, ttft: float, tpot: float | None) -> dict:
+    return {"prefill": prefill, "decode": decode, "mixed": 0, "layout": f"{prefill}:{decode}", "goodput": goodput,
+            "ttft_p90_s": ttft, "tpot_p90_s": tpot, "good_requests": good, "requests": 412, "e2e_mean_s": 3.1}
+
+
+PLAN = {  # /fleet/plan's shape (engine/planner/plan.py), for the fixture's 2:4 fleet
+    "recommended": {"prefill": 3, "decode": 3, "mixed": 0, "layout": "3:3"},
+    "current": {"prefill": 2, "decode": 4, "mixed": 0, "layout": "2:4"},
+    "candidates": [_layout(3, 3, 1.284, 385, 0.912, 0.081), _layout(2, 4, 1.087, 326, 2.43, 0.064),
+                   _layout(4, 2, 0.958, 287, 0.51, 0.212), _layout(1, 5, 0.402, 120, 9.7, 0.058)],
+    "reason": "3:3 serves 385 of 412 requests within the SLOs against 326 at 2:4: a third prompt worker "
+              "brings the TTFT p90 from 2.43 s to 0.91 s while the TPOT p90 stays at 81 ms",
+    "best_split": {"prefill": 3, "decode": 3, "mixed": 0, "layout": "3:3"}, "gain_pct": 18.1,
+    "window_s": 600.0, "source": "store", "requests": 412, "slo": {"ttft_s": 2.0, "tpot_s": 0.2},
+    "devices": [f"cpu:{i}" for i in range(6)], "what_if": None, "fit": {}, "notes": [],
+}
+
+
 class FixtureSource:
     url = "http://fixture:8700"
 
@@ -79,12 +97,21 @@ class FixtureSource:
         self.posted.append((path, body))
         if path.endswith("/migrate"):
             return self._operation("migrate", path.split("/")[3], 0, body["to"])
+        if path == "/fleet/rebalance" and body["apply"]:
+            return {"id": "op-2", "kind": "rebalance", "worker": "fleet", "state": "done", "stage": "done",
+                    "error": None, "result": {"split": body["split"], "moves": 1}}
+        if path == "/fleet/rebalance":
+            return {"split": body["split"], "current": "2:4", "force": False, "evacuation": "drain",
+                    "moves": [{"worker": "decode-2", "device": "cpu:4", "from": "decode", "to": "prefill",
+                               "sessions": 9}]}
         raise ActionError(f"HTTP 409: {path} refused by the fixture")
 
     async def get(self, path: str) -> dict:
         if path.startswith("/fleet/operations/"):
             self._polls = self._polls + 1 if self.hold_at is None else min(self._polls + 1, self.hold_at)
             return self._operation("migrate", "decode-0", self._polls, "cpu:9")
+        if path.startswith("/fleet/plan?"):
+            return PLAN
         if path.endswith("/sessions"):
             return {"sessions": [{"id": f"req-{i:04d}", "stage": "decode", "prompt_tokens": 100 + i,
                                   "output_tokens": 10 * i, "age_s": 1.5 * i} for i in range(3)]}

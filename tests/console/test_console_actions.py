@@ -1,6 +1,7 @@
 """The console's actions from the keyboard: against a real fleet (worker processes on the tiny model)
 a decode worker is migrated to a free CPU slot while streams run, and every stream completes
-unchanged; in read-only mode the same keys change nothing and say why."""
+unchanged; in read-only mode the same keys change nothing and say why; the plan screen rebalances to the
+best split after showing the dry run's moves."""
 
 import asyncio
 import threading
@@ -14,6 +15,8 @@ from fleet_harness import generate_json, serve
 
 from fleetctl.console.tui.actions import ACTIONS, READONLY_REASON
 from fleetctl.console.tui.app import FleetConsole
+from fleetctl.console.tui.screens.dialogs import ConfirmDialog
+from fleetctl.console.tui.screens.plan import PlanScreen
 from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.source import HttpSource
 from fleetctl.console.tui.widgets.workers import WorkersTable
@@ -54,6 +57,43 @@ def test_readonly_keys_change_nothing_and_say_why() -> None:
     changing = [a for a in ACTIONS if a.changes_fleet]
     assert source.posted == []
     assert messages.count(READONLY_REASON) == len(changing)
+
+
+def test_plan_screen_applies_the_best_split_after_a_dry_run() -> None:
+    source = FixtureSource()
+
+    async def run() -> None:
+        app = FleetConsole(source, ConsoleSettings())
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.snapshot.reachable)
+            await pilot.press("p")
+            await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen) and app.screen.plan is not None)
+            await pilot.press("a")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+            assert "decode-2 on cpu:4: decode → prefill" in str(app.screen.question)
+            await pilot.press("y")
+            await wait_for(pilot, lambda: len(source.posted) == 2)
+
+    asyncio.run(run())
+    assert source.posted == [("/fleet/rebalance", {"split": "3:3", "apply": False}),
+                             ("/fleet/rebalance", {"split": "3:3", "apply": True})]
+
+
+def test_plan_screen_in_readonly_mode_shows_the_plan_but_applies_nothing() -> None:
+    source = FixtureSource()
+
+    async def run() -> list[str]:
+        app = FleetConsole(source, ConsoleSettings(readonly=True))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.snapshot.reachable)
+            await pilot.press("p")
+            await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen) and app.screen.plan is not None)
+            await pilot.press("a")
+            await pilot.pause(0.1)
+            return [n.message for n in app._notifications]
+
+    assert READONLY_REASON in asyncio.run(run())
+    assert source.posted == []
 
 
 @pytest.mark.fleet

@@ -1,6 +1,7 @@
 """Pictures of the console (pytest-textual-snapshot) on a deterministic fixture fleet: the dashboard
-at 120×40 and 80×24, both themes, read-only, help, a worker's detail, and the migrate dialog with its
-progress bar. Update them with `pytest tests/console --snapshot-update` after a deliberate change."""
+at 120×40 and 80×24, both themes, read-only, help, a worker's detail, the migrate dialog with its
+progress bar, and the plan screen. Update them with `pytest tests/console --snapshot-update` after a
+deliberate change."""
 
 from console_fixture import FixtureSource
 
@@ -77,3 +78,13 @@ def test_migrate_dialog_with_progress(snap_compare) -> None:
             await pilot.pause(0.05)
 
     assert snap_compare(console(FixtureSource(hold_at=1)), terminal_size=WIDE, run_before=migrate)
+
+
+def test_plan_screen(snap_compare) -> None:
+    async def open_plan(pilot) -> None:
+        await loaded(pilot)
+        await pilot.press("p")
+        for _ in range(20):
+            await pilot.pause(0.05)
+
+    assert snap_compare(console(), terminal_size=WIDE, run_before=open_plan)

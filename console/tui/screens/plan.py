@@ -1,0 +1,110 @@
+"""`p`: the planner's view of the fleet (`GET /fleet/plan`): the current split, the recommended one,
+the predicted gain and the reason, every layout it replayed — and `a` to rebalance to the best split
+(a dry run first, listed in the confirmation; disabled in read-only consoles)."""
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Label
+
+from fleetctl.console.tui.actions import READONLY_REASON
+from fleetctl.console.tui.source import ActionError
+
+WINDOWS = ("10m", "30m", "1h", "5m")  # `w` steps through them; the first is the default
+
+
+def layout_label(layout: dict) -> str:
+    return f"colocated {layout['mixed']}" if layout.get("mixed") else f"{layout['prefill']}:{layout['decode']}"
+
+
+def gain_text(gain: float | str | None) -> str:
+    if gain is None:
+        return "no gain to compare (no current split)"
+    if gain == "inf":
+        return "the current split meets no request's SLOs"
+    return f"{gain:+.1f} % goodput predicted"
+
+
+def summary_lines(plan: dict) -> list[str]:
+    """What the operator reads first: where the fleet is, where it should be, by how much and why."""
+    slo = plan["slo"]
+    current = plan["current"]
+    best = plan["best_split"]
+    recommended = plan["recommended"]
+    lines = [f"{plan['requests']} requests over {plan['window_s']:.0f} s; SLOs TTFT ≤ {slo['ttft_s']:g} s, "
+             f"TPOT ≤ {slo['tpot_s'] * 1000:g} ms",
+             f"current      {layout_label(current) if current else '-'}",
+             f"recommended  {layout_label(recommended)}"]
+    if best and layout_label(best) != layout_label(recommended):
+        lines.append(f"best split   {layout_label(best)} (what rebalance can reach)")
+    lines.append(f"gain         {gain_text(plan['gain_pct'])}")
+    lines.append(f"why          {plan['reason']}")
+    lines += [f"note         {note}" for note in plan["notes"]]
+    return lines
+
+
+class PlanScreen(Screen[None]):
+    BINDINGS = [Binding("escape,backspace", "app.pop_screen", "Back"),
+                Binding("a", "apply", "apply best split"),
+                Binding("r", "replan", "plan again"),
+                Binding("w", "window", "window")]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.window = WINDOWS[0]
+        self.plan: dict | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="plan-summary"):
+            yield Label("planning…", id="plan-text")
+        table = DataTable(id="plan-candidates", cursor_type="row")
+        table.border_title = "layouts replayed, best first"
+        yield table
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#plan-candidates", DataTable).add_columns(
+            "layout", "goodput/s", "good", "TTFT p90", "TPOT p90", "")
+        self.action_replan()
+
+    @work(exclusive=True, group="plan")
+    async def action_replan(self) -> None:
+        summary = self.query_one("#plan-summary")
+        summary.border_title = f"plan · last {self.window}"
+        self.query_one("#plan-text", Label).update(f"planning over the last {self.window}…")
+        try:
+            plan = await self.app.source.get(f"/fleet/plan?since={self.window}")
+        except ActionError as exc:
+            self.plan = None
+            self.query_one("#plan-text", Label).update(f"no plan: {exc}")
+            self.query_one("#plan-candidates", DataTable).clear()
+            return
+        self.show(plan)
+
+    def show(self, plan: dict) -> None:
+        self.plan = plan
+        self.query_one("#plan-text", Label).update("\n".join(summary_lines(plan)))
+        table = self.query_one("#plan-candidates", DataTable)
+        table.clear()
+        current = layout_label(plan["current"]) if plan["current"] else None
+        for c in plan["candidates"]:
+            label = layout_label(c)
+            tpot = "-" if c["tpot_p90_s"] is None else f"{c['tpot_p90_s']:.3f} s"
+            table.add_row(label, f"{c['goodput']:.3f}", f"{c['good_requests']}/{c['requests']}",
+                          f"{c['ttft_p90_s']:.3f} s", tpot, "current" if label == current else "")
+
+    def action_window(self) -> None:
+        self.window = WINDOWS[(WINDOWS.index(self.window) + 1) % len(WINDOWS)]
+        self.action_replan()
+
+    def action_apply(self) -> None:
+        if self.app.readonly:
+            self.notify(READONLY_REASON, severity="warning")
+            return
+        best = self.plan and self.plan["best_split"]
+        if not best:
+            self.notify("no split to apply: plan first (r)", severity="warning")
+            return
+        self.app.flows.launch("rebalance", self.app.flows.rebalance(layout_label(best)))
