@@ -14,10 +14,10 @@ from fleetctl.store.records import DeviceKind, WorkerRole
 
 # Conditional disaggregation's default, measured on real fleets (`scripts/bench_agent_cache.py --local-sweep`:
 # agent sessions, smollm2-135m, 1 prefill + 1 decode CPU slot, the cache on, one fleet per threshold): later
-# turns' TTFT p50 fell from 2.04 s (0: never local) to 1.81 s (32), 0.78 s (64) and 0.62 s (128: every later
-# turn local), and no further at 256; throughput 4.3 -> 8.0 tokens/s. The turns a decode worker prefills skip
-# the handoff and hit the answers it wrote, which the prefill pool never saw. Longer uncached parts were not
-# in that trace: 128 is the largest length measured to pay.
+# turns' TTFT p50 0.92 s at 0 (never local), 0.78 s at 64, 0.61 s at 128 (every later turn local), 0.61 s at
+# 256, 0.58 s at 1024 (within noise); throughput unchanged. A turn its decode worker prefills skips the handoff
+# and hits the answers that worker wrote, which the prefill pool never saw. The trace had no longer uncached
+# parts: 128 is the smallest threshold that took the whole gain.
 DEFAULT_LOCAL_PREFILL_TOKENS = 128
 
 
