@@ -42,6 +42,9 @@ def serve(
                                   help="Requests waiting to generate (queued, prefilling, KV awaiting a decode "
                                        "worker) beyond this get HTTP 429 with Retry-After."),
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", min=1, help="Sequences per worker batch."),
+    max_num_batched_tokens: int = typer.Option(4096, "--max-num-batched-tokens", min=16,
+                                               help="Prompt tokens one step computes: a longer prompt is prefilled "
+                                                    "in chunks (between them a mixed worker decodes)."),
     max_model_len: int = typer.Option(0, "--max-model-len", min=0,
                                       help="Cap on prompt + output tokens (0: the model's context)."),
     served_model_name: str = typer.Option("", "--served-model-name", help="The model name clients use "
@@ -89,6 +92,7 @@ def serve(
     with user_errors(on_error=listener.close):
         try:
             engine = EngineSettings(dtype=dtype, deterministic=deterministic, max_num_seqs=max_num_seqs,
+                                    max_num_batched_tokens=max_num_batched_tokens,
                                     kv_memory_bytes=kv_memory * 2**20 or None, num_kv_blocks=kv_blocks or None,
                                     max_model_len=max_model_len or None, prefix_cache=prefix_cache)
             config = FleetConfig(

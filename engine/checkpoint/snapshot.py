@@ -22,11 +22,13 @@ def snapshot_records(engine: LLMEngine) -> tuple[list[SessionRecord], list[int]]
     """The records of `snapshot`, and the pool blocks (in order) that its kv tensor would gather."""
     scheduler = engine.scheduler
     block_size = engine.kv_cache.spec.block_size
-    seqs = [*scheduler.running, *scheduler.parked.values(), *scheduler.waiting]
+    seqs = [*scheduler.running, *scheduler.parked.values(), *scheduler.prefilling, *scheduler.waiting]
     records = []
     index: dict[int, int] = {}  # pool block -> its place in the kv tensor, in first-use order
     for seq in seqs:
-        cached = seq.num_cached_tokens if seq.status is not SequenceStatus.WAITING else 0
+        # a prompt part-way through its chunks is saved as waiting: recomputed whole after a restore
+        waiting = seq.status is SequenceStatus.WAITING or seq in scheduler.prefilling
+        cached = 0 if waiting else seq.num_cached_tokens
         count = blocks_for(cached, block_size)
         records.append(SessionRecord(
             request_id=seq.request_id,
@@ -34,7 +36,7 @@ def snapshot_records(engine: LLMEngine) -> tuple[list[SessionRecord], list[int]]
             output_token_ids=seq.output_token_ids,
             params=seq.params,
             seed=seq.seed,
-            status=seq.status,
+            status=SequenceStatus.WAITING if waiting else seq.status,
             num_cached_tokens=cached,
             block_table=[index.setdefault(block, len(index)) for block in seq.block_table[:count]],
             stop_criteria=StopCriteria(eos_token_ids=sorted(engine.tokenizer.eos_token_ids),

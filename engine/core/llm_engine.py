@@ -189,7 +189,7 @@ class LLMEngine:
         return self.kv_cache.allocator.digest(limit)
 
     def has_unfinished(self) -> bool:
-        return bool(self.scheduler.waiting or self.scheduler.running)
+        return self.scheduler.has_unfinished()
 
     def sequence(self, request_id: str) -> Sequence | None:
         return self._seqs.get(request_id)
@@ -218,6 +218,8 @@ class LLMEngine:
         park = self.config.prefill_only and scheduled.phase is Phase.PREFILL
         outputs = []
         for seq, token in zip(scheduled.seqs, tokens, strict=True):
+            if token is None:  # a prefill chunk with more of the prompt to come
+                continue
             seq.append_token(token)
             reason = token_finish_reason(seq, self.tokenizer.eos_token_ids, self.max_model_len)
             delta = ""

@@ -9,7 +9,6 @@ import torch
 from fleetctl.engine.core.kv_cache import KVCache
 from fleetctl.engine.core.sampler import sample
 from fleetctl.engine.core.scheduler import ScheduledStep
-from fleetctl.engine.core.sequence import Sequence
 from fleetctl.engine.model.llama import AttentionBatch, LlamaModel
 from fleetctl.store.records import Phase
 
@@ -17,6 +16,7 @@ from fleetctl.store.records import Phase
 @dataclass(frozen=True)
 class StepStats:
     phase: Phase
+    request_ids: tuple[str, ...]  # the step's sequences, in order
     num_seqs: int
     num_tokens: int  # tokens run through the model
     context_tokens: int  # keys attended over, summed across sequences
@@ -33,58 +33,59 @@ class ModelRunner:
         self.block_size = kv_cache.spec.block_size
 
     @torch.inference_mode()
-    def run(self, step: ScheduledStep) -> tuple[list[int], StepStats]:
+    def run(self, step: ScheduledStep) -> tuple[list[int | None], StepStats]:
+        """Tokens sampled per sequence (None for one whose prefill chunk leaves more of its prompt)."""
         start = time.perf_counter()
         seqs = step.seqs
         is_prefill = step.phase is Phase.PREFILL
-        input_ids, positions, batch = self._prepare(seqs, is_prefill)
+        input_ids, positions, batch = self._prepare(step)
         hidden = self.model.forward(input_ids, positions, batch, self.kv_cache.tensor)
         if is_prefill:
             hidden = hidden[batch.cu_seqlens_q[1:].long() - 1]
-        logits = self.model.logits(hidden)
-        tokens = sample(logits, seqs)
-        new_tokens = tuple(s.num_tokens - s.num_cached_tokens for s in seqs)
-        cached_tokens = tuple(s.num_cached_tokens if is_prefill else 0 for s in seqs)
-        context_lens = tuple(s.num_tokens for s in seqs)
-        for seq in seqs:
-            seq.num_cached_tokens = seq.num_tokens
+        sampling = [i for i in range(len(seqs)) if step.completes(i)]
+        sampled = iter(sample(self.model.logits(hidden[sampling]), [seqs[i] for i in sampling]) if sampling else [])
+        tokens = [next(sampled) if i in sampling else None for i in range(len(seqs))]
+        context_lens = tuple(s.num_cached_tokens + n for s, n in zip(seqs, step.chunks, strict=True))
+        for seq, n in zip(seqs, step.chunks, strict=True):
+            seq.num_cached_tokens += n
         stats = StepStats(
             phase=step.phase,
+            request_ids=tuple(s.request_id for s in seqs),
             num_seqs=len(seqs),
             num_tokens=int(input_ids.shape[0]),
             context_tokens=sum(context_lens),
             seconds=time.perf_counter() - start,
-            new_tokens=new_tokens,
+            new_tokens=tuple(step.chunks),
             context_lens=context_lens,
-            cached_tokens=cached_tokens,
+            cached_tokens=tuple(step.cache_hits),
         )
         return tokens, stats
 
-    def _prepare(
-        self, seqs: list[Sequence], is_prefill: bool
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:
+    def _prepare(self, step: ScheduledStep) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:
+        """The step's flat inputs: token ids [T], positions [T] and the attention batch (T = sum of chunks)."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         cu_seqlens = [0]
+        context_lens = []
         bs = self.block_size
-        for seq in seqs:
-            start = seq.num_cached_tokens if is_prefill else seq.num_tokens - 1
-            tokens = seq.token_ids[start:] if is_prefill else [seq.last_token_id]
-            ids += tokens
-            span = range(start, start + len(tokens))
+        for seq, chunk in zip(step.seqs, step.chunks, strict=True):
+            start = seq.num_cached_tokens
+            ids += seq.token_ids[start : start + chunk]
+            span = range(start, start + chunk)
             positions += span
             table = seq.block_table
             slots += [table[p // bs] * bs + p % bs for p in span]
             cu_seqlens.append(len(ids))
-        width = max(len(s.block_table) for s in seqs)
-        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+            context_lens.append(start + chunk)
+        width = max(len(s.block_table) for s in step.seqs)
+        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in step.seqs]
         device = self.model.device
         batch = AttentionBatch(
-            is_prefill=is_prefill,
+            is_prefill=step.phase is Phase.PREFILL,
             slots=torch.tensor(slots, dtype=torch.int64, device=device),
             block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
-            context_lens=torch.tensor([s.num_tokens for s in seqs], dtype=torch.int32, device=device),
+            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
             cu_seqlens_q=torch.tensor(cu_seqlens, dtype=torch.int32, device=device),
         )
         return (

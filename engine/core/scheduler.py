@@ -9,6 +9,12 @@ block_manager) and computes only the rest — never less than its last token, wh
 from: the reuse stops at the last full block *before* the one holding that token. A prompt cached
 whole thus recomputes its last block (1 to 16 tokens) into a fresh block, rather than writing into a
 block other sequences share.
+
+Chunked prefill: a step computes at most `max_num_batched_tokens` prompt tokens. A prompt longer than
+what is left of that budget is computed a chunk per step (its blocks are all allocated when it is
+admitted; it sits in `prefilling` between chunks, and samples its first token only with its last
+chunk). While a prompt is part-way through and sequences are decoding, prefill and decode steps
+alternate, so one long prompt does not stall a mixed worker's decodes for its whole prefill.
 """
 
 from collections import deque
@@ -35,6 +41,18 @@ class SchedulerConfig:
 class ScheduledStep:
     phase: Phase
     seqs: list[Sequence]
+    chunks: list[int]  # per sequence: tokens this step computes (a prefill chunk; 1 in decode)
+    cache_hits: list[int]  # per sequence: prompt tokens its admission took from the prefix cache (else 0)
+
+    def only(self, seq: Sequence) -> "ScheduledStep":
+        """The same step for one of its sequences (a worker re-runs a failed step this way)."""
+        i = self.seqs.index(seq)
+        return ScheduledStep(self.phase, [seq], [self.chunks[i]], [self.cache_hits[i]])
+
+    def completes(self, i: int) -> bool:
+        """Whether sequence i samples a token this step (its prefill's last chunk, or a decode)."""
+        seq = self.seqs[i]
+        return seq.num_cached_tokens + self.chunks[i] >= seq.num_tokens
 
 
 class Scheduler:
@@ -44,22 +62,34 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.parked: dict[str, Sequence] = {}
+        self.prefilling: list[Sequence] = []  # admitted, blocks held, prompt computed part-way (chunked)
         self.num_preemptions = 0
+        self._decode_turn = False  # a chunk ran last: decodes go next
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
     def schedule(self) -> ScheduledStep | None:
+        if self._decode_turn:
+            self._decode_turn = False
+            decode = self._schedule_decode()
+            if decode:
+                return decode
         prefill = self._schedule_prefill()
         if prefill:
-            return ScheduledStep(Phase.PREFILL, prefill)
-        decode = self._schedule_decode()
-        return ScheduledStep(Phase.DECODE, decode) if decode else None
+            self._decode_turn = bool(self.prefilling and self.running)
+            return prefill
+        return self._schedule_decode()
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.running)
 
     def finish(self, seq: Sequence) -> None:
         """Release a finished (or aborted) sequence's blocks."""
         if seq in self.running:
             self.running.remove(seq)
+        elif seq in self.prefilling:
+            self.prefilling.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.parked.pop(seq.request_id, None)
@@ -85,33 +115,45 @@ class Scheduler:
         self.running.append(seq)
         return len(hits)
 
-    def _schedule_prefill(self) -> list[Sequence]:
-        batch: list[Sequence] = []
-        tokens = 0
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
+    def _schedule_prefill(self) -> ScheduledStep | None:
+        """Chunks of the prompts part-way through first, then new sequences, within the token budget."""
+        step = ScheduledStep(Phase.PREFILL, [], [], [])
+        budget = self.config.max_num_batched_tokens
+        for seq in list(self.prefilling):
+            if budget == 0:
+                break
+            budget -= self._take(step, seq, min(budget, seq.num_tokens - seq.num_cached_tokens), 0)
+        while budget and self.waiting and len(self.running) + len(self.prefilling) < self.config.max_num_seqs:
             seq = self.waiting[0]
             hits = self._cached_prefix(seq)
             needed = self._blocks(seq.num_tokens) - len(hits)
             cached = len(hits) * self.config.block_size
-            computed = seq.num_tokens - cached
-            over_budget = batch and tokens + computed > self.config.max_num_batched_tokens
-            if over_budget or not self.allocator.can_allocate(needed, hits):
+            if not self.allocator.can_allocate(needed, hits):
                 break
             self.waiting.popleft()
             seq.block_table = self.allocator.allocate(needed, hits)
             seq.num_cached_tokens = cached
             seq.status = SequenceStatus.RUNNING
+            self.prefilling.append(seq)
+            budget -= self._take(step, seq, min(budget, seq.num_tokens - cached), cached)
+        return step if step.seqs else None
+
+    def _take(self, step: ScheduledStep, seq: Sequence, chunk: int, cache_hit: int) -> int:
+        """Put `chunk` tokens of `seq` in the step; a sequence whose prompt this chunk completes runs."""
+        step.seqs.append(seq)
+        step.chunks.append(chunk)
+        step.cache_hits.append(cache_hit)
+        if seq.num_cached_tokens + chunk >= seq.num_tokens:
+            self.prefilling.remove(seq)
             self.running.append(seq)
-            batch.append(seq)
-            tokens += computed
-        return batch
+        return chunk
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks for the longest cached prefix of `seq`, leaving its last token's block to compute."""
         hits = self.allocator.match(seq.token_ids, self.allocator.block_hashes(seq))
         return hits[: (seq.num_tokens - 1) // self.config.block_size]
 
-    def _schedule_decode(self) -> list[Sequence]:
+    def _schedule_decode(self) -> ScheduledStep | None:
         batch: list[Sequence] = []
         for seq in list(self.running):
             if seq not in self.running:  # preempted below to make room for an earlier one
@@ -120,16 +162,16 @@ class Scheduler:
                 if self.allocator.can_allocate(1):
                     seq.block_table += self.allocator.allocate(1)
                     continue
-                victim = self.running[-1]
+                victim = self.prefilling[-1] if self.prefilling else self.running[-1]
                 self._preempt(victim)
                 if victim is seq:
                     break
             if seq in self.running:
                 batch.append(seq)
-        return batch
+        return ScheduledStep(Phase.DECODE, batch, [1] * len(batch), [0] * len(batch)) if batch else None
 
     def _preempt(self, seq: Sequence) -> None:
-        self.running.remove(seq)
+        (self.prefilling if seq in self.prefilling else self.running).remove(seq)
         self._release(seq)
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)

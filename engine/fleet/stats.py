@@ -85,7 +85,8 @@ class FleetStats:
         _forget_before(window, report.ended_at - BUSY_WINDOW_S)
         self._peaks[view.worker_id] = (view.peak_flops, view.peak_bytes_per_s)
         if report.phase is Phase.PREFILL:
-            cached, computed = sum(report.cached_tokens), sum(report.seq_tokens)
+            cached = sum(report.cached_tokens.values())
+            computed = sum(report.seq_tokens) + sum(report.chunks.values())
             totals = self.prefill_tokens.setdefault(view.worker_id, PrefillTokens(view.role))
             totals.cached += cached
             totals.computed += computed

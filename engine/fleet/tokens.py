@@ -30,17 +30,17 @@ class TokenStreams:
         """Split the step's seconds among its sequences by the tokens they computed in it (for `classify`:
         tokens a prefix cache served cost no model time), count each prefill's cached and computed tokens,
         and note when a request's prefill began."""
-        total = sum(report.seq_tokens) or 1
-        cached = report.cached_tokens or [0] * len(report.tokens)
-        for event, tokens, hits in zip(report.tokens, report.seq_tokens, cached, strict=True):
-            req = self.state.requests.get(event.request_id)
+        total = sum(report.seq_tokens) + sum(report.chunks.values()) or 1
+        ran = [*zip((e.request_id for e in report.tokens), report.seq_tokens, strict=True), *report.chunks.items()]
+        for request_id, tokens in ran:
+            req = self.state.requests.get(request_id)
             if req is None:
                 continue
             share = report.seconds * tokens / total
             if report.phase is Phase.PREFILL:
                 req.times.prefill_start = req.times.prefill_start or report.ended_at - report.seconds
                 req.prefill_model_s += share
-                req.prefill_cached_tokens += hits
+                req.prefill_cached_tokens += report.cached_tokens.get(request_id, 0)
                 req.prefill_computed_tokens += tokens
             else:
                 req.decode_model_s += share

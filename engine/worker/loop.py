@@ -170,7 +170,7 @@ class Worker:
             return
         for seq in scheduled.seqs:
             try:
-                outputs = self._run(ScheduledStep(scheduled.phase, [seq]))
+                outputs = self._run(scheduled.only(seq))
             except Exception as alone:
                 self._drop(seq.request_id, alone)
             else:
@@ -186,17 +186,19 @@ class Worker:
         stats = self.engine.last_step
         assert stats is not None
         tokens = [m.TokenEvent(o.request_id, o.token_id, o.finished, o.finish_reason) for o in outputs]
+        computed = dict(zip(stats.request_ids, stats.new_tokens, strict=True))
+        seq_tokens = [computed.pop(o.request_id) for o in outputs]  # what is left: prefill chunks, no token yet
         scheduler = self.engine.scheduler
         cost = self.cost.step(stats.new_tokens, stats.context_lens)
         prefill = stats.phase is Phase.PREFILL
         urgent = prefill or any(o.finished for o in outputs)
         self.send(m.StepReport(
-            worker_id=self.spec.worker_id, phase=stats.phase, tokens=tokens, seq_tokens=list(stats.new_tokens),
+            worker_id=self.spec.worker_id, phase=stats.phase, tokens=tokens, seq_tokens=seq_tokens, chunks=computed,
             num_seqs=stats.num_seqs, num_tokens=stats.num_tokens, context_tokens=stats.context_tokens,
             seconds=stats.seconds, flops=cost.flops, bytes=cost.bytes,
             free_blocks=self.engine.kv_cache.allocator.num_free, running=len(scheduler.running),
             waiting=len(scheduler.waiting), ended_at=time.time(),
-            cached_tokens=list(stats.cached_tokens) if prefill else [],
+            cached_tokens={rid: hit for rid, hit in zip(stats.request_ids, stats.cached_tokens, strict=True) if hit},
             prefix=self.prefix_summary.changes(self.engine.prefix_digest, time.monotonic(), urgent),
         ))
         for out in outputs:

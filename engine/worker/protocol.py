@@ -169,8 +169,9 @@ class StepReport:
     running: int
     waiting: int
     ended_at: float  # time.time()
-    # per token event: prompt tokens its prefill took from the prefix cache ([] in decode steps: none)
-    cached_tokens: list[int] = field(default_factory=list)
+    chunks: dict[str, int] = field(default_factory=dict)  # prompts computed part-way: tokens run this step
+    # prefill steps: prompt tokens a sequence's admission took from the prefix cache, by request id (none: absent)
+    cached_tokens: dict[str, int] = field(default_factory=dict)
     prefix: PrefixChanges | None = None  # what the router should know of its prefix cache, when it changed
 
 

@@ -44,7 +44,7 @@ def test_last_step_logits_match_transformers(tiny_model_dir: Path) -> None:
     ids = engine.tokenizer.encode(PROMPTS[1])
     seq = engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0.0))
     step = engine.scheduler.schedule()
-    input_ids, positions, batch = engine.runner._prepare(step.seqs, is_prefill=True)
+    input_ids, positions, batch = engine.runner._prepare(step)
     with torch.inference_mode():
         hidden = engine.model.forward(input_ids, positions, batch, engine.kv_cache.tensor)
         ours = engine.model.logits(hidden)

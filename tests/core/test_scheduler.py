@@ -6,7 +6,7 @@ import pytest
 
 from fleetctl.engine.core.block_allocator import BlockAllocator, OutOfBlocks
 from fleetctl.engine.core.block_manager import BlockManager
-from fleetctl.engine.core.scheduler import Scheduler, SchedulerConfig
+from fleetctl.engine.core.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from fleetctl.engine.core.sequence import SamplingParams, Sequence, SequenceStatus
 from fleetctl.store.records import Phase
 
@@ -60,16 +60,17 @@ def test_prefill_allocates_ceil_tokens_over_block_size() -> None:
     assert not sched.waiting
 
 
-def test_prefill_stops_at_token_budget() -> None:
+def test_prefill_fills_the_token_budget_with_a_chunk_of_the_next_prompt() -> None:
     sched = make_scheduler(max_num_batched_tokens=10)
-    a, b, c = seq(4), seq(5), seq(2)
-    for s in (a, b, c):
+    a, b, c, d = seq(4), seq(5), seq(2), seq(1)
+    for s in (a, b, c, d):
         sched.add(s)
     step = sched.schedule()
     assert step is not None and step.phase is Phase.PREFILL
-    assert step.seqs == [a, b]  # 4 + 5 = 9 fits; + 2 = 11 does not
-    assert list(sched.waiting) == [c]
-    assert c.status is SequenceStatus.WAITING and c.block_table == []
+    assert step.seqs == [a, b, c] and step.chunks == [4, 5, 1]  # 4 + 5 = 9: one token of c fits
+    assert [step.completes(i) for i in range(3)] == [True, True, False]
+    assert sched.running == [a, b] and sched.prefilling == [c]
+    assert list(sched.waiting) == [d] and d.block_table == []
 
 
 def test_prefill_budget_is_inclusive() -> None:
@@ -81,18 +82,72 @@ def test_prefill_budget_is_inclusive() -> None:
     assert step is not None and step.seqs == [a, b]
 
 
-def test_prefill_admits_one_sequence_over_the_budget() -> None:
+def run_chunks(step: ScheduledStep, token: int = 7) -> None:
+    """What the runner and engine do after a chunked step: each chunk's K/V is cached, and a sequence
+    whose prompt is complete samples a token."""
+    for i, s in enumerate(step.seqs):
+        complete = step.completes(i)
+        s.num_cached_tokens += step.chunks[i]
+        if complete:
+            s.output_token_ids.append(token)
+
+
+def test_a_prompt_longer_than_the_budget_is_prefilled_in_chunks() -> None:
     sched = make_scheduler(max_num_batched_tokens=8)
     big, small = seq(20), seq(1)
     sched.add(big)
     sched.add(small)
     step = sched.schedule()
-    assert step is not None and step.phase is Phase.PREFILL
-    assert step.seqs == [big]  # alone, even though 20 > 8
-    assert len(big.block_table) == 5
-    assert list(sched.waiting) == [small]
-    step = sched.schedule()  # the next step prefills the rest before decoding
-    assert step is not None and step.phase is Phase.PREFILL and step.seqs == [small]
+    assert step is not None and step.seqs == [big] and step.chunks == [8] and not step.completes(0)
+    assert len(big.block_table) == 5  # every block of the prompt, at admission
+    assert sched.prefilling == [big] and list(sched.waiting) == [small]
+    run_chunks(step)
+    step = sched.schedule()  # the rest of the budget goes to the next chunk first, then to small
+    assert step is not None and step.seqs == [big] and step.chunks == [8]
+    run_chunks(step)
+    step = sched.schedule()
+    assert step.seqs == [big, small] and step.chunks == [4, 1] and step.completes(0) and step.completes(1)
+    run_chunks(step)
+    assert big.output_token_ids == [7] and sched.running == [big, small] and not sched.prefilling
+
+
+def test_decodes_alternate_with_the_chunks_of_a_long_prompt() -> None:
+    sched = make_scheduler(max_num_batched_tokens=8)
+    short = seq(3)
+    sched.add(short)
+    run_chunks(sched.schedule())
+    long = seq(30)
+    sched.add(long)
+    phases = []
+    while not long.output_token_ids:
+        step = sched.schedule()
+        phases.append((step.phase, step.seqs[0]))
+        run_chunks(step)
+    assert phases == [(Phase.PREFILL, long), (Phase.DECODE, short)] * 3 + [(Phase.PREFILL, long)]
+
+
+def test_a_part_prefilled_prompt_is_preempted_before_a_decoding_one() -> None:
+    sched = make_scheduler(num_blocks=4, max_num_batched_tokens=4)
+    a = seq(4)
+    sched.add(a)
+    run_chunks(sched.schedule())  # a: 5 tokens, needs a 2nd block to decode
+    b = seq(12)  # 3 blocks: the rest of the pool
+    sched.add(b)
+    step = sched.schedule()
+    assert step.seqs == [b] and sched.prefilling == [b]
+    run_chunks(step)
+    step = sched.schedule()  # a's decode needs a block: b, part-way, gives its blocks back
+    assert step.phase is Phase.DECODE and step.seqs == [a]
+    assert list(sched.waiting) == [b] and b.num_cached_tokens == 0 and b.block_table == []
+
+
+def test_finish_releases_a_part_prefilled_prompt() -> None:
+    sched = make_scheduler(max_num_batched_tokens=4)
+    big = seq(12)
+    sched.add(big)
+    run_chunks(sched.schedule())
+    sched.finish(big)
+    assert not sched.prefilling and not sched.has_unfinished() and sched.allocator.num_used == 0
 
 
 def test_prefill_stops_at_max_num_seqs_counting_running() -> None:

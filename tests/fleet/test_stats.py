@@ -55,10 +55,10 @@ def test_prefix_cache_hit_ratio_per_worker_and_pool_counts_prefill_tokens() -> N
     decode = WorkerView("decode-0", WorkerRole.DECODE, "cpu:1", WorkerState.RUNNING)
     prefill = StepReport(worker_id="prefill-0", phase=Phase.PREFILL, tokens=[], seq_tokens=[100, 40], num_seqs=2,
                          num_tokens=140, context_tokens=1000, seconds=0.1, flops=1, bytes=1, free_blocks=0, running=0,
-                         waiting=0, ended_at=1000.0, cached_tokens=[0, 860])
+                         waiting=0, ended_at=1000.0, cached_tokens={"b": 860})
     local = StepReport(worker_id="decode-0", phase=Phase.PREFILL, tokens=[], seq_tokens=[20], num_seqs=1,
                        num_tokens=20, context_tokens=500, seconds=0.1, flops=1, bytes=1, free_blocks=0, running=0,
-                       waiting=0, ended_at=1000.0, cached_tokens=[480])
+                       waiting=0, ended_at=1000.0, cached_tokens={"c": 480})
     stats.on_step(view(), prefill)
     stats.on_step(decode, local)
     stats.on_step(decode, StepReport(worker_id="decode-0", phase=Phase.DECODE, tokens=[], seq_tokens=[1, 1],
