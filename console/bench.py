@@ -2,7 +2,8 @@
 measure TTFT / TPOT / E2E at the client, and reads the fleet's own KV-handoff time from /metrics.
 Options a vLLM user expects: fixed input/output lengths (`--input-len`: prompts of exactly that many
 tokens, cut from random words tokenized by the fleet's /tokenize and sent as token ids), a cap on
-requests in flight, warm-up requests that are not measured, and a progress callback."""
+requests in flight, warm-up requests that are not measured, and a progress callback. A session's turns
+go one after another, each prompt the previous turn's prompt and answer plus its own."""
 
 import asyncio
 import contextlib
@@ -29,6 +30,8 @@ class Outcome:
     completion_tokens: int = 0
     error: str | None = None
     start_s: float = 0.0  # when it was sent, seconds after its run (warm-up or measured) began
+    text: str = ""  # the answer (a session's next turn appends it)
+    turn: int = 0  # the turn of its session (0 for a single request)
 
     @property
     def tpot_s(self) -> float:
@@ -54,7 +57,7 @@ async def stream_request(http: httpx.AsyncClient, model: str, req: TraceRequest,
 
 async def _send(http: httpx.AsyncClient, model: str, req: TraceRequest) -> Outcome:
     sent = time.perf_counter()
-    out = Outcome()
+    out = Outcome(turn=req.turn)
     body = {"model": model, "prompt": list(req.prompt_token_ids) or req.prompt, "max_tokens": req.max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     try:
@@ -69,8 +72,9 @@ async def _send(http: httpx.AsyncClient, model: str, req: TraceRequest) -> Outco
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
                     out.error = chunk["error"]["message"]
-                elif chunk.get("choices") and not out.ttft_s:
-                    out.ttft_s = time.perf_counter() - sent
+                elif chunk.get("choices"):
+                    out.ttft_s = out.ttft_s or time.perf_counter() - sent
+                    out.text += chunk["choices"][0].get("text", "")
                 if chunk.get("usage"):
                     out.prompt_tokens = chunk["usage"]["prompt_tokens"]
                     out.completion_tokens = chunk["usage"]["completion_tokens"]
@@ -105,6 +109,14 @@ async def _random_tokens(http: httpx.AsyncClient, rng: random.Random, count: int
     return tokens[:count]
 
 
+def turn_latencies(outcomes: list[Outcome]) -> dict[str, object]:
+    """TTFT of sessions' first turns and of their later turns (a prefix cache serves those), for a trace
+    with sessions."""
+    first = [o.ttft_s for o in outcomes if not o.error and o.turn == 0]
+    later = [o.ttft_s for o in outcomes if not o.error and o.turn > 0]
+    return {"ttft_first_turn_s": percentile_json(first), "ttft_later_turns_s": percentile_json(later)}
+
+
 _SUMS = ("fleet_kv_handoff_seconds_sum", "fleet_e2e_request_latency_seconds_sum")
 
 
@@ -118,29 +130,52 @@ def _metric_sums(text: str) -> dict[str, float]:
     return sums
 
 
-async def _run_all(http: httpx.AsyncClient, model: str, trace: list[TraceRequest], cap: int, stage: str,
-                   progress: Progress | None, paced: bool = True) -> list[Outcome]:
-    """Every request at its arrival time (or at once), at most `cap` in flight (0: no cap)."""
+async def send_trace(http: httpx.AsyncClient, model: str, trace: list[TraceRequest], cap: int = 0,
+                     stage: str = "requests", progress: Progress | None = None, paced: bool = True) -> list[Outcome]:
+    """Every request at its arrival time (or at once), at most `cap` in flight (0: no cap). A session's turns
+    go in order, each sent once the previous one ended (and not before its own arrival), its prompt appended
+    to that turn's prompt and answer; a turn that fails ends its session (the turns left count as errors)."""
     gate = asyncio.Semaphore(cap) if cap else None
     done = 0
     start = time.perf_counter()
 
-    async def one(req: TraceRequest) -> Outcome:
+    def finished(out: Outcome) -> Outcome:
         nonlocal done
+        done += 1
+        if progress:
+            progress(stage, done, len(trace))
+        return out
+
+    async def one(req: TraceRequest) -> Outcome:
         if paced:
             await asyncio.sleep(max(0.0, start + req.arrival_s - time.perf_counter()))
         async with gate or contextlib.nullcontext():
             sent = time.perf_counter()
             out = await _send(http, model, req)
         out.start_s = sent - start
-        done += 1
-        if progress:
-            progress(stage, done, len(trace))
-        return out
+        return finished(out)
 
+    async def session(turns: list[TraceRequest]) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        history = ""
+        for req in sorted(turns, key=lambda r: r.turn):
+            if outcomes and outcomes[-1].error:
+                outcomes.append(finished(Outcome(error="an earlier turn of its session failed", turn=req.turn)))
+                continue
+            out = await one(replace(req, prompt=history + req.prompt))
+            history += req.prompt + out.text
+            outcomes.append(out)
+        return outcomes
+
+    sessions: dict[str, list[TraceRequest]] = {}
+    for req in trace:
+        if req.session_id is not None:
+            sessions.setdefault(req.session_id, []).append(req)
     if progress:
         progress(stage, 0, len(trace))
-    return await asyncio.gather(*[one(r) for r in trace])
+    results = await asyncio.gather(*(one(r) for r in trace if r.session_id is None),
+                                   *(session(turns) for turns in sessions.values()))
+    return [o for result in results for o in (result if isinstance(result, list) else [result])]
 
 
 async def run_bench(url: str, trace: list[TraceRequest], trace_name: str, slo_ttft: float, slo_tpot: float, *,
@@ -150,10 +185,10 @@ async def run_bench(url: str, trace: list[TraceRequest], trace_name: str, slo_tt
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0)) as http:
         model = (await http.get("/v1/models")).json()["data"][0]["id"]
         if warmup:
-            await _run_all(http, model, trace[:warmup], max_concurrency, "warm-up", progress, paced=False)
+            await send_trace(http, model, trace[:warmup], max_concurrency, "warm-up", progress, paced=False)
         before = _metric_sums((await http.get("/metrics")).text)
         start = time.perf_counter()
-        outcomes = await _run_all(http, model, trace, max_concurrency, "requests", progress)
+        outcomes = await send_trace(http, model, trace, max_concurrency, "requests", progress)
         duration = time.perf_counter() - start
         after = _metric_sums((await http.get("/metrics")).text)
     if details is not None:
@@ -183,4 +218,5 @@ async def run_bench(url: str, trace: list[TraceRequest], trace_name: str, slo_tt
         "slo": {"ttft_s": slo_ttft, "tpot_s": slo_tpot},
         "max_concurrency": max_concurrency or None,
         "warmup": warmup,
+        **(turn_latencies(outcomes) if any(r.session_id is not None for r in trace) else {}),
     }

@@ -16,6 +16,7 @@ from fleetctl.console.errors import fail, user_errors
 from fleetctl.console.models_cmd import resolve_model
 from fleetctl.console.traces import TraceKind
 from fleetctl.engine.core.config import DType
+from fleetctl.engine.fleet.config import DEFAULT_LOCAL_PREFILL_TOKENS
 from fleetctl.engine.model.registry import DEFAULT_MODEL
 
 
@@ -31,6 +32,10 @@ def serve(
     deterministic: bool = typer.Option(False, "--deterministic", help="Batch-invariant numerics in every worker."),
     prefix_cache: bool = typer.Option(True, "--prefix-cache/--no-prefix-cache",
                                       help="Reuse the KV of prompts' shared leading blocks (on by default)."),
+    local_prefill_tokens: int = typer.Option(
+        DEFAULT_LOCAL_PREFILL_TOKENS, "--local-prefill-tokens", min=0,
+        help="A decode worker caching part of a prompt prefills it itself (no handoff) when at most this many of "
+             "its tokens are uncached there; 0: always the prefill pool."),
     kv_memory: int = typer.Option(0, "--kv-memory", min=0, help="Cap each worker's KV pool, MiB (0: from memory)."),
     kv_blocks: int = typer.Option(0, "--kv-blocks", min=0, help="Exact KV blocks per worker (overrides --kv-memory)."),
     store: str = typer.Option("", "--store", help="SQLite metrics store (default $FLEET_HOME/fleet.db)."),
@@ -98,6 +103,7 @@ def serve(
                 model_dir=resolve_model(model), prefill=prefill, decode=decode, colocated=colocated,
                 devices=tuple(d.strip() for d in devices.split(",") if d.strip()), engine=engine,
                 store_path=store_path(store), max_queue=max_queue, served_model_name=served_model_name or None,
+                local_prefill_tokens=local_prefill_tokens,
                 supervision=Supervision(restart=restart, heartbeat_s=min(1.0, heartbeat_timeout / 4),
                                         heartbeat_timeout_s=heartbeat_timeout,
                                         step_timeout_s=step_timeout, checkpoint_timeout_s=checkpoint_timeout),
@@ -209,7 +215,8 @@ def status(
         print(f"model {data['model']}  url {data['url']}  (busy, MFU and MBU over the last {data['window_s']:g} s)")
         for name, pool in data["pools"].items():
             print(f"{name:<8} workers {pool['workers']}  busy {pool['busy']:.1%}  mfu {pool['mfu']:.2%}  "
-                  f"mbu {pool['mbu']:.2%}  queue {pool['queue']}")
+                  f"mbu {pool['mbu']:.2%}  queue {pool['queue']}  prefix hits {pool['prefix_hit_ratio']:.1%}")
+        print(f"local prefills (decode workers, no handoff): {data['local_prefills']}")
         _worker_table(data["workers"])
 
     _show("/fleet/status", url, as_json, render)
@@ -227,8 +234,9 @@ def workers(
 
 def bench(
     url: str = typer.Option(None, "--url", help="Fleet URL (default $FLEET_URL or http://127.0.0.1:8700)."),
-    trace: str = typer.Option(TraceKind.CHAT.value, "--trace", help="chat, rag, agent, shift, or a Mooncake trace "
-                                                                    "file (JSONL, replayed whole)."),
+    trace: str = typer.Option(TraceKind.CHAT.value, "--trace", help="chat, rag, agent (multi-turn sessions), shift, "
+                                                                    "or a trace file (JSONL: sessions or Mooncake, "
+                                                                    "replayed whole)."),
     requests: int = typer.Option(32, "--requests", min=1, help="Requests to send."),
     rate: float = typer.Option(4.0, "--rate", min=0.0, help="Poisson arrivals per second (0: all at once)."),
     slo_ttft: float = typer.Option(2.0, "--slo-ttft", min=0.0, help="TTFT objective, seconds."),
@@ -265,8 +273,10 @@ def bench(
     from fleetctl.console.traces import load_trace
     from fleetctl.engine.planner.trace_file import TraceFileError
 
+    target = fleet_url(url)
+    context = _context_of(target) if trace == TraceKind.AGENT and not compare_layouts else None
     try:
-        name, requests_ = load_trace(trace, requests, rate, seed)
+        name, requests_ = load_trace(trace, requests, rate, seed, context)
     except TraceFileError as exc:
         raise fail(str(exc)) from None
     if compare_layouts:
@@ -274,7 +284,6 @@ def bench(
 
         compare_layouts_cmd(model, devices, name, requests_, slo_ttft, slo_tpot, store_dir, as_json)
         return
-    target = fleet_url(url)
     try:
         FleetClient(target).get("/health")
     except FleetClientError as exc:
@@ -299,6 +308,17 @@ def bench(
         print(json.dumps(result))
         return
     print_results(result)
+
+
+def _context_of(url: str) -> int | None:
+    """The served model's context (`max_model_len` in /v1/models), which agent sessions are sized to; None
+    when the fleet does not say (the sessions then assume an 8k context)."""
+    from fleetctl.console.client import FleetClient, FleetClientError
+
+    try:
+        return FleetClient(url).get("/v1/models")["data"][0].get("max_model_len")
+    except (FleetClientError, KeyError, IndexError):
+        return None
 
 
 def parse_window(text: str) -> float:
@@ -332,6 +352,9 @@ def classify(
         return
     print(f"window {result['window_s']:.0f}s  requests {result['requests']}  prefill {result['prefill_share']:.1%}"
           f"  decode {result['decode_share']:.1%}")
+    print(f"prefill tokens: {result['prefill_cached_tokens']} cached, {result['prefill_computed_tokens']} computed "
+          f"(prefix hit ratio {result['prefix_hit_ratio']:.1%}; cached tokens cost no model time)  "
+          f"local prefills {result['local_prefills']}")
     print(f"{'prompt tokens':<14} {'output tokens':<14} {'requests':>8} {'prefill share':>14}")
     for b in result["buckets"]:
         print(f"{b['prompt_tokens']:<14} {b['output_tokens']:<14} {b['requests']:>8} {b['prefill_share']:>14.1%}")

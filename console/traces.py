@@ -1,6 +1,7 @@
 """Request traces for `fleetctl bench` (and `fleetctl demo`'s traffic): synthetic ones, with prompt and
-output lengths drawn per trace kind, or a Mooncake trace file replayed as recorded. Prompt text is made
-of common words (so token counts are close to the requested lengths)."""
+output lengths drawn per trace kind, multi-turn agent sessions (console/agent_sessions.py), or a trace
+file replayed as recorded (Mooncake, or sessions). Prompt text is made of common words (so token counts
+are close to the requested lengths)."""
 
 import random
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from fleetctl.engine.planner.trace_file import MOONCAKE_BLOCK_TOKENS, TraceFileE
 class TraceKind(StrEnum):
     CHAT = "chat"  # prompts 64-512 tokens, outputs 64-256
     RAG = "rag"  # long prompts, short answers: prefill-heavy
-    AGENT = "agent"  # medium prompts, short outputs, many turns
+    AGENT = "agent"  # multi-turn sessions sharing a long system prompt: short tool results and answers
     SHIFT = "shift"  # rag-like first half, agent-like second half: the right split moves mid-run
 
 
@@ -21,7 +22,7 @@ LENGTHS = {
     TraceKind.CHAT: ((64, 512), (64, 256)),
     TraceKind.RAG: ((1024, 3072), (32, 128)),
     TraceKind.AGENT: ((256, 1024), (16, 64)),
-}  # SHIFT draws its first half as RAG, its second as AGENT
+}  # SHIFT draws its first half as RAG, its second as AGENT (single requests of an agent's turn sizes)
 _WORD_TEXT = """
 the of and to in is that for it as was with be by on not he this are or his from at which but have
 an they you were her she there one all we their been has when who will more no if out so said what
@@ -45,6 +46,9 @@ class TraceRequest:
     prompt_words: int
     max_tokens: int
     arrival_s: float  # offset from the start of the run
+    # a turn of a session: sent once the session's previous turn ended, `prompt` appended to its prompt and answer
+    session_id: str | None = None
+    turn: int = 0
     prompt_token_ids: tuple[int, ...] = ()  # sent instead of `prompt` when given (bench --input-len: exact length)
 
 
@@ -78,12 +82,21 @@ def trace_from_file(path: Path | str) -> list[TraceRequest]:
             for i, r in enumerate(read_mooncake(path))]
 
 
-def load_trace(name: str, count: int, rate: float, seed: int = 0) -> tuple[str, list[TraceRequest]]:
-    """(name, requests) for `--trace`: a synthetic kind (`count` requests at `rate`), or else the path of a
-    Mooncake trace file, replayed whole (raises TraceFileError)."""
+def load_trace(name: str, count: int, rate: float, seed: int = 0,
+               context: int | None = None) -> tuple[str, list[TraceRequest]]:
+    """(name, requests) for `--trace`: a synthetic kind (`count` requests at `rate`; agent sessions sized
+    for a model of `context` tokens, start at `rate`), or else the path of a trace file, replayed whole: a
+    session trace or a Mooncake trace (raises TraceFileError)."""
+    from fleetctl.console.agent_sessions import REFERENCE_CONTEXT, agent_sessions, is_session_trace, read_session_trace
+
+    if name == TraceKind.AGENT:
+        return name, agent_sessions(count, rate, seed, context or REFERENCE_CONTEXT)
     if name in TraceKind.__members__.values():
         return name, make_trace(TraceKind(name), count, rate, seed)
     if not Path(name).is_file():
         kinds = ", ".join(TraceKind)
-        raise TraceFileError(f"no trace {name!r}: use {kinds}, or the path of a Mooncake trace file (JSONL)")
+        raise TraceFileError(f"no trace {name!r}: use {kinds}, or the path of a trace file (JSONL: sessions or "
+                             f"Mooncake)")
+    if is_session_trace(Path(name)):
+        return Path(name).name, read_session_trace(name)
     return Path(name).name, trace_from_file(name)

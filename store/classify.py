@@ -3,8 +3,11 @@ overall and by prompt-length × output-length bucket (`fleetctl classify`).
 
 Model time is each request's attributed share of its workers' busy time (`prefill_model_s`,
 `decode_model_s` on the request row), not its wall-clock phase latency: that is what tells an
-operator how much device each phase consumes. Every request that arrived in the window counts,
-whatever its outcome, since its steps ran either way.
+operator how much device each phase consumes. A step's time is shared by the tokens each sequence
+computed in it, so prompt tokens a prefix cache served cost nothing (agent traffic is decode-heavy
+only with the cache in play); the window's cached and computed prompt tokens are reported beside the
+shares. Every request that arrived in the window counts, whatever its outcome, since its steps ran
+either way.
 """
 
 import itertools
@@ -38,6 +41,10 @@ class Classification:
     prefill_model_s: float  # the totals behind the shares, so that windows can be added up
     decode_model_s: float
     buckets: list[ClassifyBucket]  # non-empty buckets only, by prompt bucket then output bucket
+    prefill_cached_tokens: int = 0  # prompt tokens the prefix cache served (no model time)
+    prefill_computed_tokens: int = 0  # tokens prefill steps computed
+    prefix_hit_ratio: float = 0.0  # cached / (cached + computed)
+    local_prefills: int = 0  # requests their decode worker prefilled (conditional disaggregation)
 
     def as_json(self) -> dict[str, object]:
         """Exactly the `fleetctl classify --json` object."""
@@ -59,13 +66,16 @@ def classify(db: Database, window_s: float, now: float | None = None) -> Classif
     labels = bucket_labels()
     rows = db.execute(
         f"SELECT {_bucket_case('prompt_tokens', LENGTH_EDGES)} AS pb, {_bucket_case('output_tokens', LENGTH_EDGES)} "
-        "AS ob, COUNT(*), TOTAL(prefill_model_s), TOTAL(decode_model_s) FROM requests "
+        "AS ob, COUNT(*), TOTAL(prefill_model_s), TOTAL(decode_model_s), TOTAL(prefill_cached_tokens), "
+        "TOTAL(prefill_computed_tokens), TOTAL(local_prefill) FROM requests "
         "WHERE ts >= ? AND ts < ? GROUP BY pb, ob ORDER BY pb, ob",
         [now - window_s, now],
     ).fetchall()
-    buckets = [ClassifyBucket(labels[pb], labels[ob], count, _share(pre, dec)) for pb, ob, count, pre, dec in rows]
+    buckets = [ClassifyBucket(labels[pb], labels[ob], count, _share(pre, dec)) for pb, ob, count, pre, dec, *_ in rows]
     prefill = sum(r[3] for r in rows)
     decode = sum(r[4] for r in rows)
     prefill_share = _share(prefill, decode)
     decode_share = 1.0 - prefill_share if prefill + decode > 0 else 0.0
-    return Classification(window_s, sum(r[2] for r in rows), prefill_share, decode_share, prefill, decode, buckets)
+    cached, computed, local = (int(sum(r[i] for r in rows)) for i in (5, 6, 7))
+    return Classification(window_s, sum(r[2] for r in rows), prefill_share, decode_share, prefill, decode, buckets,
+                          cached, computed, _share(cached, computed), local)

@@ -5,6 +5,7 @@ Version history:
   1. the first layout: every table, samples always 1 s long.
   2. retention: `interval_s` on worker_samples and gpu_samples (1 s raw, 10 s downsampled rows);
      the (worker_id, ts) index extended to cover the columns the utilization queries sum.
+  3. prefix caching: `prefill_cached_tokens`, `prefill_computed_tokens` and `local_prefill` on requests.
 """
 
 import sqlite3
@@ -14,7 +15,7 @@ from pathlib import Path
 from sqlite_utils import Database
 from sqlmodel import SQLModel, create_engine
 
-from fleetctl.store.schema import SCHEMA_VERSION, TABLES, WORKER_INDEX_COLUMNS
+from fleetctl.store.schema import REQUEST_PREFIX_DEFAULTS, SCHEMA_VERSION, TABLES, WORKER_INDEX_COLUMNS
 
 BUSY_TIMEOUT_S = 10.0
 
@@ -51,8 +52,13 @@ def _v1_to_v2(conn: sqlite3.Connection) -> None:
     conn.execute(f"CREATE INDEX ix_worker_samples_worker_ts ON worker_samples ({', '.join(WORKER_INDEX_COLUMNS)})")
 
 
+def _v2_to_v3(conn: sqlite3.Connection) -> None:
+    for column, default in REQUEST_PREFIX_DEFAULTS.items():
+        conn.execute(f"ALTER TABLE requests ADD COLUMN {column} INTEGER DEFAULT '{default}' NOT NULL")
+
+
 # MIGRATIONS[n - 1] takes a file from version n to n + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_to_v2]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_to_v2, _v2_to_v3]
 
 
 def upgrade(path: Path) -> int:

@@ -161,6 +161,9 @@ class RequestRecord:
     outcome: RequestOutcome
     prefill_model_s: float
     decode_model_s: float
+    prefill_cached_tokens: int = 0  # prompt tokens its prefill took from a prefix cache (cost no model time)
+    prefill_computed_tokens: int = 0  # tokens its prefill steps computed
+    local_prefill: int = 0  # 1: its decode worker prefilled it (conditional disaggregation), no handoff
 
 
 @dataclass(frozen=True, slots=True)

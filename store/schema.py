@@ -26,7 +26,7 @@ from fleetctl.store.records import (
     columns,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SURROGATE_KEY = "id"  # INTEGER rowid key of the tables whose records have no natural one
 
@@ -37,6 +37,9 @@ WORKER_INDEX_COLUMNS = ("worker_id", "ts", "interval_s", "steps", "busy", "mfu",
 
 # Rows written before version 2 were all 1 s long; the v1 -> v2 step fills the new column with it.
 _INTERVAL_DEFAULT = {"interval_s": "1.0"}
+
+# Rows written before version 3 had no prefix cache: nothing cached, computed tokens unknown (0), no local prefill.
+REQUEST_PREFIX_DEFAULTS = {"prefill_cached_tokens": "0", "prefill_computed_tokens": "0", "local_prefill": "0"}
 
 # First match wins; StrEnum is a str subclass.
 _SQL_TYPES: tuple[tuple[type, type[TypeEngine]], ...] = ((int, Integer), (float, Float), (str, String), (dict, String))
@@ -82,7 +85,7 @@ TABLES = [
         Index("ix_gpu_samples_device_ts", "device_index", "ts"),
         server_defaults=_INTERVAL_DEFAULT,
     ),
-    _table(RequestRecord, Index("ix_requests_ts", "ts"), key=("request_id",)),
+    _table(RequestRecord, Index("ix_requests_ts", "ts"), key=("request_id",), server_defaults=REQUEST_PREFIX_DEFAULTS),
     _table(EventRecord, Index("ix_events_ts", "ts"), Index("ix_events_worker_id", "worker_id")),
     _table(BenchRun, Index("ix_bench_runs_ts", "ts")),
 ]

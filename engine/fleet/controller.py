@@ -285,6 +285,7 @@ class Fleet:
                 view.state, view.pid, view.last_error = WorkerState.RUNNING, msg.pid, ""
                 view.num_kv_blocks, view.block_size = msg.num_kv_blocks, msg.block_size
                 view.free_blocks = msg.num_kv_blocks
+                view.prefix.clear()  # a new process: its cache starts empty, its changes start with a reset
                 view.device_name, view.peak_flops, view.peak_bytes_per_s = (
                     msg.device_name, msg.peak_flops, msg.peak_bytes_per_s)
                 self.watchdog.heard(wid)
@@ -293,6 +294,8 @@ class Fleet:
                 self.routing_changed()  # a new decode worker takes pending handoffs too
             case m.StepReport():
                 view.free_blocks, view.running, view.waiting = msg.free_blocks, msg.running, msg.waiting
+                if msg.prefix is not None:
+                    view.prefix.apply(msg.prefix)
                 self.stats.on_step(view, msg)
                 if self.state.recorder:
                     self.state.recorder.on_step(view, msg)

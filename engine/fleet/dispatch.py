@@ -1,12 +1,14 @@
-"""Where requests go and how they end: queued prompts to prefill (or mixed) workers, a request
-recomputed from its tokens on a survivor, and the end of a request (finished or failed) with every
-copy of it released on the workers."""
+"""Where requests go and how they end: queued prompts to prefill (or mixed) workers — or straight to the
+decode worker that caches most of the prompt when what it lacks is short (conditional disaggregation) —,
+a request recomputed from its tokens on a survivor, and the end of a request (finished or failed) with
+every copy of it released on the workers."""
 
 import time
 from collections import deque
 
+from fleetctl.engine.core.block_hash import chain_hashes
 from fleetctl.engine.fleet.request import RequestStage, StreamEvent, TrackedRequest
-from fleetctl.engine.fleet.router import WorkerView
+from fleetctl.engine.fleet.router import CachedTokens, WorkerView
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.worker import protocol as m
 from fleetctl.store.records import WorkerRole
@@ -23,12 +25,7 @@ class Dispatcher:
         waiting: deque[TrackedRequest] = deque()
         while state.queued:
             req = state.queued.popleft()
-            if req.done:
-                continue
-            view = state.router.pick_prefill_worker(self.candidates(req), state.config.prompt_role,
-                                                    near=req.sibling_prefill_workers())
-            if view is not None:
-                self.run_on(req, view)
+            if req.done or self._place(req):
                 continue
             waiting.append(req)
             if not req.suspect:
@@ -43,11 +40,40 @@ class Dispatcher:
         taken = {r.computed_by() for r in self.state.requests.values() if r.suspect and r is not req}
         return [v for v in views if v.worker_id not in taken]
 
+    def _place(self, req: TrackedRequest) -> bool:
+        """Send a queued request to a worker: its decode worker when that one caches all but at most
+        `local_prefill_tokens` of it, else a worker of the prompt role. False when none has room."""
+        state = self.state
+        views, cached, tokens = self.candidates(req), cached_tokens(req), _num_tokens(req)
+        threshold = state.config.local_prefill_tokens
+        if threshold and not state.config.colocated:
+            local = state.router.pick_decode_worker(views, tokens, cached=cached)
+            if local is not None and cached(local) and tokens - cached(local) <= threshold:
+                req.local_prefill = True
+                state.stats.on_local_prefill()
+                self._run_on_decode(req, local, cached)
+                return True
+        view = state.router.pick_prefill_worker(views, state.config.prompt_role, num_tokens=tokens, cached=cached,
+                                                near=req.sibling_prefill_workers())
+        if view is None:
+            return False
+        self.run_on(req, view)
+        return True
+
     def run_on(self, req: TrackedRequest, view: WorkerView) -> None:
         """Prefill `req` (prompt and any output so far) on `view`'s worker."""
         req.stage = RequestStage.PREFILL
         req.prefill_worker = view.worker_id
+        self._send_run(req, view, cached_tokens(req))
+
+    def _run_on_decode(self, req: TrackedRequest, view: WorkerView, cached: CachedTokens) -> None:
+        """Prefill and decode `req` on decode worker `view` (a recompute, or a local prefill): no handoff."""
+        req.stage, req.decode_worker = RequestStage.DECODE, view.worker_id
+        self._send_run(req, view, cached)
+
+    def _send_run(self, req: TrackedRequest, view: WorkerView, cached: CachedTokens) -> None:
         view.requests.add(req.request_id)
+        view.prefilling[req.request_id] = max(1, _num_tokens(req) - cached(view))
         self.state.send(view.worker_id, _run_request(req))
 
     def recompute(self, req: TrackedRequest, role: WorkerRole) -> None:
@@ -55,10 +81,12 @@ class Dispatcher:
         the tokens themselves), one it has not failed on if there is one."""
         state = self.state
         req.recomputes += 1
+        cached = cached_tokens(req)
         if role is WorkerRole.DECODE:
-            view = state.router.pick_decode_worker(self.candidates(req), 0, req.failed_on)
+            view = state.router.pick_decode_worker(self.candidates(req), 0, req.failed_on, cached)
         else:
-            view = state.router.pick_prefill_worker(self.candidates(req), role, req.failed_on)
+            view = state.router.pick_prefill_worker(self.candidates(req), role, req.failed_on, _num_tokens(req),
+                                                    cached)
         if view is None:
             if not state.serves(role):
                 self.abandon(req, f"no {role.value} worker is left to continue this request")
@@ -69,9 +97,7 @@ class Dispatcher:
         if role is not WorkerRole.DECODE:
             self.run_on(req, view)
             return
-        req.stage, req.decode_worker = RequestStage.DECODE, view.worker_id
-        view.requests.add(req.request_id)
-        state.send(view.worker_id, _run_request(req))
+        self._run_on_decode(req, view, cached)
 
     def fail_stranded(self) -> None:
         """Requests waiting for a role that no worker serves any more, and none is on its way for (see
@@ -169,6 +195,27 @@ def _needs(req: TrackedRequest, colocated: int) -> tuple[WorkerRole, ...]:
     if req.stage is RequestStage.QUEUED:
         return WorkerRole.PREFILL, WorkerRole.DECODE
     return (WorkerRole.DECODE,) if req.stage in (RequestStage.PREFILL, RequestStage.HANDOFF) else ()
+
+
+def cached_tokens(req: TrackedRequest) -> CachedTokens:
+    """How many leading tokens of `req` (prompt and output so far) a worker caches, by its last digest. The
+    hash chain is computed once per salt root and extended as the request grows."""
+    tokens = req.prompt_token_ids + req.output_token_ids
+
+    def cached(view: WorkerView) -> int:
+        index = view.prefix
+        if not index.hashes:
+            return 0
+        key = (index.root, index.block_size)
+        chain = req.prefix_chains[key] = chain_hashes(index.root, tokens, index.block_size,
+                                                      req.prefix_chains.get(key, ()))
+        return index.cached_blocks(chain) * index.block_size
+
+    return cached
+
+
+def _num_tokens(req: TrackedRequest) -> int:
+    return len(req.prompt_token_ids) + len(req.output_token_ids)
 
 
 def _run_request(req: TrackedRequest) -> m.RunRequest:

@@ -1,10 +1,11 @@
 """The controller's side of the KV handoff: send a prefilled request's published KV to a decode
-worker with room, follow the acknowledgement, release the prefill copy."""
+worker with room (the one caching most of its conversation, unless overloaded: router.py), follow the
+acknowledgement, release the prefill copy."""
 
 import time
 
 from fleetctl.engine.core.block_allocator import blocks_for
-from fleetctl.engine.fleet.dispatch import Dispatcher
+from fleetctl.engine.fleet.dispatch import Dispatcher, cached_tokens
 from fleetctl.engine.fleet.request import RequestStage
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.worker import protocol as m
@@ -25,7 +26,7 @@ class HandoffRouting:
                 continue
             tokens = len(req.prompt_token_ids) + len(req.output_token_ids)
             view = state.router.pick_decode_worker(self.dispatcher.candidates(req), tokens, req.failed_on,
-                                                   req.sibling_decode_workers())
+                                                   cached_tokens(req), req.sibling_decode_workers())
             if view is None:
                 state.pending_handoffs.append(req)
                 continue

@@ -58,6 +58,8 @@ class FleetRecorder:
             e2e_s=r["e2e_s"], prompt_tokens=r["prompt_tokens"], output_tokens=r["output_tokens"],
             prefill_worker=r["prefill_worker"], decode_worker=r["decode_worker"], outcome=outcome,
             prefill_model_s=req.prefill_model_s, decode_model_s=req.decode_model_s,
+            prefill_cached_tokens=req.prefill_cached_tokens, prefill_computed_tokens=req.prefill_computed_tokens,
+            local_prefill=int(req.local_prefill),
         ))
 
     def tick(self, now: float | None = None) -> None:

@@ -71,6 +71,10 @@ class TrackedRequest:
     suspect: bool = False  # it was on a worker that died, and has not come through a step on another since
     prefill_model_s: float = 0.0  # this request's share of its workers' prefill / decode step time
     decode_model_s: float = 0.0
+    prefill_cached_tokens: int = 0  # prompt tokens its prefill steps took from a prefix cache
+    prefill_computed_tokens: int = 0  # tokens its prefill steps computed
+    local_prefill: bool = False  # its decode worker prefilled it (conditional disaggregation): no handoff
+    prefix_chains: dict[tuple[bytes, int], list[bytes]] = field(default_factory=dict)  # (root, block size) -> chain
     times: RequestTimes = field(default_factory=RequestTimes)
     # the samples of the same prompt (a request with n > 1), itself included: routed together, so that the
     # prompt's KV is computed once and its full blocks shared through the workers' prefix caches
@@ -124,4 +128,7 @@ class TrackedRequest:
             "decode_worker": self.decode_worker,
             "outcome": (self.error and "error") or self.finish_reason or "running",
             "recomputes": self.recomputes,
+            "prefill_cached_tokens": self.prefill_cached_tokens,
+            "prefill_computed_tokens": self.prefill_computed_tokens,
+            "local_prefill": self.local_prefill,
         }

@@ -1,9 +1,29 @@
-"""Routing decisions only: which worker gets a prompt, which takes a handoff. No I/O."""
+"""Routing decisions only: which worker gets a prompt, which takes a handoff. No I/O.
 
+KV-aware: a request's `CachedTokens` says how many of its leading tokens each worker's prefix cache
+holds (from the digests workers report). Overlap alone would pile every conversation onto the worker
+that saw its system prompt first, so each pick weighs it against load:
+- a prompt goes to the worker of its role where it would finish prefilling soonest, in tokens: the
+  tokens that worker has still to prefill for others plus the ones this prompt would compute there
+  (its length less what that worker caches). A busy worker holding the prefix loses to an idle one
+  without it once its backlog exceeds what the cache saves.
+- a handoff (or a local prefill) goes to the decode worker caching the most of it among those holding
+  at most `decode_load_slack` sessions more than the least-loaded one: a session stays where its
+  conversation is unless that worker is overloaded.
+"""
+
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetctl.engine.core.block_allocator import BLOCK_SIZE, blocks_for
+from fleetctl.engine.worker.prefix_summary import PrefixIndex
 from fleetctl.store.records import WorkerRole, WorkerState
+
+CachedTokens = Callable[["WorkerView"], int]  # leading tokens of one request a worker caches
+
+
+def _nothing_cached(_: "WorkerView") -> int:
+    return 0
 
 
 @dataclass
@@ -28,6 +48,15 @@ class WorkerView:
     peak_bytes_per_s: float = 0.0
     last_error: str = ""  # why the worker's last process exited, in its own words
     last_heard: float = 0.0  # time.monotonic() of its last message (the watchdog's clock)
+    prefix: PrefixIndex = field(default_factory=PrefixIndex)  # what its prefix cache holds, as last reported
+    prefilling: dict[str, int] = field(default_factory=dict)  # request id -> tokens routed here to prefill
+
+    def prefill_backlog(self) -> int:
+        """Tokens routed here to prefill that it still holds: the work ahead of a new prompt. Entries of
+        requests it no longer holds are dropped here, whatever path they left by."""
+        for rid in [rid for rid in self.prefilling if rid not in self.requests]:
+            del self.prefilling[rid]
+        return sum(self.prefilling.values())
 
     @property
     def accepting(self) -> bool:
@@ -47,6 +76,7 @@ class WorkerView:
 @dataclass(frozen=True)
 class RouterConfig:
     max_requests_per_worker: int = 128  # beyond this, prompts wait in the controller's queue
+    decode_load_slack: int = 4  # sessions beyond the least-loaded decode worker's that a cache hit may cost
 
 
 class Router:
@@ -54,25 +84,34 @@ class Router:
         self.config = config
 
     def pick_prefill_worker(self, views: list[WorkerView], role: WorkerRole,
-                            avoid: set[str] | frozenset[str] = frozenset(),
+                            avoid: set[str] | frozenset[str] = frozenset(), num_tokens: int = 0,
+                            cached: CachedTokens = _nothing_cached,
                             near: set[str] | frozenset[str] = frozenset()) -> WorkerView | None:
-        """The accepting worker of `role` (prefill, mixed, or decode for a recompute) holding the fewest
-        requests, if any has room; one not in `avoid` (workers the request failed on) if there is one, and
-        one in `near` (holding its siblings: their prompt's KV) if there is one."""
+        """The accepting worker of `role` (prefill, mixed, or decode for a recompute) with room where a
+        prompt of `num_tokens` would be prefilled soonest: fewest tokens of backlog plus uncached prompt,
+        then fewest requests; one not in `avoid` (workers the request failed on) if there is one, and one in
+        `near` (holding its siblings: their prompt's KV) if there is one."""
         candidates = _preferred([v for v in views if v.role is role and v.accepting
                                  and len(v.requests) < self.config.max_requests_per_worker], avoid)
         candidates = [v for v in candidates if v.worker_id in near] or candidates
-        return min(candidates, key=lambda v: (len(v.requests), v.worker_id), default=None)
+        return min(candidates, default=None, key=lambda v: (
+            v.prefill_backlog() + max(0, num_tokens - cached(v)), len(v.requests), v.worker_id))
 
     def pick_decode_worker(self, views: list[WorkerView], num_tokens: int,
                            avoid: set[str] | frozenset[str] = frozenset(),
+                           cached: CachedTokens = _nothing_cached,
                            near: set[str] | frozenset[str] = frozenset()) -> WorkerView | None:
-        """The accepting decode worker with free blocks for `num_tokens` tokens, least loaded first (one
-        not in `avoid` if there is one, one in `near` if there is one)."""
+        """The accepting decode worker with free blocks for `num_tokens` tokens that caches most of them,
+        among those within `decode_load_slack` sessions of the least loaded; then least loaded, most free
+        blocks (one not in `avoid` if there is one; one in `near`, holding its siblings, if there is one)."""
         candidates = _preferred([v for v in views if v.role is WorkerRole.DECODE and v.accepting
                                  and v.free_blocks >= blocks_for(num_tokens, v.block_size)], avoid)
         candidates = [v for v in candidates if v.worker_id in near] or candidates
-        return min(candidates, key=lambda v: (len(v.requests), -v.free_blocks, v.worker_id), default=None)
+        if not candidates:
+            return None
+        least = min(len(v.requests) for v in candidates)
+        unloaded = [v for v in candidates if len(v.requests) <= least + self.config.decode_load_slack]
+        return min(unloaded, key=lambda v: (-cached(v), len(v.requests), -v.free_blocks, v.worker_id))
 
     @staticmethod
     def has_role(views: list[WorkerView], role: WorkerRole) -> bool:

@@ -19,12 +19,17 @@ class TokenStreams:
 
     def on_step(self, wid: str, report: m.StepReport) -> None:
         self._attribute_model_time(report)
+        if report.phase is Phase.PREFILL:  # their prefill is done: no longer work ahead of the worker's next prompt
+            prefilling = self.state.views[wid].prefilling
+            for event in report.tokens:
+                prefilling.pop(event.request_id, None)
         for event in report.tokens:
             self._on_token(wid, event)
 
     def _attribute_model_time(self, report: m.StepReport) -> None:
-        """Split the step's seconds among its sequences by their tokens in it (for `classify`), and
-        note when a request's prefill began."""
+        """Split the step's seconds among its sequences by the tokens they computed in it (for `classify`:
+        tokens a prefix cache served cost no model time), count each prefill's cached and computed tokens,
+        and note when a request's prefill began."""
         total = sum(report.seq_tokens) + sum(report.chunks.values()) or 1
         ran = [*zip((e.request_id for e in report.tokens), report.seq_tokens, strict=True), *report.chunks.items()]
         for request_id, tokens in ran:
@@ -35,6 +40,8 @@ class TokenStreams:
             if report.phase is Phase.PREFILL:
                 req.times.prefill_start = req.times.prefill_start or report.ended_at - report.seconds
                 req.prefill_model_s += share
+                req.prefill_cached_tokens += report.cached_tokens.get(request_id, 0)
+                req.prefill_computed_tokens += tokens
             else:
                 req.decode_model_s += share
 

@@ -27,6 +27,7 @@ def workers_status(fleet: Fleet) -> list[dict]:
             "busy": round(util.busy, 4),
             "mfu": round(util.mfu, 6),
             "mbu": round(util.mbu, 6),
+            "prefix_hit_ratio": round(fleet.stats.hit_ratio_of([view.worker_id]), 4),
         })
     return rows
 
@@ -43,6 +44,8 @@ def fleet_status(fleet: Fleet) -> dict:
             "mfu": round(sum(w["mfu"] for w in members) / count, 6),
             "mbu": round(sum(w["mbu"] for w in members) / count, 6),
             "queue": fleet.queue_length(role),
+            "prefix_hit_ratio": round(fleet.stats.hit_ratio_of([w["id"] for w in workers if w["role"] == role.value]),
+                                      4),
         }
     return {"model": fleet.model_name, "url": fleet.url, "pid": os.getpid(), "window_s": BUSY_WINDOW_S,
-            "workers": workers, "pools": pools}
+            "workers": workers, "pools": pools, "local_prefills": fleet.stats.local_prefill_count}

@@ -29,8 +29,10 @@ from fleetctl.engine.metrics.device_peaks import device_peaks
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.heartbeat import Heartbeat
 from fleetctl.engine.worker.kv_transport import HandoffError, KVTransport, timed_fetch
+from fleetctl.engine.worker.prefix_summary import PrefixSummary
 from fleetctl.engine.worker.session_mover import SessionMover
 from fleetctl.engine.worker.spec import WorkerSpec
+from fleetctl.store.records import Phase
 
 IDLE_POLL_SECONDS = 0.02
 
@@ -46,6 +48,7 @@ class Worker:
         self.heartbeat = Heartbeat(spec.worker_id, self.send, spec.heartbeat_s, spec.step_timeout_s)
         self.handles: dict[str, m.KVHandle] = {}
         self.mover = SessionMover(self.engine, self.transport, self.send, self._capacity)
+        self.prefix_summary = PrefixSummary()
         self.running = True
         elem = self.engine.kv_cache.tensor.element_size()
         self.cost = CostModel(self.engine.model_config, weight_bytes=elem, kv_bytes=elem)
@@ -199,12 +202,16 @@ class Worker:
         seq_tokens = [computed.pop(o.request_id) for o in outputs]  # what is left: prefill chunks, no token yet
         scheduler = self.engine.scheduler
         cost = self.cost.step(stats.new_tokens, stats.context_lens)
+        prefill = stats.phase is Phase.PREFILL
+        urgent = prefill or any(o.finished for o in outputs)
         self.send(m.StepReport(
             worker_id=self.spec.worker_id, phase=stats.phase, tokens=tokens, seq_tokens=seq_tokens, chunks=computed,
             num_seqs=stats.num_seqs, num_tokens=stats.num_tokens, context_tokens=stats.context_tokens,
             seconds=stats.seconds, flops=cost.flops, bytes=cost.bytes,
             free_blocks=self.engine.kv_cache.allocator.num_free, running=len(scheduler.running),
             waiting=len(scheduler.waiting), ended_at=time.time(),
+            cached_tokens={rid: hit for rid, hit in zip(stats.request_ids, stats.cached_tokens, strict=True) if hit},
+            prefix=self.prefix_summary.changes(self.engine.prefix_digest, time.monotonic(), urgent),
         ))
         for out in outputs:
             if not out.finished and out.request_id in scheduler.parked:

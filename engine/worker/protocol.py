@@ -9,6 +9,7 @@ from pathlib import Path
 from fleetctl.engine.checkpoint.format import RestoreMode
 from fleetctl.engine.core.output import TokenLogprobs
 from fleetctl.engine.core.sequence import FinishReason, SamplingParams, SessionState
+from fleetctl.engine.worker.prefix_summary import PrefixChanges
 from fleetctl.store.records import Phase
 
 
@@ -214,7 +215,7 @@ class StepReport:
     worker_id: str
     phase: Phase
     tokens: list[TokenEvent]
-    seq_tokens: list[int]  # per token event: tokens its sequence ran in this step
+    seq_tokens: list[int]  # per token event: tokens its sequence ran (computed) in this step
     num_seqs: int
     num_tokens: int
     context_tokens: int
@@ -226,6 +227,9 @@ class StepReport:
     waiting: int
     ended_at: float  # time.time()
     chunks: dict[str, int] = field(default_factory=dict)  # prompts computed part-way: tokens run this step
+    # prefill steps: prompt tokens a sequence's admission took from the prefix cache, by request id (none: absent)
+    cached_tokens: dict[str, int] = field(default_factory=dict)
+    prefix: PrefixChanges | None = None  # what the router should know of its prefix cache, when it changed
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ def test_requests_flow_through_prefill_handoff_and_decode(tiny_model_dir: Path, 
         assert released == {r.request_id for r in reqs}  # every prefill copy freed after its adoption
         assert not list(tmp_path.iterdir())  # and every published buffer with it
         assert not fleet.state.requests and fleet.queue_length(fleet.config.prompt_role) == 0
+        assert not fleet.views["prefill-0"].prefilling  # prefilled: no longer counted as work ahead of a prompt
 
     run(tiny_model_dir, tmp_path, scenario)
 

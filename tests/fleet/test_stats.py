@@ -48,3 +48,27 @@ def test_the_window_forgets_old_steps_without_being_read() -> None:
         stats.on_step(view(), report(float(i), 0.001, 1, 1))
     assert len(stats._steps["prefill-0"]) <= BUSY_WINDOW_S + 1
     assert stats.utilization("prefill-0", now=20_000.0).busy == 0.0
+
+
+def test_prefix_cache_hit_ratio_per_worker_and_pool_counts_prefill_tokens() -> None:
+    stats = FleetStats()
+    decode = WorkerView("decode-0", WorkerRole.DECODE, "cpu:1", WorkerState.RUNNING)
+    prefill = StepReport(worker_id="prefill-0", phase=Phase.PREFILL, tokens=[], seq_tokens=[100, 40], num_seqs=2,
+                         num_tokens=140, context_tokens=1000, seconds=0.1, flops=1, bytes=1, free_blocks=0, running=0,
+                         waiting=0, ended_at=1000.0, cached_tokens={"b": 860})
+    local = StepReport(worker_id="decode-0", phase=Phase.PREFILL, tokens=[], seq_tokens=[20], num_seqs=1,
+                       num_tokens=20, context_tokens=500, seconds=0.1, flops=1, bytes=1, free_blocks=0, running=0,
+                       waiting=0, ended_at=1000.0, cached_tokens={"c": 480})
+    stats.on_step(view(), prefill)
+    stats.on_step(decode, local)
+    stats.on_step(decode, StepReport(worker_id="decode-0", phase=Phase.DECODE, tokens=[], seq_tokens=[1, 1],
+                                     num_seqs=2, num_tokens=2, context_tokens=900, seconds=0.01, flops=1, bytes=1,
+                                     free_blocks=0, running=2, waiting=0, ended_at=1000.1))  # decode: no prefill
+    assert stats.hit_ratio_of(["prefill-0"]) == pytest.approx(860 / 1000)
+    assert stats.hit_ratio_of(["decode-0"]) == pytest.approx(480 / 500)
+    assert stats.hit_ratio_of(["prefill-0", "decode-0"]) == pytest.approx(1340 / 1500)
+    assert stats.hit_ratio_of(["mixed-0"]) == 0.0
+    stats.refresh_gauges([view(), decode])
+    assert stats.registry.get_sample_value("fleet_pool_prefix_cache_hit_ratio", {"role": "decode"}) == 0.96
+    assert stats.registry.get_sample_value("fleet_prefill_cached_tokens_total",
+                                           {"worker": "prefill-0", "role": "prefill"}) == 860

@@ -1,4 +1,4 @@
-"""The store's file: pragmas, the layout the record types make, and migration from version 1."""
+"""The store's file: pragmas, the layout the record types make, and migration from versions 1 and 2."""
 
 import sqlite3
 
@@ -42,8 +42,8 @@ PRAGMA user_version = 1;
 """
 
 
-# What this schema must create, written out so that a change to a record type or to `schema.py`
-# that alters the file shows up here (the v1 upgrade is compared with a fresh file, not with this).
+# What version 2 created, written out so that a change to a record type or to `schema.py` that alters the
+# file shows up here (V3_DDL below is what this schema must create; upgrades are compared with a fresh file).
 V2_DDL = """
 CREATE TABLE devices (identity VARCHAR NOT NULL, dtype VARCHAR NOT NULL, kind VARCHAR NOT NULL, name VARCHAR NOT NULL,
   driver VARCHAR, peak_flops FLOAT NOT NULL, peak_bytes_per_s FLOAT NOT NULL, how_measured VARCHAR NOT NULL,
@@ -75,7 +75,15 @@ CREATE INDEX ix_events_worker_id ON events (worker_id);
 CREATE TABLE bench_runs (id INTEGER NOT NULL, ts FLOAT NOT NULL, trace VARCHAR NOT NULL, config VARCHAR NOT NULL,
   results VARCHAR NOT NULL, PRIMARY KEY (id));
 CREATE INDEX ix_bench_runs_ts ON bench_runs (ts);
+PRAGMA user_version = 2;
 """
+
+# Version 3 added the prefix cache's columns to requests.
+V3_DDL = V2_DDL.replace(
+    "decode_model_s FLOAT NOT NULL,\n  PRIMARY KEY (request_id));",
+    "decode_model_s FLOAT NOT NULL,\n  prefill_cached_tokens INTEGER DEFAULT '0' NOT NULL, prefill_computed_tokens "
+    "INTEGER DEFAULT '0' NOT NULL,\n  local_prefill INTEGER DEFAULT '0' NOT NULL, PRIMARY KEY (request_id));",
+).replace("PRAGMA user_version = 2;", "PRAGMA user_version = 3;")
 
 # Tables whose records have no natural key get a leading INTEGER `id`.
 SURROGATE_KEYED = {"worker_samples", "gpu_samples", "events", "bench_runs"}
@@ -106,9 +114,10 @@ def test_fresh_store_pragmas(tmp_path):
     db.close()
 
 
-def test_fresh_layout_is_v2(tmp_path):
+def test_fresh_layout_is_v3(tmp_path):
+    assert V3_DDL.count("DEFAULT '0'") == 3
     expected = sqlite3.connect(tmp_path / "expected.db")
-    expected.executescript(V2_DDL)
+    expected.executescript(V3_DDL)
     db = open_db(tmp_path / "fleet.db")
     assert layout(db.conn) == layout(expected)
     db.close()
@@ -146,6 +155,28 @@ def test_v1_file_is_upgraded_in_place(tmp_path):
     row = next(db.query("SELECT * FROM worker_samples"))
     assert row["interval_s"] == 1.0 and row["decode_tokens"] == 24 and row["flops"] == 7
     assert next(db.query("SELECT interval_s FROM gpu_samples"))["interval_s"] == 1.0
+    fresh = open_db(tmp_path / "fresh.db")
+    assert layout(db.conn) == layout(fresh.conn)
+    db.close()
+    fresh.close()
+
+
+def test_v2_file_gets_the_prefix_cache_columns(tmp_path):
+    path = tmp_path / "v2.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(V2_DDL)
+    conn.execute(
+        "INSERT INTO requests (request_id, ts, queue_s, prefill_s, handoff_bytes, handoff_s, ttft_s, decode_s, e2e_s, "
+        "prompt_tokens, output_tokens, outcome, prefill_model_s, decode_model_s) VALUES ('r', 1, 0, 0.1, 0, 0, 0.1, "
+        "1, 1.1, 40, 8, 'ok', 0.1, 1)"
+    )
+    conn.commit()
+    conn.close()
+    db = open_db(path)
+    assert schema_version(db.conn) == SCHEMA_VERSION
+    row = next(db.query("SELECT * FROM requests"))
+    assert (row["prompt_tokens"], row["prefill_cached_tokens"], row["prefill_computed_tokens"],
+            row["local_prefill"]) == (40, 0, 0, 0)
     fresh = open_db(tmp_path / "fresh.db")
     assert layout(db.conn) == layout(fresh.conn)
     db.close()

@@ -1,0 +1,140 @@
+"""Agent traffic with the prefix cache on vs off: the same `bench --trace agent` sessions (a shared system
+prompt with tool descriptions, 4-12 turns of tool results and answers, each turn re-sending the whole
+conversation) against two fresh disaggregated fleets started here one after the other, one with
+`--no-prefix-cache`; same model, devices, dtype and trace, same run.
+
+    python scripts/bench_agent_cache.py [--model smollm2-135m] [--requests 48] [--rate 0.2]
+                                        [--devices cpu:0,cpu:1] [--max-model-len 0] [--local-prefill-tokens N]
+                                        [--local-sweep 0,64,256,1024] [--json]
+
+Per fleet: the prefix hit ratio (tokens; from the store), TTFT p50/p99 of first turns and of later turns
+(at the client), throughput, local prefills, and the decode share of model time from `classify` over
+that fleet's own store (model time per request is its share of the steps it computed in: tokens served
+from the cache cost none). Then the ratios off/on. The goals (DESIGN §7): decode >= 90 % of model time
+with the cache on, later turns' TTFT >= 3x better than with it off.
+
+`--local-sweep N,N,…` runs, instead, the same trace with the cache on once per `--local-prefill-tokens` value
+(conditional disaggregation) and prints each run's later-turn TTFT, throughput, local prefills and decode
+share: where more local prefill stops helping is the crossover `serve`'s default comes from.
+
+`--local-prefill-tokens` is passed to both fleets (conditional disaggregation; with the cache off nothing is
+cached, so nothing is prefilled locally). `--max-model-len` caps the context the sessions are sized to (0: the
+model's own); on a CPU a smaller one keeps the cache-off run (every turn prefills the whole conversation
+again) within minutes.
+"""
+
+import argparse
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+
+from fleetctl.console.bench import run_bench
+from fleetctl.console.client import FleetClient
+from fleetctl.console.local_fleet import local_fleet
+from fleetctl.console.models_cmd import resolve_model
+from fleetctl.console.traces import load_trace
+from fleetctl.store.classify import classify
+from fleetctl.store.db import open_db
+
+WINDOW_S = 7 * 86400  # the whole of a fresh store
+
+
+def run_fleet(model: Path, layout: list[str], store: Path, trace_args: tuple, cache: bool) -> dict:
+    flags = [] if cache else ["--no-prefix-cache"]
+    with local_fleet(model, *layout, "--store", str(store), *flags) as url:
+        context = FleetClient(url).get("/v1/models")["data"][0]["max_model_len"]
+        name, trace = load_trace("agent", *trace_args, context=context)
+        result = asyncio.run(run_bench(url, trace, name, slo_ttft=10.0, slo_tpot=1.0))
+        status = FleetClient(url).get("/fleet/status")
+    db = open_db(store)
+    try:
+        phases = classify(db, WINDOW_S)
+    finally:
+        db.close()
+    return {
+        "context": context,
+        "sessions": len({t.session_id for t in trace}),
+        "requests": result["requests"],
+        "errors": result["errors"],
+        "duration_s": result["duration_s"],
+        "throughput_tokens_per_s": result["throughput_tokens_per_s"],
+        "ttft_first_turn_s": result["ttft_first_turn_s"],
+        "ttft_later_turns_s": result["ttft_later_turns_s"],
+        "prefix_hit_ratio": round(phases.prefix_hit_ratio, 4),
+        "pool_hit_ratio": {role: pool["prefix_hit_ratio"] for role, pool in status["pools"].items()},
+        "prefill_cached_tokens": phases.prefill_cached_tokens,
+        "prefill_computed_tokens": phases.prefill_computed_tokens,
+        "local_prefills": phases.local_prefills,
+        "decode_share": round(phases.decode_share, 4),
+        "prefill_model_s": round(phases.prefill_model_s, 3),
+        "decode_model_s": round(phases.decode_model_s, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--requests", type=int, default=48, help="turns in all")
+    parser.add_argument("--rate", type=float, default=0.2, help="sessions starting per second")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--devices", default="cpu:0,cpu:1")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--max-model-len", type=int, default=0)
+    parser.add_argument("--local-prefill-tokens", type=int, default=None)
+    parser.add_argument("--local-sweep", default="", help="comma-separated --local-prefill-tokens values")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    model = resolve_model(args.model)
+    layout = ["--prefill", "1", "--decode", "1", "--devices", args.devices, "--dtype", args.dtype]
+    if args.max_model_len:
+        layout += ["--max-model-len", str(args.max_model_len)]
+    if args.local_prefill_tokens is not None:
+        layout += ["--local-prefill-tokens", str(args.local_prefill_tokens)]
+    if args.local_sweep:
+        sweep(model, layout, (args.requests, args.rate, args.seed), [int(n) for n in args.local_sweep.split(",")])
+        return
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for cache in (True, False):
+            key = "cache_on" if cache else "cache_off"
+            results[key] = run_fleet(model, layout, Path(tmp) / f"{key}.db", (args.requests, args.rate, args.seed),
+                                     cache)
+            if not args.json:
+                print(key, json.dumps(results[key]), flush=True)
+    on, off = results["cache_on"], results["cache_off"]
+
+    def ratio(a: float, b: float) -> float | None:
+        return round(a / b, 2) if b else None
+
+    results["ratios"] = {
+        "ttft_later_turns_p50_off_over_on": ratio(off["ttft_later_turns_s"]["p50"], on["ttft_later_turns_s"]["p50"]),
+        "ttft_later_turns_p99_off_over_on": ratio(off["ttft_later_turns_s"]["p99"], on["ttft_later_turns_s"]["p99"]),
+        "ttft_first_turn_p50_off_over_on": ratio(off["ttft_first_turn_s"]["p50"], on["ttft_first_turn_s"]["p50"]),
+        "throughput_on_over_off": ratio(on["throughput_tokens_per_s"], off["throughput_tokens_per_s"]),
+        "computed_prefill_tokens_on_over_off": ratio(on["prefill_computed_tokens"], off["prefill_computed_tokens"]),
+    }
+    if args.json:
+        print(json.dumps(results))
+        return
+    print("ratios", json.dumps(results["ratios"]))
+    print(f"decode share of model time: cache on {on['decode_share']:.1%} (goal >= 90%), off {off['decode_share']:.1%}")
+
+
+def sweep(model: Path, layout: list[str], trace_args: tuple, thresholds: list[int]) -> None:
+    """The cache on, once per --local-prefill-tokens value, same trace: one line each."""
+    print(f"{'local ≤':>8} {'later TTFT p50':>15} {'p99':>8} {'tokens/s':>9} {'local':>6} {'hit ratio':>10} "
+          f"{'decode share':>13}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for threshold in thresholds:
+            run = run_fleet(model, [*layout, "--local-prefill-tokens", str(threshold)], Path(tmp) / f"{threshold}.db",
+                            trace_args, cache=True)
+            later = run["ttft_later_turns_s"]
+            print(f"{threshold:>8} {later['p50']:>13.3f} s {later['p99']:>6.3f} s "
+                  f"{run['throughput_tokens_per_s']:>9.2f} {run['local_prefills']:>6} "
+                  f"{run['prefix_hit_ratio']:>10.1%} {run['decode_share']:>13.1%}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
