@@ -110,8 +110,9 @@ def rebalance(
 def _dry_run(data: dict) -> str:
     if not data["moves"]:
         return f"the fleet is already at {data['split']}: nothing to move"
-    how = ("recomputed on peers at once" if data["evacuation"] == "recompute"
-           else "finish where they are (no new work meanwhile)")
+    how = {"recompute": "are recomputed on peers at once",
+           "move": "move live to peers of their role (a prefill worker's finish where they are)",
+           "finish": "finish where they are (no new work meanwhile)"}[data["evacuation"]]
     lines = [f"{data['current']} -> {data['split']}: {len(data['moves'])} worker(s) change role; their sessions {how}"]
     lines += [f"  {m['worker']} on {m['device']}: {m['from']} -> {m['to']} ({m['sessions']} session(s))"
               for m in data["moves"]]

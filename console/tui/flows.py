@@ -116,7 +116,7 @@ class ActionFlows:
         """From the plan screen: the dry run's moves in the confirmation, then the rebalance itself."""
         preview = await self.app.source.post("/fleet/rebalance", {"split": split, "apply": False})
         moves = "\n".join(f"  {m['worker']} on {m['device']}: {m['from']} → {m['to']} ({m['sessions']} sessions "
-                          f"finish first)" for m in preview["moves"])
+                          f"leave first: {preview['evacuation']})" for m in preview["moves"])
         if not await self._confirm(f"Rebalance {preview['current']} → {preview['split']}?\n{moves}"):
             return None
         return await self.app.source.post("/fleet/rebalance", {"split": split, "apply": True})

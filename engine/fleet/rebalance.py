@@ -26,9 +26,11 @@ FLEET = "fleet"  # the operation's `worker`: a rebalance acts on the whole fleet
 
 
 class Evacuation(StrEnum):
-    """How a worker's sessions leave it before it changes role. Live session migration (DESIGN) will be a
-    third member: moved to peers between two steps, instead of finishing in place or being recomputed."""
+    """How a worker's sessions leave it before it changes role."""
 
+    # the default: a decode worker's sessions move live to its peers between two steps (`drain --move`;
+    # what cannot move finishes in place); a prefill worker's (KV awaiting a handoff) finish where they are
+    MOVE = "move"
     FINISH = "finish"  # drain: they finish where they are; it takes no new work meanwhile
     RECOMPUTE = "recompute"  # `force`: recomputed at once on its peers from their tokens
 
@@ -132,12 +134,16 @@ class Rebalancer:
         try:
             for n, move in enumerate(moves, 1):
                 step = f"{n}/{len(moves)} {move.worker_id} on {move.device} -> {move.to_role.value}"
+                moved = 0
+                if how is Evacuation.MOVE and move.from_role is WorkerRole.DECODE:
+                    drained = await self._follow(op, step, self.lifecycle.drain(move.worker_id, move=True))
+                    moved = drained.get("sessions_moved", 0)
                 stopped = await self._follow(op, step, self.lifecycle.stop(move.worker_id,
                                                                            force=how is Evacuation.RECOMPUTE))
                 new = await self._follow(op, step, self.lifecycle.start(move.to_role.value, move.device))
                 done.append({**move.as_json(), "new_worker": new["worker"],
                              "sessions_finished": stopped["sessions_finished"],
-                             "sessions_moved": stopped["sessions_moved"],
+                             "sessions_moved": stopped["sessions_moved"] + moved,
                              "seconds": round(stopped["seconds"] + new["seconds"], 3)})
         except (OperationError, RuntimeError) as exc:
             reached = self.current()
@@ -162,4 +168,4 @@ class Rebalancer:
 
 
 def _evacuation(force: bool) -> Evacuation:
-    return Evacuation.RECOMPUTE if force else Evacuation.FINISH
+    return Evacuation.RECOMPUTE if force else Evacuation.MOVE

@@ -101,7 +101,7 @@ class FixtureSource:
             return {"id": "op-2", "kind": "rebalance", "worker": "fleet", "state": "done", "stage": "done",
                     "error": None, "result": {"split": body["split"], "moves": 1}}
         if path == "/fleet/rebalance":
-            return {"split": body["split"], "current": "2:4", "force": False, "evacuation": "drain",
+            return {"split": body["split"], "current": "2:4", "force": False, "evacuation": "move",
                     "moves": [{"worker": "decode-2", "device": "cpu:4", "from": "decode", "to": "prefill",
                                "sessions": 9}]}
         raise ActionError(f"HTTP 409: {path} refused by the fixture")

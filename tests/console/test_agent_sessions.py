@@ -97,7 +97,7 @@ def test_bench_sends_a_sessions_turns_in_order_with_the_conversation_so_far() ->
         if prompt.endswith("boom"):
             return httpx.Response(500, text="no")
         text = f" <answer {len(prompts)}>"
-        chunks = [{"choices": [{"text": text}]}, {"choices": [], "usage": {"completion_tokens": 2}}]
+        chunks = [{"choices": [{"text": text}]}, {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}]
         body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
         return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
 

@@ -106,13 +106,14 @@ def url(tiny_model_dir: Path, tmp_path: Path) -> Iterator[str]:
 def test_rebalance_dry_run_apply_and_refusal(url: str) -> None:
     dry = fleetctl("rebalance", "--split", "2:1", "--url", url)
     assert dry.exit_code == 0, dry.stderr
-    assert dry.stdout == ("1:2 -> 2:1: 1 worker(s) change role; their sessions finish where they are (no new work "
-                          "meanwhile)\n  decode-0 on cpu:1: decode -> prefill (0 session(s))\n"
+    assert dry.stdout == ("1:2 -> 2:1: 1 worker(s) change role; their sessions move live to peers of their "
+                          "role (a prefill worker's finish where they are)\n"
+                          "  decode-0 on cpu:1: decode -> prefill (0 session(s))\n"
                           "dry run: add --apply to do it\n")
     applied = fleetctl("rebalance", "--split", "2:1", "--apply", "--url", url, "--json")
     assert applied.exit_code == 0, applied.stderr
     result = json.loads(applied.stdout)
-    assert (result["split"], result["from"], result["evacuation"]) == ("2:1", "1:2", "finish")
+    assert (result["split"], result["from"], result["evacuation"]) == ("2:1", "1:2", "move")
     assert [(m["worker"], m["new_worker"]) for m in result["moves"]] == [("decode-0", "prefill-1")]
     back = fleetctl("rebalance", "--split", "1:2", "--apply", "--force", "--url", url)
     assert back.exit_code == 0, back.stderr

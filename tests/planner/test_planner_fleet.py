@@ -1,6 +1,6 @@
 """The planner against real fleets (worker processes on CPU slots, HTTP, the CLI): the replay's latency for the
-split that ran, against what that run measured; `rebalance --apply` (drained, then forced) while streams run;
-`bench --compare-layouts` end to end."""
+split that ran, against what that run measured; `rebalance --apply` (sessions moved live, then forced) while
+streams run; `bench --compare-layouts` end to end."""
 
 import asyncio
 import json
@@ -103,7 +103,9 @@ def test_rebalance_under_live_traffic_loses_no_stream(tiny_model_dir: Path) -> N
         assert applying.returncode == 0, err
         result = json.loads(out)
         assert result["from"] == "1:2" and result["moves"][0]["worker"] == move["worker"]
-        assert result["moves"][0]["sessions_moved"] == 0 and result["moves"][0]["new_worker"] == "prefill-1"
+        # 300-token streams are still running when the drain starts: they move live to the other decode worker
+        assert result["evacuation"] == "move" and result["moves"][0]["sessions_moved"] >= 1
+        assert result["moves"][0]["new_worker"] == "prefill-1"
         now = workers(url)
         assert now["prefill-1"]["state"] == "running" and now["prefill-1"]["device"] == move["device"]
         assert now[move["worker"]]["state"] == "stopped"

@@ -56,7 +56,7 @@ def test_bad_plan_queries_get_one_clear_error(client: TestClient, params: dict, 
 def test_rebalance_dry_run_then_apply(client: TestClient) -> None:
     dry = client.post("/fleet/rebalance", json={"split": "2:1"})
     assert dry.status_code == 200, dry.text
-    assert dry.json() == {"split": "2:1", "current": "1:2", "force": False, "evacuation": "finish",
+    assert dry.json() == {"split": "2:1", "current": "1:2", "force": False, "evacuation": "move",
                           "moves": [{"worker": "decode-0", "device": "cpu:1", "from": "decode", "to": "prefill",
                                      "sessions": 0}]}
     started = client.post("/fleet/rebalance", json={"split": "2:1", "apply": True})
