@@ -159,6 +159,8 @@ class FakeWorker:
                 self.send(m.Capacity(self.spec.worker_id, self.free_blocks))
             case m.TakeCheckpoint() | m.Restore() | m.Resume():
                 return checkpoints.handle(msg)
+            case m.ReserveBlocks() | m.SendBlocks() | m.ReceiveBlocks():  # a live move: its sessions stay put
+                self.send(m.MoveRefused(msg.move_id, "a fake worker holds no KV to move"))
         return True
 
     @property

@@ -5,22 +5,35 @@ import asyncio
 import time
 from pathlib import Path
 
-from fake_workers import NUM_BLOCKS, FakeLauncher, expected_tokens
+from fake_workers import NUM_BLOCKS, FakeLauncher, expected_tokens, tokens_of
 
 from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.fleet.operation import Operation, OpState
 from fleetctl.engine.fleet.request import StreamEvent, TrackedRequest
 from fleetctl.store.records import WorkerState
 
 
-def prompts(count: int) -> list[list[int]]:
-    return [[3 + i, 4 + i, 5 + i % 7] for i in range(count)]
+def prompts(count: int, offset: int = 0) -> list[list[int]]:
+    return [[3 + i + offset, 4 + i, 5 + (i + offset) % 7] for i in range(count)]
 
 
-async def until(predicate, why=lambda: "timed out", timeout: float = 10.0) -> None:
+async def until(predicate, why=lambda: "timed out", timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, why()
         await asyncio.sleep(0.005)
+
+
+async def finished(op: Operation) -> Operation:
+    await until(lambda: op.state is not OpState.RUNNING, lambda: f"{op.kind.value} {op.id} still at {op.stage}")
+    return op
+
+
+async def all_complete(fleet: Fleet, reqs: list[TrackedRequest]) -> None:
+    """Every request ends without an error, with exactly the tokens it would have had undisturbed."""
+    results = await asyncio.gather(*(tokens_of(fleet, r) for r in reqs))
+    for req, tokens in zip(reqs, results, strict=True):
+        assert tokens == expected_tokens(req.prompt_token_ids, req.params.max_tokens), req.request_id
 
 
 async def outcome(fleet: Fleet, req: TrackedRequest) -> list[StreamEvent]:

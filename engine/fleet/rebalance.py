@@ -134,15 +134,15 @@ class Rebalancer:
         try:
             for n, move in enumerate(moves, 1):
                 step = f"{n}/{len(moves)} {move.worker_id} on {move.device} -> {move.to_role.value}"
-                moved = 0
+                finished, moved = 0, 0
                 if how is Evacuation.MOVE and move.from_role is WorkerRole.DECODE:
                     drained = await self._follow(op, step, self.lifecycle.drain(move.worker_id, move=True))
-                    moved = drained.get("sessions_moved", 0)
+                    finished, moved = drained["sessions_finished"], drained.get("sessions_moved", 0)
                 stopped = await self._follow(op, step, self.lifecycle.stop(move.worker_id,
                                                                            force=how is Evacuation.RECOMPUTE))
                 new = await self._follow(op, step, self.lifecycle.start(move.to_role.value, move.device))
                 done.append({**move.as_json(), "new_worker": new["worker"],
-                             "sessions_finished": stopped["sessions_finished"],
+                             "sessions_finished": stopped["sessions_finished"] + finished,
                              "sessions_moved": stopped["sessions_moved"] + moved,
                              "seconds": round(stopped["seconds"] + new["seconds"], 3)})
         except (OperationError, RuntimeError) as exc:

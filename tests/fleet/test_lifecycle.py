@@ -8,7 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fake_workers import FakeLauncher, expected_tokens, run_fleet, tokens_of
+from fake_workers import FakeLauncher, run_fleet
+from fleet_checks import all_complete, finished, prompts, shm, until
 
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.config import pinned_cores
@@ -20,33 +21,6 @@ from fleetctl.store.db import open_db
 from fleetctl.store.records import WorkerRole, WorkerState
 
 LONG = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
-
-
-def prompts(count: int, offset: int = 0) -> list[list[int]]:
-    return [[3 + i + offset, 4 + i, 5 + (i + offset) % 7] for i in range(count)]
-
-
-async def until(predicate: Callable[[], bool]) -> None:
-    while not predicate():
-        await asyncio.sleep(0.005)
-
-
-async def finished(op: Operation) -> Operation:
-    await until(lambda: op.state is not OpState.RUNNING)
-    return op
-
-
-async def all_complete(fleet: Fleet, reqs: list[TrackedRequest]) -> None:
-    """Every request ends without an error, with exactly the tokens it would have had undisturbed."""
-    results = await asyncio.gather(*(tokens_of(fleet, r) for r in reqs))
-    for req, tokens in zip(reqs, results, strict=True):
-        assert tokens == expected_tokens(req.prompt_token_ids, req.params.max_tokens), req.request_id
-
-
-def shm(tmp_path: Path) -> Path:
-    path = tmp_path / "shm"
-    path.mkdir(exist_ok=True)
-    return path
 
 
 def refused(call: Callable[[], Operation], status: int, message: str) -> None:

@@ -95,16 +95,20 @@ def test_rebalance_under_live_traffic_loses_no_stream(tiny_model_dir: Path) -> N
         assert wait_until(lambda: all(workers(url)[w]["sessions"] >= 1 for w in ("decode-0", "decode-1")), 60)
         dry = fleetctl("rebalance", "--split", "2:1", "--url", url, "--json")
         assert dry.returncode == 0, dry.stderr
-        [move] = json.loads(dry.stdout)["moves"]
+        [planned] = json.loads(dry.stdout)["moves"]
+        assert planned["from"] == "decode" and planned["to"] == "prefill"
         applying = subprocess.Popen([*FLEETCTL, "rebalance", "--split", "2:1", "--apply", "--url", url, "--json"],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         second = start_streams(url, PROMPTS[:3])  # traffic keeps coming while a worker drains
         out, err = applying.communicate(timeout=600)
         assert applying.returncode == 0, err
         result = json.loads(out)
-        assert result["from"] == "1:2" and result["moves"][0]["worker"] == move["worker"]
-        # 300-token streams are still running when the drain starts: they move live to the other decode worker
-        assert result["evacuation"] == "move" and result["moves"][0]["sessions_moved"] >= 1
+        # the dry run and the apply each pick the decode worker holding fewer sessions at that moment
+        assert result["from"] == "1:2" and result["moves"][0]["worker"] in ("decode-0", "decode-1")
+        move = result["moves"][0]
+        # sessions still running when its drain starts move live to the other decode worker (how many depends on
+        # timing: the streams below must come out identical either way)
+        assert result["evacuation"] == "move", result
         assert result["moves"][0]["new_worker"] == "prefill-1"
         now = workers(url)
         assert now["prefill-1"]["state"] == "running" and now["prefill-1"]["device"] == move["device"]

@@ -10,47 +10,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fake_workers import FakeLauncher, expected_tokens, run_fleet, tokens_of
+from fake_workers import FakeLauncher, run_fleet
+from fleet_checks import all_complete, finished, prompts, shm, until
 from synthetic_fleet import workload, write_store
 
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.autoplan import Autoplanner
 from fleetctl.engine.fleet.controller import Fleet
-from fleetctl.engine.fleet.operation import Operation, OperationError, OpState
+from fleetctl.engine.fleet.operation import OperationError, OpState
 from fleetctl.engine.fleet.rebalance import Rebalancer
-from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.planner.autoplan_policy import Decision
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.store.db import open_db
 from fleetctl.store.records import WorkerState
 
 LONG = SamplingParams(max_tokens=150, temperature=0.0, ignore_eos=True)
-
-
-def prompts(count: int, offset: int = 0) -> list[list[int]]:
-    return [[3 + i + offset, 4 + i, 5 + (i + offset) % 7] for i in range(count)]
-
-
-async def until(predicate: Callable[[], bool]) -> None:
-    while not predicate():
-        await asyncio.sleep(0.005)
-
-
-async def finished(op: Operation) -> Operation:
-    await until(lambda: op.state is not OpState.RUNNING)
-    return op
-
-
-async def all_complete(fleet: Fleet, reqs: list[TrackedRequest]) -> None:
-    results = await asyncio.gather(*(tokens_of(fleet, r) for r in reqs))
-    for req, tokens in zip(reqs, results, strict=True):
-        assert tokens == expected_tokens(req.prompt_token_ids, req.params.max_tokens), req.request_id
-
-
-def shm(tmp_path: Path) -> Path:
-    path = tmp_path / "shm"
-    path.mkdir(exist_ok=True)
-    return path
 
 
 def roles(fleet: Fleet) -> dict[str, tuple[str, str]]:
