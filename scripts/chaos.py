@@ -117,7 +117,7 @@ async def restore_that_fails(fleet: Fleet) -> int:
 
 async def migrate_that_times_out(fleet: Fleet) -> int:
     await fleet.until(lambda w: w["decode-0"]["sessions"] >= 2)
-    op = await fleet.operation("/fleet/workers/decode-0/migrate", {"to": "cpu:3"})
+    op = await fleet.operation("/fleet/workers/decode-0/migrate", {"to": "cpu:3", "via": "checkpoint"})
     assert op["state"] == "failed" and "not written within" in op["error"], op
     return 1
 
