@@ -24,8 +24,9 @@ def _complete(url: str, prompt: str, max_tokens: int) -> None:
 
 def test_traffic_fills_the_store_and_classify_sees_the_phases(tiny_model_dir: Path, tmp_path: Path) -> None:
     store = tmp_path / "fleet.db"
+    # no local prefills (conditional disaggregation): each phase on its own worker, as the checks below read
     with serve(tiny_model_dir, "--prefill", "1", "--decode", "1", "--devices", "cpu:0,cpu:1", "--dtype",
-               "float32", "--kv-blocks", "128", "--store", str(store)) as url:
+               "float32", "--kv-blocks", "128", "--store", str(store), "--local-prefill-tokens", "0") as url:
         for prompt in PROMPT_HEAVY:
             _complete(url, prompt, 2)
         for prompt in OUTPUT_HEAVY:
