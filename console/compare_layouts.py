@@ -48,7 +48,9 @@ def compare_layouts(model: str, devices: list[str], trace: list[TraceRequest], n
         best = plan.best_split
         if best is None:
             raise PlanError(f"{len(devices)} device(s) have no prefill:decode split: compare on two or more")
-        layout = ["--prefill", str(best.split.prefill), "--decode", str(best.split.decode), "--devices", joined]
+        # every prompt through the prefill pool, as the replay that chose this split assumed (no local prefills)
+        layout = ["--prefill", str(best.split.prefill), "--decode", str(best.split.decode), "--devices", joined,
+                  "--local-prefill-tokens", "0"]
         split = _bench(model, layout, stores / "split.db", trace, name, slo)
     predicted = plan.candidate(plan.current)
     return {
