@@ -103,7 +103,7 @@ def test_migrate_decode_worker_to_another_node_is_token_identical(url: str, expe
     result = fleetctl("migrate", "decode-0", "--to", "node1/cpu:1", "--url", url, "--json")
     assert result.returncode == 0, result.stderr
     moved = json.loads(result.stdout)
-    assert (moved["from"], moved["to"], moved["mode"]) == ("node2/cpu:0", "node1/cpu:1", "restored")
+    assert (moved["from"], moved["to"], moved["mode"]) == ("node2/cpu:0", "node1/cpu:1", "live")
     assert streams.result(timeout=300) == expected
     assert workers(url)["decode-0"]["node"] == "node1"
     local_before = handoffs(url, "local")
