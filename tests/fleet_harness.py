@@ -1,17 +1,20 @@
 """Helpers for integration tests against a real `fleetctl serve` process on 127.0.0.1."""
 
+import asyncio
 import json
 import os
 import subprocess
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import openai
 
 from fleetctl.console.local_fleet import FLEETCTL
 from fleetctl.console.local_fleet import local_fleet as serve
 
-__all__ = ["admin", "fleetctl", "generate_json", "serve", "wait_until", "worker_pids"]
+__all__ = ["admin", "fleetctl", "generate_json", "serve", "start_streams", "wait_until", "worker_pids", "workers"]
 
 
 def admin() -> dict[str, str]:
@@ -45,3 +48,23 @@ def wait_until(predicate, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def start_streams(url: str, prompts: list[str], max_tokens: int, model: str = "tiny-llama0") -> "Future[list[str]]":
+    """Greedy streamed completions of `prompts` (EOS ignored) in a thread: the future gives their texts."""
+    async def run() -> list[str]:
+        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+
+        async def one(prompt: str) -> str:
+            stream = await api.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
+                                                  temperature=0, stream=True, extra_body={"ignore_eos": True})
+            return "".join([c.choices[0].text async for c in stream if c.choices])
+
+        return await asyncio.gather(*[one(p) for p in prompts])
+
+    return ThreadPoolExecutor(1).submit(asyncio.run, run())
+
+
+def workers(url: str) -> dict[str, dict]:
+    """/fleet/workers by worker id."""
+    return {w["id"]: w for w in httpx.get(f"{url}/fleet/workers", timeout=10).json()["workers"]}

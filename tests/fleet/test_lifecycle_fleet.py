@@ -2,16 +2,13 @@
 CLI) while streams run. Token identity relies on `--deterministic`: a stream's text must not depend on
 which decode worker ran it or on what it was batched with."""
 
-import asyncio
 import json
 import subprocess
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
-from fleet_harness import fleetctl, generate_json, serve, wait_until
+from fleet_harness import fleetctl, generate_json, serve, start_streams, wait_until, workers
 
 from fleetctl.console.local_fleet import FLEETCTL
 
@@ -23,24 +20,6 @@ TOKENS = 300
 # one sequence per step on each worker: a worker holding two sessions holds them for 2 x TOKENS steps
 FLEET = ("--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2", "--dtype", "float32",
          "--deterministic", "--max-num-seqs", "1")
-
-
-def start_streams(url: str, prompts: list[str]) -> "Future[list[str]]":
-    async def run() -> list[str]:
-        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
-
-        async def one(prompt: str) -> str:
-            stream = await api.completions.create(model="tiny-llama0", prompt=prompt, max_tokens=TOKENS,
-                                                  temperature=0, stream=True, extra_body={"ignore_eos": True})
-            return "".join([c.choices[0].text async for c in stream if c.choices])
-
-        return await asyncio.gather(*[one(p) for p in prompts])
-
-    return ThreadPoolExecutor(1).submit(asyncio.run, run())
-
-
-def workers(url: str) -> dict[str, dict]:
-    return {w["id"]: w for w in httpx.get(f"{url}/fleet/workers", timeout=10).json()["workers"]}
 
 
 def cli_json(*args: str) -> dict:
@@ -58,14 +37,14 @@ def test_start_drain_resume_stop_via_the_cli_lose_no_stream(tiny_model_dir: Path
     reference = [r["text"] for r in generate_json(tiny_model_dir, PROMPTS, "--dtype", "float32", "--deterministic",
                                                   "--max-tokens", str(TOKENS), "--ignore-eos")]
     with serve(tiny_model_dir, *FLEET) as url:
-        first = start_streams(url, PROMPTS[:2])
+        first = start_streams(url, PROMPTS[:2], TOKENS)
         assert wait_until(lambda: sum(w["sessions"] for w in workers(url).values()) >= 1, 60)
         started = cli_json("start", "--role", "decode", "--device", "cpu:3", "--url", url)
         assert {k: started[k] for k in ("worker", "role", "device")} == {"worker": "decode-2", "role": "decode",
                                                                           "device": "cpu:3"}
         assert workers(url)["decode-2"]["state"] == "running" and workers(url)["decode-2"]["pid"] == started["pid"]
 
-        second = start_streams(url, PROMPTS)
+        second = start_streams(url, PROMPTS, TOKENS)
         assert wait_until(lambda: all(workers(url)[w]["sessions"] >= 1 for w in ("decode-0", "decode-1")), 60)
         stopped_pid = workers(url)["decode-1"]["pid"]
         drain = subprocess.Popen([*FLEETCTL, "drain", "decode-0", "--url", url, "--json"], stdout=subprocess.PIPE,

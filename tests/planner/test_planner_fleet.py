@@ -7,13 +7,10 @@ import json
 import random
 import subprocess
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
-import openai
 import pytest
-from fleet_harness import fleetctl, generate_json, serve, wait_until
+from fleet_harness import fleetctl, generate_json, serve, start_streams, wait_until, workers
 
 from fleetctl.console.bench import run_bench
 from fleetctl.console.local_fleet import FLEETCTL
@@ -67,31 +64,13 @@ FLEET = ("--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2", "-
          "--deterministic", "--max-num-seqs", "1")
 
 
-def start_streams(url: str, prompts: list[str]) -> "Future[list[str]]":
-    async def run() -> list[str]:
-        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
-
-        async def one(prompt: str) -> str:
-            stream = await api.completions.create(model="tiny-llama0", prompt=prompt, max_tokens=TOKENS,
-                                                  temperature=0, stream=True, extra_body={"ignore_eos": True})
-            return "".join([c.choices[0].text async for c in stream if c.choices])
-
-        return await asyncio.gather(*[one(p) for p in prompts])
-
-    return ThreadPoolExecutor(1).submit(asyncio.run, run())
-
-
-def workers(url: str) -> dict[str, dict]:
-    return {w["id"]: w for w in httpx.get(f"{url}/fleet/workers", timeout=10).json()["workers"]}
-
-
 def test_rebalance_under_live_traffic_loses_no_stream(tiny_model_dir: Path) -> None:
     """Token identity relies on --deterministic: a stream's text must not depend on which worker ran it, on what it
     was batched with, or on being recomputed from its tokens (the forced move)."""
     reference = [r["text"] for r in generate_json(tiny_model_dir, PROMPTS, "--dtype", "float32", "--deterministic",
                                                   "--max-tokens", str(TOKENS), "--ignore-eos")]
     with serve(tiny_model_dir, *FLEET) as url:
-        first = start_streams(url, PROMPTS)
+        first = start_streams(url, PROMPTS, TOKENS)
         assert wait_until(lambda: all(workers(url)[w]["sessions"] >= 1 for w in ("decode-0", "decode-1")), 60)
         dry = fleetctl("rebalance", "--split", "2:1", "--url", url, "--json")
         assert dry.returncode == 0, dry.stderr
@@ -99,7 +78,7 @@ def test_rebalance_under_live_traffic_loses_no_stream(tiny_model_dir: Path) -> N
         assert planned["from"] == "decode" and planned["to"] == "prefill"
         applying = subprocess.Popen([*FLEETCTL, "rebalance", "--split", "2:1", "--apply", "--url", url, "--json"],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        second = start_streams(url, PROMPTS[:3])  # traffic keeps coming while a worker drains
+        second = start_streams(url, PROMPTS[:3], TOKENS)  # traffic keeps coming while a worker drains
         out, err = applying.communicate(timeout=600)
         assert applying.returncode == 0, err
         result = json.loads(out)
@@ -114,7 +93,7 @@ def test_rebalance_under_live_traffic_loses_no_stream(tiny_model_dir: Path) -> N
         assert now["prefill-1"]["state"] == "running" and now["prefill-1"]["device"] == move["device"]
         assert now[move["worker"]]["state"] == "stopped"
 
-        third = start_streams(url, PROMPTS)
+        third = start_streams(url, PROMPTS, TOKENS)
         staying = next(w for w in ("decode-0", "decode-1") if w != move["worker"])
         assert wait_until(lambda: workers(url)[staying]["sessions"] >= 1, 60)
         forced = fleetctl("rebalance", "--split", "1:2", "--apply", "--force", "--url", url, "--json")
