@@ -78,6 +78,19 @@ def untyped_flags(command: click.Command, ctx: click.Context) -> None:
         untyped_flags(sub, ctx)
 
 
+OPTIONAL_VALUES = {"--ray": "auto"}  # options whose value may be left out (typer's parser has none of their kind)
+
+
+def fill_optional_values(args: list[str]) -> list[str]:
+    """`args` with each value-less OPTIONAL_VALUES option given its default: `serve --ray` means `--ray auto`."""
+    filled = []
+    for at, arg in enumerate(args):
+        filled.append(arg)
+        if arg in OPTIONAL_VALUES and (at + 1 == len(args) or args[at + 1].startswith("-")):
+            filled.append(OPTIONAL_VALUES[arg])
+    return filled
+
+
 def main() -> None:
     """Run the CLI; a usage error (unknown option, bad value) is one `fleetctl: error:` line, exit 2."""
     if len(sys.argv) == 1 and sys.stdin.isatty() and sys.stdout.isatty():
@@ -85,7 +98,8 @@ def main() -> None:
     command = typer.main.get_command(app)
     untyped_flags(command, click.Context(command))
     try:
-        code = command.main(prog_name="fleetctl", standalone_mode=False)  # an Exit comes back as its code
+        # standalone_mode=False: an Exit comes back as its code
+        code = command.main(fill_optional_values(sys.argv[1:]), prog_name="fleetctl", standalone_mode=False)
         if isinstance(code, int):
             sys.exit(code)
     except cli_errors.NoArgsIsHelpError as exc:

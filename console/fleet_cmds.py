@@ -15,7 +15,7 @@ from fleetctl.console.client import FleetClient, FleetClientError
 from fleetctl.console.errors import fail, user_errors
 from fleetctl.console.models_cmd import resolve_model
 from fleetctl.console.traces import TraceKind
-from fleetctl.engine.core.config import DType
+from fleetctl.engine.core.config import CompileMode, DType
 from fleetctl.engine.fleet.config import DEFAULT_LOCAL_PREFILL_TOKENS
 from fleetctl.engine.model.registry import DEFAULT_MODEL
 
@@ -48,6 +48,10 @@ def serve(
                                                     "in chunks (between them a mixed worker decodes)."),
     max_model_len: int = typer.Option(0, "--max-model-len", min=0,
                                       help="Cap on prompt + output tokens (0: the model's context)."),
+    compile_mode: CompileMode = typer.Option(
+        CompileMode.OFF, "--compile", envvar="FLEET_COMPILE",
+        help="on: decode workers compile their decode step once per batch bucket at start (inductor; not with "
+             "--deterministic)."),
     served_model_name: str = typer.Option("", "--served-model-name", help="The model name clients use "
                                                                           "(default: the model's store name)."),
     api_key: str = typer.Option("", "--api-key", envvar="FLEET_API_KEY",
@@ -71,9 +75,9 @@ def serve(
                                                                      "two windows in a row."),
     autoplan_slo: str = typer.Option("2s,200ms", "--autoplan-slo", help="TTFT,TPOT objectives autoplan's goodput "
                                                                         "counts against."),
-    ray: str = typer.Option("", "--ray", metavar="ADDRESS",
-                            help="Workers as Ray actors: `auto` (this machine's Ray, started if none runs) or a "
-                                 "cluster's address. Devices may name a node: node2/cpu:0, node2/cuda:0."),
+    ray: str = typer.Option("", "--ray", metavar="[ADDRESS]",
+                            help="Workers as Ray actors: no value or `auto` (this machine's Ray, started if none "
+                                 "runs), or a cluster's address. Devices may name a node: node2/cpu:0, node2/cuda:0."),
 ) -> None:
     """Run a fleet and its HTTP server in the foreground (a stats line every 10 s on stderr)."""
     import logging
@@ -98,7 +102,8 @@ def serve(
             engine = EngineSettings(dtype=dtype, deterministic=deterministic, max_num_seqs=max_num_seqs,
                                     max_num_batched_tokens=max_num_batched_tokens,
                                     kv_memory_bytes=kv_memory * 2**20 or None, num_kv_blocks=kv_blocks or None,
-                                    max_model_len=max_model_len or None, prefix_cache=prefix_cache)
+                                    max_model_len=max_model_len or None, prefix_cache=prefix_cache,
+                                    compile=compile_mode)
             config = FleetConfig(
                 model_dir=resolve_model(model), prefill=prefill, decode=decode, colocated=colocated,
                 devices=tuple(d.strip() for d in devices.split(",") if d.strip()), engine=engine,

@@ -7,7 +7,7 @@ import typer
 
 from fleetctl.console.errors import fail, user_errors
 from fleetctl.console.models_cmd import resolve_model
-from fleetctl.engine.core.config import DType
+from fleetctl.engine.core.config import CompileMode, DType
 from fleetctl.engine.model.registry import DEFAULT_MODEL
 
 
@@ -37,6 +37,8 @@ def generate(
     prefix_cache: bool = typer.Option(
         True, "--prefix-cache/--no-prefix-cache", help="Reuse the KV of prompt prefixes already computed."
     ),
+    compile_mode: CompileMode = typer.Option(
+        CompileMode.OFF, "--compile", help="on: the decode step compiled for each batch bucket it meets."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per prompt, one per line."),
 ) -> None:
     """Generate text for PROMPT(s) on an embedded engine: one prompt streams as it is written; several run
@@ -52,7 +54,8 @@ def generate(
             ignore_eos=ignore_eos,
         )
         model_dir = resolve_model(model)
-        settings = EngineSettings(dtype=dtype, deterministic=deterministic, prefix_cache=prefix_cache)
+        settings = EngineSettings(dtype=dtype, deterministic=deterministic, prefix_cache=prefix_cache,
+                                  compile=compile_mode)
         config = EngineConfig(model_dir=model_dir, device=device or default_device(), settings=settings)
         engine = LLMEngine(config)
         texts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) if chat else p for p in prompts]

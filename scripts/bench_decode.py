@@ -1,12 +1,18 @@
-"""Decode throughput of the engine vs Hugging Face transformers `generate` and vs the machine's
-ceiling (one pass of every weight matrix through F.linear), same model, dtype, batch and run.
-Also model load time vs transformers' from_pretrained. Prints ratios, not absolute claims.
+"""Decode throughput of the engine, eager and compiled (`--compile`), vs Hugging Face transformers
+`generate` and vs the machine's ceiling (one pass of every weight matrix through F.linear), same model,
+dtype, batch and run. Also model load time vs transformers' from_pretrained, and the compiled step's
+warm-up, cold (an empty inductor cache) and warm (a new process, the cache kept). Prints ratios, not
+absolute claims.
 
     python scripts/bench_decode.py [--model smollm2-135m] [--dtypes bfloat16,float32] [--batches 1,16]
 """
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from fleetctl.console.models_cmd import resolve_model
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.config import CompileMode, EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.model.config import ModelConfig
@@ -53,6 +59,27 @@ def engine_decode_tokens_per_s(engine: LLMEngine, batch: int, new_tokens: int, r
 
     run(2)
     return batch * (new_tokens - 1) / (run(new_tokens) - run(1))
+
+
+WARM_UP = """
+import sys, time
+from pathlib import Path
+from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.llm_engine import LLMEngine
+settings = EngineSettings(dtype=sys.argv[2], compile="on", max_num_seqs=int(sys.argv[3]), num_kv_blocks=64)
+print(LLMEngine(EngineConfig(Path(sys.argv[1]), settings=settings)).warm_up())
+"""
+
+
+def warm_up_seconds(model_dir: Path, dtype: str, max_num_seqs: int) -> tuple[float, float]:
+    """(cold, warm) seconds to compile every bucket up to `max_num_seqs`, each in a new process: first with
+    an empty inductor cache, then with the one the first left."""
+    with tempfile.TemporaryDirectory(prefix="fleetctl-inductor-") as cache:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+        runs = [subprocess.run([sys.executable, "-c", WARM_UP, str(model_dir), dtype, str(max_num_seqs)], env=env,
+                               capture_output=True, text=True, check=True) for _ in range(2)]
+    cold, warm = (float(run.stdout.split()[-1]) for run in runs)
+    return cold, warm
 
 
 def hf_decode_tokens_per_s(hf, ids: list[int], batch: int, new_tokens: int, repeats: int) -> float:
@@ -95,19 +122,30 @@ def main() -> None:
               f"({hf_model / weights:.1f}x); ready to generate (weights + tokenizer + KV pool) {ready:.3f} s "
               f"vs from_pretrained + AutoTokenizer {hf_model + hf_tok:.3f} s ({(hf_model + hf_tok) / ready:.1f}x)")
 
-    header = ("dtype", "batch", "engine tok/s", "hf tok/s", "ceiling", "vs hf", "of ceiling")
+    batches = [int(b) for b in args.batches.split(",")]
+    for dtype_name in args.dtypes.split(","):
+        cold, warm = warm_up_seconds(model_dir, dtype_name, max(batches))
+        print(f"compile {dtype_name}, buckets up to {max(batches)}: warm-up {cold:.1f} s cold, {warm:.1f} s warm")
+
+    header = ("dtype", "batch", "eager tok/s", "compiled", "hf tok/s", "ceiling", "compiled/eager", "eager vs hf",
+              "compiled vs hf", "eager of ceil", "compiled of ceil")
     print(f"{header[0]:<9} " + " ".join(f"{h:>12}" for h in header[1:]))
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
-        engine = LLMEngine(EngineConfig(model_dir, settings=EngineSettings(dtype=dtype_name, num_kv_blocks=2048)))
+        engines = {mode: LLMEngine(EngineConfig(model_dir, settings=EngineSettings(
+            dtype=dtype_name, num_kv_blocks=2048, compile=mode, max_num_seqs=max(batches))))
+            for mode in (CompileMode.OFF, CompileMode.ON)}
+        engines[CompileMode.ON].warm_up()
         hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-        ids = engine.tokenizer.encode(PROMPT)
-        for batch in (int(b) for b in args.batches.split(",")):
-            ours = engine_decode_tokens_per_s(engine, batch, args.new_tokens, args.repeats)
+        ids = engines[CompileMode.OFF].tokenizer.encode(PROMPT)
+        for batch in batches:
+            eager = engine_decode_tokens_per_s(engines[CompileMode.OFF], batch, args.new_tokens, args.repeats)
+            compiled = engine_decode_tokens_per_s(engines[CompileMode.ON], batch, args.new_tokens, args.repeats)
             theirs = hf_decode_tokens_per_s(hf, ids, batch, args.new_tokens, args.repeats)
-            ceiling = ceiling_tokens_per_s(engine, batch, args.repeats * 3)
-            print(f"{dtype_name:<9} {batch:>12} {ours:>12.1f} {theirs:>12.1f} {ceiling:>12.1f} "
-                  f"{ours / theirs:>11.2f}x {ours / ceiling:>12.0%}")
+            ceiling = ceiling_tokens_per_s(engines[CompileMode.OFF], batch, args.repeats * 3)
+            print(f"{dtype_name:<9} {batch:>12} {eager:>12.1f} {compiled:>12.1f} {theirs:>12.1f} {ceiling:>12.1f} "
+                  f"{compiled / eager:>11.2f}x {eager / theirs:>11.2f}x {compiled / theirs:>11.2f}x "
+                  f"{eager / ceiling:>12.0%} {compiled / ceiling:>12.0%}")
 
 
 if __name__ == "__main__":

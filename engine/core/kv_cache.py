@@ -29,19 +29,23 @@ class KVCacheSpec:
 
 class KVCache:
     """The pool tensor [layers, 2, blocks, block_size, kv_heads, head_dim] and its block manager;
-    `prefix_root` (block_hash.KVSalt.root) turns on prefix caching.
+    `prefix_root` (block_hash.KVSalt.root) turns on prefix caching. With `scratch`, the tensor holds one
+    block more than the manager hands out, `scratch_block`, which the compiled decode step's padding rows
+    write to.
 
     Zero-initialised: masked attention multiplies unused slots by exactly 0, which must not meet NaN.
     """
 
     def __init__(
-        self, spec: KVCacheSpec, num_blocks: int, device: torch.device, prefix_root: bytes | None = None
+        self, spec: KVCacheSpec, num_blocks: int, device: torch.device, prefix_root: bytes | None = None,
+        scratch: bool = False,
     ) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
         self.spec = spec
+        self.scratch_block = num_blocks if scratch else None
         self.tensor = torch.zeros(
-            spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim,
+            spec.num_layers, 2, num_blocks + scratch, spec.block_size, spec.num_kv_heads, spec.head_dim,
             dtype=spec.dtype, device=device,
         )
         self.allocator = BlockManager(num_blocks, spec.block_size, prefix_root)

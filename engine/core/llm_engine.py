@@ -11,6 +11,7 @@ import fleetctl
 from fleetctl.engine.core.block_allocator import KV_LAYOUT_VERSION, blocks_for
 from fleetctl.engine.core.block_hash import KVSalt, Numerics, PrefixDigest
 from fleetctl.engine.core.config import DEFAULT_CPU_KV_BYTES, GPU_KV_FRACTION, EngineConfig
+from fleetctl.engine.core.decode_compile import compile_refusal, use_fleet_inductor_cache
 from fleetctl.engine.core.devices import available_memory, resolve_dtype, torch_device
 from fleetctl.engine.core.kv_cache import KVCache, KVCacheSpec
 from fleetctl.engine.core.model_runner import ModelRunner, StepStats
@@ -18,6 +19,7 @@ from fleetctl.engine.core.output import RequestOutput, TextStream, token_finish_
 from fleetctl.engine.core.prompt import PromptError, check_prompt
 from fleetctl.engine.core.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from fleetctl.engine.core.sequence import FinishReason, SamplingParams, Sequence
+from fleetctl.engine.model.compiled_decode import CompiledDecoder
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.llama import LlamaModel
 from fleetctl.engine.model.loader import load_weights
@@ -56,12 +58,18 @@ class LLMEngine:
         self.model = LlamaModel(self.model_config, weights, deterministic=settings.deterministic)
         spec = KVCacheSpec.for_model(self.model_config, self.dtype)
         root = self._salt(spec).root() if settings.prefix_cache else None
-        self.kv_cache = KVCache(spec, self._pool_blocks(spec), self.device, root)
+        # why decode steps run eagerly (None: compiled, each batch bucket on first use or at warm_up)
+        self.eager_reason = compile_refusal(config, self.device)
+        self.kv_cache = KVCache(spec, self._pool_blocks(spec), self.device, root, scratch=self.eager_reason is None)
+        self.decoder: CompiledDecoder | None = None
+        if self.kv_cache.scratch_block is not None:
+            use_fleet_inductor_cache()
+            self.decoder = CompiledDecoder(self.model, self.kv_cache.scratch_block, settings.max_num_seqs)
         self.scheduler = Scheduler(
             SchedulerConfig(spec.block_size, settings.max_num_seqs, settings.max_num_batched_tokens),
             self.kv_cache.allocator,
         )
-        self.runner = ModelRunner(self.model, self.kv_cache)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.decoder)
         # a sequence may grow only as far as the pool could hold it alone: one that outgrew the whole pool
         # would be preempted forever and starve everything queued behind it
         self.max_model_len = min(
@@ -73,6 +81,15 @@ class LLMEngine:
         self._streams: dict[str, TextStream] = {}
         self.last_step: StepStats | None = None
         self.load_seconds = time.perf_counter() - start
+
+    def warm_up(self) -> float:
+        """Compile the decode step for every batch bucket now, instead of at each bucket's first step (a
+        worker does this before it reports ready). Returns the seconds taken."""
+        if self.decoder is None:
+            return 0.0
+        start = time.perf_counter()
+        self.decoder.warm_up(self.kv_cache.tensor)
+        return time.perf_counter() - start
 
     def _pool_blocks(self, spec: KVCacheSpec) -> int:
         settings = self.config.settings

@@ -11,6 +11,7 @@ from fleetctl.engine.core.logprobs import token_logprobs
 from fleetctl.engine.core.output import TokenLogprobs
 from fleetctl.engine.core.sampler import sample
 from fleetctl.engine.core.scheduler import ScheduledStep
+from fleetctl.engine.model.compiled_decode import CompiledDecoder
 from fleetctl.engine.model.llama import AttentionBatch, LlamaModel
 from fleetctl.store.records import Phase
 
@@ -29,20 +30,30 @@ class StepStats:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv_cache: KVCache) -> None:
+    """`decoder`, when given, runs the decode steps (compiled); prefill steps always run eagerly."""
+
+    def __init__(self, model: LlamaModel, kv_cache: KVCache, decoder: CompiledDecoder | None = None) -> None:
         self.model = model
         self.kv_cache = kv_cache
+        self.decoder = decoder
         self.block_size = kv_cache.spec.block_size
 
-    @torch.inference_mode()
     def run(self, step: ScheduledStep) -> tuple[list[int | None], list[TokenLogprobs | None], StepStats]:
         """Per sequence the token sampled and its logprobs (when asked); None for a sequence whose prefill
         chunk leaves more of its prompt."""
+        compiled = self.decoder is not None and step.phase is Phase.DECODE
+        # a compiled graph mutates the pool in place, which inference mode's tensors do not allow to be traced
+        with torch.inference_mode(not compiled), torch.no_grad():
+            return self._run(step, compiled)
+
+    def _run(self, step: ScheduledStep, compiled: bool) -> tuple[list[int | None], list[TokenLogprobs | None],
+                                                                  StepStats]:
         start = time.perf_counter()
         seqs = step.seqs
         is_prefill = step.phase is Phase.PREFILL
         input_ids, positions, batch = self._prepare(step)
-        hidden = self.model.forward(input_ids, positions, batch, self.kv_cache.tensor)
+        forward = self.decoder.forward if compiled and self.decoder else self.model.forward
+        hidden = forward(input_ids, positions, batch, self.kv_cache.tensor)
         if is_prefill:
             hidden = hidden[batch.cu_seqlens_q[1:].long() - 1]
         sampling = [i for i in range(len(seqs)) if step.completes(i)]

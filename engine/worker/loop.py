@@ -42,8 +42,9 @@ class Worker:
         self.spec = spec
         self.conn = conn
         self._send_lock = threading.Lock()  # the heartbeat thread sends too
-        with machine_lock(exclusive=False):  # no sibling calibrates while this worker loads
+        with machine_lock(exclusive=False):  # no sibling calibrates while this worker loads (and compiles)
             self.engine = LLMEngine(spec.engine_config())
+            self._compile_decode_step()
         self.transport = transport or KVTransport(spec.shm_dir, spec.fleet_pid)
         self.heartbeat = Heartbeat(spec.worker_id, self.send, spec.heartbeat_s, spec.step_timeout_s)
         self.handles: dict[str, m.KVHandle] = {}
@@ -54,6 +55,17 @@ class Worker:
         self.cost = CostModel(self.engine.model_config, weight_bytes=elem, kv_bytes=elem)
         self.peaks = device_peaks(self.engine.device, self.engine.dtype, self.cost.weight_bytes_per_step,
                                   spec.store_path)
+
+    def _compile_decode_step(self) -> None:
+        """Compile every batch bucket before reporting ready, saying so on stderr (a cold compile takes a while)."""
+        decoder = self.engine.decoder
+        if decoder is None:
+            return
+        name = self.spec.worker_id
+        print(f"fleetctl: {name}: compiling the decode step for batches of {', '.join(map(str, decoder.buckets))}",
+              file=sys.stderr, flush=True)
+        seconds = self.engine.warm_up()
+        print(f"fleetctl: {name}: decode step compiled in {seconds:.1f} s", file=sys.stderr, flush=True)
 
     def send(self, msg: object) -> None:
         with self._send_lock:

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from fleet_harness import fleetctl
 
+from fleetctl.console.cli import fill_optional_values
+
 pytestmark = pytest.mark.fleet  # each case is a fresh `python -m fleetctl.console` process
 
 NO_FLEET = "127.0.0.1:9"  # discard port: nothing answers HTTP there; no scheme on purpose
@@ -136,3 +138,13 @@ def test_ray_mistakes_are_one_line(tiny_model_dir: Path, args: list[str], said: 
     result = fleetctl("serve", "--model", str(tiny_model_dir), "--port", "0", *args, timeout=120)
     lines = result.stderr.strip().splitlines()
     assert result.returncode != 0 and len(lines) == 1 and said in lines[0], result.stderr
+
+
+@pytest.mark.parametrize(("args", "filled"), [
+    (["serve", "--ray"], ["serve", "--ray", "auto"]),
+    (["serve", "--ray", "--devices", "cpu:0"], ["serve", "--ray", "auto", "--devices", "cpu:0"]),
+    (["serve", "--ray", "10.0.0.2:6379"], ["serve", "--ray", "10.0.0.2:6379"]),
+    (["serve", "--ray=auto"], ["serve", "--ray=auto"]),
+])
+def test_ray_without_an_address_is_auto(args: list[str], filled: list[str]) -> None:
+    assert fill_optional_values(args) == filled

@@ -1,7 +1,8 @@
 """A fleet on a two-node Ray cluster (`ray.cluster_utils.Cluster` on this one machine: node1 holds the
 prefill worker, node2 the two decode workers, each node a few CPU slots as custom resources): completions,
 KV handed off across nodes through the object store, a killed actor's and a lost node's sessions recomputed,
-and a decode worker migrated across nodes. One cluster and one fleet for the module, the tests in order
+a decode worker migrated across nodes, one checkpointed and restored on another node, and the fleet left
+without a decode worker when that node goes too (503). One cluster and one fleet for the module, the tests in order
 (each one leaves the fleet as the next expects it), to stay bounded on a 2-core CI machine.
 
 Token identity relies on `--deterministic` (batch-invariant numerics: a recompute or a restore continues
@@ -133,3 +134,30 @@ def test_lost_node_recomputes_its_sessions_and_shows_as_lost(cluster: tuple[Clus
     refused = httpx.post(f"{url}/fleet/workers", json={"role": "decode", "device": "node2/cpu:0"}, headers=admin(),
                          timeout=30)
     assert refused.status_code == 400 and "node node2 is lost" in refused.text
+
+
+def test_restore_on_another_node_then_losing_it_refuses_new_requests(cluster: tuple[Cluster, object], url: str,
+                                                                     expected: list[str]) -> None:
+    """decode-0 (node1, the only decode worker left) is checkpointed mid-stream and restored on a new node3
+    (the checkpoint read there from the shared directory): its streams finish there unchanged. Losing node3
+    then leaves no decode worker: new requests get 503 naming the lost node, /health says degraded."""
+    node3 = cluster[0].add_node(num_cpus=1, resources=node_resources("node3", 1), object_store_memory=OBJECT_STORE)
+    cluster[0].wait_for_nodes()
+    streams = start_streams(url)
+    assert wait_until(lambda: workers(url)["decode-0"]["sessions"] >= 1, 120)
+    saved = fleetctl("checkpoint", "decode-0", "--hold", "300", "--url", url, "--json")
+    assert saved.returncode == 0, saved.stderr
+    restored = fleetctl("restore", Path(json.loads(saved.stdout)["checkpoint"]).name, "--device", "node3/cpu:0",
+                        "--url", url, "--json")
+    assert restored.returncode == 0, restored.stderr
+    assert streams.result(timeout=300) == expected
+    assert (workers(url)["decode-0"]["node"], workers(url)["decode-0"]["device"]) == ("node3", "node3/cpu:0")
+
+    cluster[0].remove_node(node3)
+    assert wait_until(lambda: workers(url)["decode-0"]["node_lost"], 60)
+    refused = httpx.post(f"{url}/v1/completions", json={"model": "small-llama0", "prompt": "hi", "max_tokens": 4},
+                         timeout=30)
+    assert refused.status_code == 503, refused.text
+    assert "no decode worker is available (the Ray cluster lost the node of decode-0 on node3" in \
+        refused.json()["error"]["message"]
+    assert httpx.get(f"{url}/health", timeout=10).json() == {"status": "degraded"}

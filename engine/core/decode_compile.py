@@ -1,0 +1,29 @@
+"""Whether an engine's decode steps run compiled (`--compile on|off`), and where inductor keeps what it
+compiled: `$FLEET_HOME/cache/inductor`, so a restarted worker loads its graphs instead of compiling again."""
+
+import os
+import shutil
+
+import torch
+
+from fleetctl.engine.core.config import CompileMode, EngineConfig
+from fleetctl.engine.paths import fleet_home
+
+
+def compile_refusal(config: EngineConfig, device: torch.device) -> str | None:
+    """Why this engine decodes eagerly, or None when it compiles its decode step."""
+    settings = config.settings
+    if settings.compile is CompileMode.OFF:
+        return "--compile off"
+    if settings.deterministic:
+        return "deterministic mode runs eagerly (its batch invariance rests on fixed row tiles)"
+    if config.prefill_only:
+        return "a prefill worker does not decode"
+    if device.type == "cpu" and shutil.which(os.environ.get("CXX", "g++")) is None:
+        return "no C++ compiler (g++) for inductor's CPU kernels"
+    return None
+
+
+def use_fleet_inductor_cache() -> None:
+    """Point inductor's on-disk cache under $FLEET_HOME unless the environment already chose one."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(fleet_home() / "cache" / "inductor"))

@@ -1,0 +1,79 @@
+"""The compiled decode step (`--compile`) against eager decoding: the same greedy tokens on the tiny model and
+on smollm2, fp32 and bf16, with batches padded up to their bucket and sequences joining and leaving
+mid-run; the padding rows write only the pool's scratch block; and when an engine stays eager, why."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fleetctl.engine.core.config import CompileMode, EngineConfig, EngineSettings
+from fleetctl.engine.core.decode_compile import compile_refusal
+from fleetctl.engine.core.llm_engine import LLMEngine
+from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.engine.model.compiled_decode import bucket_for, buckets_up_to
+
+# (step at which it joins, prompt, new tokens): batches of 1, 3 (bucket 4), 5 (bucket 8) and back down
+SCHEDULE = [(0, "The quick brown fox", 24), (0, "Once upon a time", 9), (0, "def add(a, b):", 17),
+            (5, "In the beginning", 20), (5, "The capital of France is", 6), (12, "Roses are red", 14)]
+
+
+def decode_run(model_dir: Path, dtype: str, mode: CompileMode) -> tuple[list[list[int]], LLMEngine]:
+    settings = EngineSettings(dtype=dtype, compile=mode, max_num_seqs=8, num_kv_blocks=96, prefix_cache=False)
+    engine = LLMEngine(EngineConfig(model_dir, settings=settings))
+    seqs, step = [], 0
+    while step == 0 or engine.has_unfinished():
+        for at, prompt, tokens in SCHEDULE:
+            if at == step:
+                seqs.append(engine.add_request(prompt, SamplingParams(max_tokens=tokens, temperature=0.0,
+                                                                      ignore_eos=True)))
+        engine.step()
+        step += 1
+    return [list(s.output_token_ids) for s in seqs], engine
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compiled_decode_gives_the_eager_greedy_tokens(tiny_model_dir: Path, dtype: str) -> None:
+    eager, _ = decode_run(tiny_model_dir, dtype, CompileMode.OFF)
+    compiled, engine = decode_run(tiny_model_dir, dtype, CompileMode.ON)
+    assert engine.decoder is not None and engine.eager_reason is None
+    assert compiled == eager
+    assert [len(t) for t in compiled] == [n for _, _, n in SCHEDULE]
+
+
+def test_padding_rows_write_only_the_scratch_block(tiny_model_dir: Path) -> None:
+    settings = EngineSettings(dtype="float32", compile=CompileMode.ON, max_num_seqs=4, num_kv_blocks=16)
+    engine = LLMEngine(EngineConfig(tiny_model_dir, settings=settings))
+    pool = engine.kv_cache
+    assert pool.scratch_block == pool.allocator.num_blocks == 16 and pool.tensor.shape[2] == 17
+    engine.warm_up()
+    assert not pool.tensor[:, :, :16].any()  # the warm-up decodes padding rows only
+    assert pool.tensor[:, :, 16].any()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compiled_decode_gives_the_eager_greedy_tokens_on_smollm2(smollm2_dir: Path, dtype: str) -> None:
+    eager, _ = decode_run(smollm2_dir, dtype, CompileMode.OFF)
+    compiled, _ = decode_run(smollm2_dir, dtype, CompileMode.ON)
+    assert compiled == eager
+
+
+def test_buckets() -> None:
+    assert [bucket_for(n, 64) for n in (1, 2, 3, 5, 16, 17, 64)] == [1, 2, 4, 8, 16, 32, 64]
+    assert buckets_up_to(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert buckets_up_to(6) == [1, 2, 4, 8]
+    assert buckets_up_to(1) == [1]
+
+
+@pytest.mark.parametrize(("settings", "prefill_only", "reason"), [
+    (EngineSettings(compile=CompileMode.ON), False, None),
+    (EngineSettings(compile=CompileMode.OFF), False, "--compile off"),
+    (EngineSettings(compile=CompileMode.ON, deterministic=True), False, "deterministic mode runs eagerly"),
+    (EngineSettings(compile=CompileMode.ON), True, "a prefill worker does not decode"),
+])
+def test_when_an_engine_stays_eager(tiny_model_dir: Path, settings: EngineSettings, prefill_only: bool,
+                                    reason: str | None) -> None:
+    config = EngineConfig(tiny_model_dir, settings=settings, prefill_only=prefill_only)
+    refusal = compile_refusal(config, torch.device("cpu"))
+    assert refusal == reason if reason is None else reason in (refusal or "")
