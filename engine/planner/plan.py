@@ -4,7 +4,8 @@ why the first one wins, with the numbers that decided it.
 
 Goodput is the requests that meet both SLOs per second of the replay (first arrival to last answer).
 Layouts whose goodputs agree to three significant digits tie, and a tie goes to the layout with the
-most headroom (its worse p90 latency as a fraction of its SLO)."""
+most headroom (its worse p90 latency as a fraction of its SLO), and where that ties too, to the current
+layout."""
 
 import math
 from dataclasses import dataclass, field
@@ -58,6 +59,10 @@ class Candidate:
     def headroom(self, slo: Slo) -> float:
         """The worse p90 latency as a fraction of its SLO (lower is better)."""
         return max(self.ttft_p90_s / slo.ttft_s, (self.tpot_p90_s or 0.0) / slo.tpot_s)
+
+    def rounded_headroom(self, slo: Slo) -> float:
+        """What ranks a goodput tie: headrooms closer than this are a tie too."""
+        return float(f"{self.headroom(slo):.3g}")
 
     def as_json(self) -> dict[str, object]:
         return {**self.split.as_json(), "goodput": round(self.goodput, 4), "ttft_p90_s": round(self.ttft_p90_s, 4),
@@ -176,10 +181,17 @@ def make_plan(inputs: PlanInputs, request: PlanRequest, workers: list[LiveWorker
     notes = [what_if] if what_if else []
     if costs.handoff is None and len(devices.names) > 1:
         notes.append("handoff: no KV handoff in the window (no disaggregated traffic), so it is taken as free")
-    ranked = sorted((score(split, simulate(replay, split, costs, request.limits), request.slo)
-                     for split in splits_of(len(devices.names))),
-                    key=lambda c: (-c.rounded_goodput, c.headroom(request.slo), c.split.label))
-    return Plan(inputs.window_s, source, request.slo, devices, costs, current_split(workers), ranked, notes)
+    current = current_split(workers)
+    candidates = [score(split, simulate(replay, split, costs, request.limits), request.slo)
+                  for split in splits_of(len(devices.names))]
+    return Plan(inputs.window_s, source, request.slo, devices, costs, current, rank(candidates, request.slo, current),
+                notes)
+
+
+def rank(candidates: list[Candidate], slo: Slo, current: Split | None) -> list[Candidate]:
+    """Best first: goodput, then headroom, then the current layout (equal on both, there is no reason to move)."""
+    return sorted(candidates, key=lambda c: (-c.rounded_goodput, c.rounded_headroom(slo), c.split != current,
+                                             c.split.label))
 
 
 def plan_from_store(path: Path, window_s: float, request: PlanRequest, workers: list[LiveWorker] | None = None,
@@ -222,8 +234,9 @@ def explain(plan: Plan) -> str:
         sentence = (f"no layout answers any request within {slo.describe()}; {best.split.label} comes closest: its "
                     f"worse p90 is {best.headroom(slo):.3g}x its SLO vs {rival.headroom(slo):.3g}x for {name}")
     elif rival.rounded_goodput == best.rounded_goodput:
+        margin = "more" if best.rounded_headroom(slo) < rival.rounded_headroom(slo) else "as much"
         sentence = (f"{opening}: it and {name} both serve {_rate(best)} within {slo.describe()}, and "
-                    f"{best.split.label} has more headroom (TTFT p90 {best.ttft_p90_s:.3g} s vs "
+                    f"{best.split.label} has {margin} headroom (TTFT p90 {best.ttft_p90_s:.3g} s vs "
                     f"{rival.ttft_p90_s:.3g} s, TPOT p90 {best.tpot_p90_s or 0:.3g} s vs "
                     f"{rival.tpot_p90_s or 0:.3g} s)")
     elif rival.good < best.good:
