@@ -64,6 +64,8 @@ class WindowRequest:
     arrival_s: float  # since the window's first arrival
     prompt_tokens: int
     output_tokens: int
+    cached_tokens: int = 0  # prompt tokens the prefix cache served
+    local: bool = False  # prefilled on its decode worker, with no handoff (conditional disaggregation)
 
 
 @dataclass(frozen=True)
@@ -94,13 +96,15 @@ def plan_inputs(db: Database, window_s: float, now: float | None = None) -> Plan
     devices = {wid: device for wid, device in db.execute("SELECT id, device FROM workers")}
     rows = db.execute(
         "SELECT ts, queue_s, prefill_s, ttft_s, e2e_s, handoff_s, handoff_bytes, prompt_tokens, output_tokens, "
-        "prefill_worker, decode_worker FROM requests WHERE ts >= ? AND ts < ? ORDER BY ts",
+        "prefill_worker, decode_worker, prefill_cached_tokens, local_prefill FROM requests "
+        "WHERE ts >= ? AND ts < ? ORDER BY ts",
         [since - LOOKBACK_S, now]).fetchall()
     in_window = [r for r in rows if r[0] >= since]
     first = in_window[0][0] if in_window else since
     return PlanInputs(
         window_s=window_s,
-        requests=[WindowRequest(r[0] - first, r[7], r[8]) for r in in_window if r[7] > 0 and r[8] > 0],
+        requests=[WindowRequest(r[0] - first, r[7], r[8], r[11], bool(r[12])) for r in in_window
+                  if r[7] > 0 and r[8] > 0],
         prefill_steps=_prefill_steps(in_window, devices),
         decode_runs=_decode_runs(db, rows, devices, since, now),
         handoffs=[Handoff(device_kind(devices[r[10]]), r[7], r[6], r[5]) for r in in_window
@@ -111,11 +115,12 @@ def plan_inputs(db: Database, window_s: float, now: float | None = None) -> Plan
 
 
 def _prefill_groups(rows: list[tuple]) -> dict[tuple[str, float], list[tuple[int, float]]]:
-    """(worker, start) of each prefill step -> (prompt tokens, prefill seconds) of each request it computed."""
+    """(worker, start) of each prefill step -> (prompt tokens computed, prefill seconds) of each request in it
+    (a prompt's tokens the prefix cache served cost the step nothing)."""
     steps: dict[tuple[str, float], list[tuple[int, float]]] = defaultdict(list)
-    for ts, queue_s, prefill_s, *_, prompt, _out, prefill_worker, _decode in rows:
-        if prefill_worker is not None and prefill_s > 0 and prompt > 0:
-            steps[(prefill_worker, round(ts + queue_s, 4))].append((prompt, prefill_s))
+    for ts, queue_s, prefill_s, *_, prompt, _out, prefill_worker, _decode, cached, _local in rows:
+        if prefill_worker is not None and prefill_s > 0 and prompt - cached > 0:
+            steps[(prefill_worker, round(ts + queue_s, 4))].append((prompt - cached, prefill_s))
     return steps
 
 
@@ -128,7 +133,7 @@ def _prefill_steps(rows: list[tuple], devices: dict[str, str]) -> list[PrefillSt
 def _decode_runs(db: Database, rows: list[tuple], devices: dict[str, str], since: float,
                  now: float) -> list[DecodeRun]:
     spans: dict[str, list[tuple[float, float, int, int]]] = defaultdict(list)  # (start, end, ctx0, ctx1)
-    for ts, _q, _p, ttft_s, e2e_s, handoff_s, _b, prompt, out, prefill_worker, decode_worker in rows:
+    for ts, _q, _p, ttft_s, e2e_s, handoff_s, _b, prompt, out, prefill_worker, decode_worker, *_ in rows:
         worker = decode_worker or prefill_worker
         start, end = ts + ttft_s + handoff_s, ts + e2e_s
         if worker in devices and out > 1 and end > start:

@@ -159,7 +159,8 @@ def make_plan(inputs: PlanInputs, request: PlanRequest, workers: list[LiveWorker
     workers = inputs.workers if workers is None else workers
     source = "trace" if request.trace is not None else "store"
     replay = list(request.trace) if request.trace is not None else [
-        SimRequest(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in inputs.requests]
+        SimRequest(r.arrival_s, r.prompt_tokens, r.output_tokens, min(r.cached_tokens, r.prompt_tokens - 1), r.local)
+        for r in inputs.requests]
     if not replay:
         raise PlanError(f"no requests to replay: the last {format_window(inputs.window_s)} of the store hold none "
                         f"(send traffic, e.g. `fleetctl bench`, widen --since, or give --trace)")

@@ -7,7 +7,11 @@
 - a decode worker steps all its sequences together, one token each (continuous batching); a sequence
   that arrives joins at the next step;
 - a mixed worker runs a prefill step whenever prompts wait and its batch has room, else a decode step
-  (the engine's scheduler: prefill first).
+  (the engine's scheduler: prefill first);
+- a request measured as a local prefill (conditional disaggregation: its decode worker had most of its prompt
+  cached) goes, in a split, to the decode worker holding the fewest requests, which prefills it like a
+  mixed worker and keeps it (no handoff); prefill steps cost the computed tokens (the prompt less what the
+  prefix cache served when measured).
 
 Step times come from the fitted cost models. Not modelled: KV pool capacity and preemption, the
 controller's queue limit, retries — the fleet's limits on what runs at once are the batch size and the
@@ -30,10 +34,18 @@ class SimRequest:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    cached_tokens: int = 0  # served by the prefix cache: its prefill computes the rest
+    local: bool = False  # in a split, prefilled on a decode worker with no handoff (as it was when measured)
 
     def __post_init__(self) -> None:
         if self.arrival_s < 0 or self.prompt_tokens < 1 or self.output_tokens < 1:
             raise ValueError("a request arrives at >= 0 s with >= 1 prompt and >= 1 output token")
+        if not 0 <= self.cached_tokens < self.prompt_tokens:
+            raise ValueError("a request's cached tokens are fewer than its prompt tokens")
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
 
 
 @dataclass(frozen=True)
@@ -114,8 +126,9 @@ class _Replay:
         return min(candidates, key=lambda i: self.workers[i].held, default=None)
 
     def _arrive(self, now: float, i: int) -> None:
-        index = self._least_held(self.prompt_role)
-        assert index is not None  # every layout has a prompt role
+        local = self.requests[i].local and self.prompt_role is WorkerRole.PREFILL
+        index = self._least_held(WorkerRole.DECODE if local else self.prompt_role)
+        assert index is not None  # every layout has a prompt role (and a split has decode workers)
         self.workers[index].waiting.append(i)
         self.workers[index].held += 1
         self._at(now, _Event.KICK, index)  # prompts arriving at the same instant share its step
@@ -136,13 +149,13 @@ class _Replay:
         if worker.waiting and len(worker.running) < self.limits.max_num_seqs:
             batch, budget = [], self.limits.max_num_batched_tokens
             while worker.waiting and len(worker.running) + len(batch) < self.limits.max_num_seqs:
-                prompt = self.requests[worker.waiting[0]].prompt_tokens
+                prompt = self.requests[worker.waiting[0]].computed_tokens
                 if batch and prompt > budget:
                     break
                 batch.append(worker.waiting.popleft())
                 budget -= prompt
             worker.busy = True
-            self._at(now + self.costs.prefill_s([self.requests[i].prompt_tokens for i in batch]), _Event.PREFILL,
+            self._at(now + self.costs.prefill_s([self.requests[i].computed_tokens for i in batch]), _Event.PREFILL,
                      index, batch)
         elif worker.running:
             batch = list(worker.running)
@@ -162,7 +175,7 @@ class _Replay:
                 worker.held -= 1
                 if event is _Event.DECODE:
                     worker.running.remove(i)
-            elif event is _Event.PREFILL and worker.role is WorkerRole.MIXED:
+            elif event is _Event.PREFILL and worker.role is not WorkerRole.PREFILL:  # mixed, or a local prefill
                 worker.running.append(i)
             elif event is _Event.PREFILL:
                 self._at(now + self.costs.handoff_s(self.requests[i].prompt_tokens), _Event.HANDED, i, index)

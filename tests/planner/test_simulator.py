@@ -67,3 +67,18 @@ def test_a_mixed_worker_stalls_its_decodes_for_a_prefill() -> None:
     assert first.e2e_s == pytest.approx(PREFILL_S + 2 * DECODE_S + PREFILL_S + 3 * DECODE_S)
     split_first, _ = simulate(requests, Split(1, 1), costs(handoff=False))
     assert split_first.e2e_s == pytest.approx(PREFILL_S + 5 * DECODE_S)  # no stall on its own decode worker
+
+
+def test_a_local_prefill_runs_on_a_decode_worker_with_no_handoff() -> None:
+    """Conditional disaggregation as measured: the request's decode worker prefills it (its computed tokens)
+    and keeps it; the prefill worker stays free for the next prompt."""
+    local, remote = SimRequest(0.0, 1000, 11, cached_tokens=900, local=True), SimRequest(0.0, 1000, 11)
+    [t] = simulate([local], Split(1, 1), costs(prefill_per_token=1e-3))
+    assert t.ttft_s == pytest.approx(PREFILL_S + 0.1)  # 100 computed tokens
+    assert t.e2e_s == pytest.approx(PREFILL_S + 0.1 + 10 * DECODE_S)  # no handoff
+    both = simulate([local, remote], Split(1, 1), costs())
+    assert [t.ttft_s for t in both] == pytest.approx([PREFILL_S, PREFILL_S])  # side by side, not queued
+    [mixed] = simulate([local], Split(mixed=1), costs(prefill_per_token=1e-3))
+    assert mixed.ttft_s == pytest.approx(PREFILL_S + 0.1)  # colocated: a mixed worker prefills it anyway
+    with pytest.raises(ValueError, match="cached tokens"):
+        SimRequest(0.0, 10, 1, cached_tokens=10)
