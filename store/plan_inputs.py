@@ -1,5 +1,5 @@
 """What `fleetctl plan` needs from the store over a window: the measured steps its cost models are
-fitted to, the requests it replays, the devices' peaks and the fleet's layout when the window's last
+fitted to, the requests it replays (those that ended in the window), the devices' peaks and the fleet's layout when the window's last
 request arrived (its current layout, or the last one of a fleet that has stopped).
 
 - Prefill steps are rebuilt from the `requests` rows: the requests a step computed share their prefill
@@ -23,7 +23,7 @@ from sqlite_utils import Database
 
 from fleetctl.store.records import DeviceKind, WorkerRole
 
-LOOKBACK_S = 600.0  # requests that arrived this long before the window may still have decoded inside it
+LOOKBACK_S = 600.0  # requests that arrived this long before the window may still have ended inside it
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ def plan_inputs(db: Database, window_s: float, now: float | None = None) -> Plan
         "prefill_worker, decode_worker, prefill_cached_tokens, local_prefill FROM requests "
         "WHERE ts >= ? AND ts < ? ORDER BY ts",
         [since - LOOKBACK_S, now]).fetchall()
-    in_window = [r for r in rows if r[0] >= since]
+    # the requests that ended in the window: a window shorter than the latencies still holds requests
+    in_window = [r for r in rows if r[0] + r[4] >= since]
     first = in_window[0][0] if in_window else since
     return PlanInputs(
         window_s=window_s,

@@ -74,3 +74,12 @@ def test_peaks_requests_and_the_layout(db) -> None:
     assert [w.worker_id for w in inputs.workers] == ["mixed-0"]  # mixed-9 had stopped long before
     empty = plan_inputs(db, 60, now=T + 3600)
     assert (empty.requests, empty.prefill_steps, empty.decode_runs, empty.workers) == ([], [], [], [])
+
+
+def test_the_window_holds_the_requests_that_ended_in_it(db) -> None:
+    """A window shorter than the latencies (autoplan's, under load) still holds requests: a and b arrived
+    before T+2.5 but ended inside [T+2.5, T+6); c and d arrived and ended inside it."""
+    inputs = plan_inputs(db, 3.5, now=T + 6)
+    assert [(r.arrival_s, r.prompt_tokens) for r in inputs.requests] == [
+        (0.0, 100), (pytest.approx(1.2), 300), (5.0, 200), (5.0, 100)]
+    assert [r.prompt_tokens for r in plan_inputs(db, 2.0, now=T + 6).requests] == [200, 100]  # a, b ended before
