@@ -1,6 +1,7 @@
 """What `fleetctl plan` needs from the store over a window: the measured steps its cost models are
-fitted to, the requests it replays (those that ended in the window), the devices' peaks and the fleet's layout when the window's last
-request arrived (its current layout, or the last one of a fleet that has stopped).
+fitted to, the requests it replays (those that ended in the window), the devices' peaks and the fleet's
+layout when the window's last request arrived (its current layout, or the last one of a fleet that has
+stopped).
 
 - Prefill steps are rebuilt from the `requests` rows: the requests a step computed share their prefill
   worker and their prefill start (`ts + queue_s`), and each one's `prefill_s` is that step's wall time
