@@ -43,10 +43,7 @@ class Admission:
             raise FleetClosing("the fleet is shutting down")
         for role in state.config.roles:
             if not state.serves(role):
-                lost = sorted(f"{v.worker_id} on {v.node}" for v in state.views.values()
-                              if v.role is role and v.node_lost)
-                why = f" (the Ray cluster lost the node of {', '.join(lost)})" if lost else ""
-                raise NoWorkers(f"no {role.value} worker is available{why}")
+                raise NoWorkers(f"no {role.value} worker is available{state.lost_nodes_note(role)}")
         waiting = self.dispatcher.waiting()
         if waiting + arriving > state.config.max_queue:
             self._record_refusal(waiting)

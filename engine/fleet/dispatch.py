@@ -89,7 +89,8 @@ class Dispatcher:
                                                     cached)
         if view is None:
             if not state.serves(role):
-                self.abandon(req, f"no {role.value} worker is left to continue this request")
+                why = state.lost_nodes_note(role)
+                self.abandon(req, f"no {role.value} worker is left to continue this request{why}")
             else:
                 req.stage = RequestStage.QUEUED
                 state.queued.appendleft(req)
@@ -109,7 +110,7 @@ class Dispatcher:
         for req in list(state.requests.values()):
             role = next((role for role in lost if role in _needs(req, state.config.colocated)), None)
             if role is not None:
-                self.abandon(req, f"no {role.value} worker is left to serve this request")
+                self.abandon(req, f"no {role.value} worker is left to serve this request{state.lost_nodes_note(role)}")
 
     def waiting(self) -> int:
         """Requests admitted but not yet generating: queued here, prefilling (or waiting to) on a worker, or

@@ -48,6 +48,12 @@ class FleetState:
         return (self.has_role(role) or role in self.restarting.values() or role in self.arriving.values()
                 or any(v.role is role and v.state is WorkerState.CHECKPOINTED for v in self.views.values()))
 
+    def lost_nodes_note(self, role: WorkerRole) -> str:
+        """For an error saying no `role` worker is left: " (the Ray cluster lost the node of decode-0 on node3)"
+        when that is why, else ""."""
+        lost = sorted(f"{v.worker_id} on {v.node}" for v in self.views.values() if v.role is role and v.node_lost)
+        return f" (the Ray cluster lost the node of {', '.join(lost)})" if lost else ""
+
     def record_event(self, kind: EventKind, worker_id: str | None, details: dict) -> None:
         if self.recorder:
             self.recorder.event(kind, worker_id, details)

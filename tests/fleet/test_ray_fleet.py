@@ -158,6 +158,7 @@ def test_restore_on_another_node_then_losing_it_refuses_new_requests(cluster: tu
     refused = httpx.post(f"{url}/v1/completions", json={"model": "small-llama0", "prompt": "hi", "max_tokens": 4},
                          timeout=30)
     assert refused.status_code == 503, refused.text
-    assert "no decode worker is available (the Ray cluster lost the node of decode-0 on node3" in \
-        refused.json()["error"]["message"]
+    # refused at admission, or admitted in the instant before the loss was final and failed at once
+    assert "worker is " in refused.json()["error"]["message"]
+    assert "(the Ray cluster lost the node of decode-0 on node3" in refused.json()["error"]["message"]
     assert httpx.get(f"{url}/health", timeout=10).json() == {"status": "degraded"}
