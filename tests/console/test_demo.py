@@ -47,6 +47,10 @@ FAKE_CONSOLE = """
 import json, os, signal, sys, time, types
 import httpx
 
+# Ctrl-C interrupts, as on a terminal, also when the suite itself runs in the background (where a shell
+# starts commands with SIGINT ignored, and children inherit that)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 def run_console(url, *, embedded, store, readonly, title):
     seen = lambda: httpx.get(url + "/fleet/requests", timeout=10).json()["requests"]
     deadline = time.monotonic() + 120
