@@ -98,9 +98,13 @@ def device_peaks(device: torch.device, dtype: torch.dtype, weight_bytes: int,
 
 def recalibrate_cpu(record: DeviceRecord, store_path: Path | str) -> DeviceRecord | None:
     """Measure a cached CPU identity again, in this process, at the thread count and working set it
-    names (pinned to that many cores); None when the identity is another machine's CPU."""
-    name, threads, size = record.identity.removeprefix("cpu:").rsplit(":", 2)
-    if record.kind is not DeviceKind.CPU or name != cpu_model_name():
+    names (pinned to that many cores); None when the identity is another machine's CPU, or one without a
+    working-set size (written before sizes were part of it: no worker looks it up any more)."""
+    parts = record.identity.removeprefix("cpu:").rsplit(":", 2)
+    if record.kind is not DeviceKind.CPU or len(parts) != 3 or not parts[2].endswith("MiB"):
+        return None
+    name, threads, size = parts
+    if name != cpu_model_name():
         return None
     count = int(threads.removesuffix("threads"))
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:count])
