@@ -131,6 +131,6 @@ def test_recalibrating_skips_identities_without_a_working_set(tmp_path) -> None:
     """`devices --recalibrate` crashed on a cache row written before identities named their working set."""
     from fleetctl.store.records import DeviceRecord
 
-    legacy = DeviceRecord(f"cpu:{peaks_module.cpu_model_name()}:1threads", "bfloat16", DeviceKind.CPU, "cpu", None, 1e11, 1e9,
-                          PeakSource.CALIBRATED, 0.0)
+    identity = f"cpu:{peaks_module.cpu_model_name()}:1threads"
+    legacy = DeviceRecord(identity, "bfloat16", DeviceKind.CPU, "cpu", None, 1e11, 1e9, PeakSource.CALIBRATED, 0.0)
     assert peaks_module.recalibrate_cpu(legacy, tmp_path / "fleet.db") is None
