@@ -85,19 +85,23 @@ def test_sigterm_drains_then_stops_and_leaves_no_buffer(small_model_dir: Path) -
         pid, model = status(url)["pid"], small_model_dir.name
         workers = [w["pid"] for w in status(url)["workers"]]
         results: dict[str, list[str]] = {}
+        admitted: dict[str, int] = {}  # request id -> HTTP status, once its response began
 
         def client(request_id: str, tokens: int) -> None:
             body = {"model": model, "prompt": "Numbers 0 1 2", "max_tokens": tokens, "stream": True,
                     "ignore_eos": True}
             with httpx.stream("POST", f"{url}/v1/completions", json=body, headers={"X-Request-Id": request_id},
                               timeout=120) as response:
+                admitted[request_id] = response.status_code
                 results[request_id] = [line for line in response.iter_lines() if line.startswith("data: ")]
 
         threads = [threading.Thread(target=client, args=(rid, tokens))
                    for rid, tokens in (("short-0", 8), ("short-1", 8), ("long-0", 900), ("long-1", 900))]
         for thread in threads:
             thread.start()
-        assert wait_until(lambda: status(url)["workers"][1]["sessions"] >= 1, 60)
+        # all four admitted (on a loaded machine a client may not have connected yet) and one decoding
+        assert wait_until(lambda: len(admitted) == 4 and status(url)["workers"][1]["sessions"] >= 1, 60), admitted
+        assert set(admitted.values()) == {200}, admitted
         os.kill(pid, signal.SIGTERM)
         refused = None
         deadline = time.monotonic() + 10
