@@ -19,6 +19,7 @@ import torch
 
 from fleetctl.kernels import triton_support
 from fleetctl.kernels.batch_invariant import invariant_attention, per_row_tile
+from fleetctl.kernels.packed_linear import linear
 from fleetctl.kernels.paged_attention import (
     paged_decode_attention_ref,
     paged_decode_attention_triton,
@@ -39,9 +40,6 @@ if MODE == "interpret":
     triton_support.use_interpreter()  # before anything imports triton
 _TRITON_ON_CUDA = MODE == "auto" and triton_support.triton_available()
 _TRITON_EVERYWHERE = MODE == "interpret"
-
-linear = torch.nn.functional.linear
-
 
 def _use_triton(x: torch.Tensor) -> bool:
     return _TRITON_EVERYWHERE or (_TRITON_ON_CUDA and x.is_cuda)

@@ -55,11 +55,13 @@ class LLMEngine:
             weights = load_cpu_weights(config.model_dir, self.model_config, self.dtype)
         else:
             weights = load_weights(config.model_dir, self.model_config, self.dtype, self.device)
+        # why decode steps run eagerly (None: compiled, each batch bucket on first use or at warm_up)
+        self.eager_reason = compile_refusal(config, self.device)
+        if self.eager_reason is not None:  # a compiled graph cannot take packed (opaque oneDNN) weights
+            weights = weights.packed()
         self.model = LlamaModel(self.model_config, weights, deterministic=settings.deterministic)
         spec = KVCacheSpec.for_model(self.model_config, self.dtype)
         root = self._salt(spec).root() if settings.prefix_cache else None
-        # why decode steps run eagerly (None: compiled, each batch bucket on first use or at warm_up)
-        self.eager_reason = compile_refusal(config, self.device)
         self.kv_cache = KVCache(spec, self._pool_blocks(spec), self.device, root, scratch=self.eager_reason is None)
         self.decoder: CompiledDecoder | None = None
         if self.kv_cache.scratch_block is not None:

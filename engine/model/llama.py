@@ -4,13 +4,14 @@ Plain tensors rather than nn.Modules: decode on a CPU is dominated by per-op ove
 math goes through `fleetctl.kernels.ops` so the Triton kernels can replace it.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.rope import inverse_frequencies
 from fleetctl.kernels import ops
+from fleetctl.kernels.packed_linear import pack
 
 
 @dataclass
@@ -30,6 +31,13 @@ class LlamaWeights:
     layers: list[LayerWeights]
     final_norm: torch.Tensor  # [D]
     lm_head: torch.Tensor  # [V, D]; the embedding itself when tied
+
+    def packed(self) -> "LlamaWeights":
+        """The weight matrices packed for the CPU's GEMM (kernels/packed_linear; unchanged on a GPU); the
+        embedding and norms as they are. A tied head becomes a packed copy, the embedding stays indexable."""
+        layers = [replace(layer, qkv=pack(layer.qkv), o_proj=pack(layer.o_proj), gate_up=pack(layer.gate_up),
+                          down=pack(layer.down)) for layer in self.layers]
+        return replace(self, layers=layers, lm_head=pack(self.lm_head))
 
 
 @dataclass

@@ -10,6 +10,7 @@ from fleetctl.engine.core.config import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.prompt import PromptError
 from fleetctl.engine.core.sequence import SamplingError, SamplingParams
+from fleetctl.kernels.packed_linear import pack
 
 PROMPTS = [
     "The quick brown fox",
@@ -120,8 +121,10 @@ def test_max_tokens_and_stop_strings(tiny_model_dir: Path) -> None:
 def test_eos_stops_generation(tiny_model_dir: Path) -> None:
     engine = make_engine(tiny_model_dir)
     eos = next(iter(engine.tokenizer.eos_token_ids))
-    # make the model always pick EOS by biasing its output row
-    engine.model.weights.lm_head[eos] = engine.model.weights.lm_head.abs().max() * 50
+    # make the model always pick EOS by biasing its output row (of the head unpacked, then packed again)
+    head = engine.model.weights.lm_head.to_dense()
+    head[eos] = head.abs().max() * 50
+    engine.model.weights.lm_head = pack(head)
     result = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=10, temperature=0.0))[0]
     assert result.finish_reason == "stop" and result.token_ids == [eos] and result.text == ""
 

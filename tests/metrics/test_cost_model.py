@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from linear_flops import linear_flops
 from torch.utils.flop_counter import FlopCounterMode
 
 from fleetctl.engine.core.config import EngineConfig, EngineSettings
@@ -88,9 +89,7 @@ def test_counts_agree_with_an_independent_count_on_a_real_model(tiny_model_dir: 
         engine.add_request(prompt, SamplingParams(max_tokens=2, temperature=0.0), request_id=str(i))
     with FlopCounterMode(display=False) as counter:
         engine.step()  # one prefill step over both prompts: 14 tokens, 2 logits rows
-    counts = counter.get_flop_counts()["Global"]
-    linear_flops = counts.get(torch.ops.aten.mm, 0) + counts.get(torch.ops.aten.addmm, 0)
-    assert linear_flops == 2 * cost.layer_params * 14 + 2 * cost.lm_head_params * 2
+    assert linear_flops(counter) == 2 * cost.layer_params * 14 + 2 * cost.lm_head_params * 2
     weights = engine.model.weights
     matrices = [m for layer in weights.layers for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
     assert sum(m.numel() * m.element_size() for m in [*matrices, weights.lm_head]) == cost.weight_bytes_per_step
