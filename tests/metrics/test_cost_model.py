@@ -4,7 +4,6 @@ against an independent count on a real (tiny) model."""
 from pathlib import Path
 
 import pytest
-import torch
 from linear_flops import linear_flops
 from torch.utils.flop_counter import FlopCounterMode
 
