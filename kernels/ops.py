@@ -21,6 +21,8 @@ from fleetctl.kernels import triton_support
 from fleetctl.kernels.batch_invariant import invariant_attention, per_row_tile
 from fleetctl.kernels.packed_linear import linear
 from fleetctl.kernels.paged_attention import (
+    DecodeKeys,
+    decode_keys,
     paged_decode_attention_ref,
     paged_decode_attention_triton,
     prefill_attention_ref,
@@ -85,17 +87,27 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor, slots: to
         store_kv_ref(k, v, kv_layer, slots)
 
 
+def decode_step_keys(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> DecodeKeys | None:
+    """What every layer's decode_attention of one step shares, computed once (None for the Triton kernel,
+    which reads the block tables itself)."""
+    if _use_triton(block_tables):
+        return None
+    return decode_keys(block_tables, context_lens, block_size)
+
+
 def decode_attention(
     q: torch.Tensor,
     kv_layer: torch.Tensor,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    keys: DecodeKeys | None = None,
 ) -> torch.Tensor:
-    """q: [B, H, d]; block_tables: [B, max_blocks] int32; context_lens: [B] int32 -> [B, H, d]."""
+    """q: [B, H, d]; block_tables: [B, max_blocks] int32; context_lens: [B] int32; keys: decode_step_keys
+    of those -> [B, H, d]."""
     if _use_triton(q):
         return paged_decode_attention_triton(q, kv_layer, block_tables, context_lens, scale)
-    return paged_decode_attention_ref(q, kv_layer, block_tables, context_lens, scale)
+    return paged_decode_attention_ref(q, kv_layer, block_tables, context_lens, scale, keys)
 
 
 def prefill_attention(
@@ -135,9 +147,11 @@ __all__ = [
     "BATCH_INVARIANT",
     "FAST",
     "MODE",
+    "DecodeKeys",
     "RowOps",
     "backend",
     "decode_attention",
+    "decode_step_keys",
     "invariant_attention",
     "linear",
     "prefill_attention",

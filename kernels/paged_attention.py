@@ -10,6 +10,7 @@ program, finding its tile from cu_seqlens_q without a host sync.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,30 +34,48 @@ def gather_kv(
     return kv[0], kv[1]
 
 
+@dataclass(frozen=True)
+class DecodeKeys:
+    """The pool blocks a decode step's sequences attend to, laid out once per step: every layer gathers
+    the same blocks from its own pool (computing this per layer cost ~10 small ops and a host sync each)."""
+
+    index: torch.Tensor  # [B * n] int64: each sequence's first n = ceil(length / bs) blocks, in turn
+    length: int  # keys gathered per sequence: the longest context
+    mask: torch.Tensor | None  # [B, 1, 1, length] bool: the keys each sequence has; None for one sequence
+
+
+def decode_keys(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> DecodeKeys:
+    """block_tables: [B, max_blocks] int32; context_lens: [B] int32 (keys per sequence, including the
+    current token)."""
+    length = int(context_lens.max())
+    num_blocks = -(-length // block_size)
+    mask = None
+    if block_tables.shape[0] > 1:
+        positions = torch.arange(length, device=context_lens.device)
+        mask = (positions[None, :] < context_lens[:, None])[:, None, None, :]
+    return DecodeKeys(block_tables[:, :num_blocks].reshape(-1).long(), length, mask)
+
+
 def paged_decode_attention_ref(
     q: torch.Tensor,
     kv_layer: torch.Tensor,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    keys: DecodeKeys | None = None,
 ) -> torch.Tensor:
     """q: [B, H, d]; block_tables: [B, max_blocks] int32; context_lens: [B] int32 (keys per sequence,
-    including the current token). Returns [B, H, d]."""
+    including the current token); `keys`: decode_keys of those, when the caller computed them once for
+    every layer. Returns [B, H, d]."""
     batch, num_heads, head_dim = q.shape
     _, blocks, block_size, num_kv_heads, _ = kv_layer.shape
-    max_len = int(context_lens.max())
-    num_blocks = -(-max_len // block_size)
-    index = block_tables[:, :num_blocks].reshape(-1).long()
-    kv = kv_layer.view(2, blocks, -1).index_select(1, index)
-    kv = kv.view(2, batch, num_blocks * block_size, num_kv_heads, head_dim)[:, :, :max_len].transpose(2, 3)
+    keys = keys or decode_keys(block_tables, context_lens, block_size)
+    kv = kv_layer.view(2, blocks, -1).index_select(1, keys.index)
+    kv = kv.view(2, batch, -1, num_kv_heads, head_dim)[:, :, : keys.length].transpose(2, 3)
     # The query heads sharing a KV head become that head's query rows: [B, Hkv, group, d] against
     # [B, Hkv, L, d]. Same math as repeating K/V per query head, without the copies (and ~4x faster).
     rows = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    mask = None
-    if batch > 1:
-        positions = torch.arange(max_len, device=q.device)
-        mask = (positions[None, :] < context_lens[:, None].to(q.device))[:, None, None, :]
-    out = F.scaled_dot_product_attention(rows, kv[0], kv[1], attn_mask=mask, scale=scale)
+    out = F.scaled_dot_product_attention(rows, kv[0], kv[1], attn_mask=keys.mask, scale=scale)
     return out.reshape(batch, num_heads, head_dim)
 
 

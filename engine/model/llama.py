@@ -86,6 +86,9 @@ class LlamaModel:
         cos, sin = self.cos[positions], self.sin[positions]
         hidden = self.weights.embed[input_ids]
         residual: torch.Tensor | None = None
+        keys = None  # decode attention's gather, the same in every layer
+        if not batch.is_prefill and not self.deterministic:
+            keys = ops.decode_step_keys(batch.block_tables, batch.context_lens, kv_cache.shape[3])
         for layer, kv_layer in zip(self.weights.layers, kv_cache, strict=True):
             x, residual = row.rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps, residual)
             qkv = linear(x, layer.qkv)
@@ -97,7 +100,7 @@ class LlamaModel:
             v = v.view(tokens, cfg.num_kv_heads, cfg.head_dim)
             q, k = row.rotary(q, k, cos, sin)
             ops.store_kv(k, v, kv_layer, batch.slots)
-            attn = self._attention(q, kv_layer, batch)
+            attn = self._attention(q, kv_layer, batch, keys)
             hidden = linear(attn.reshape(tokens, q_size), layer.o_proj)
             x, residual = row.rms_norm(hidden, layer.post_norm, cfg.rms_norm_eps, residual)
             hidden = linear(row.silu_mul(linear(x, layer.gate_up)), layer.down)
@@ -108,7 +111,9 @@ class LlamaModel:
         """hidden: [S, D] -> float32 logits [S, V]."""
         return self.row_ops.linear(hidden, self.weights.lm_head).float()
 
-    def _attention(self, q: torch.Tensor, kv_layer: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+    def _attention(
+        self, q: torch.Tensor, kv_layer: torch.Tensor, batch: AttentionBatch, keys: ops.DecodeKeys | None
+    ) -> torch.Tensor:
         if self.deterministic:
             return ops.invariant_attention(
                 q, kv_layer, batch.block_tables, batch.cu_seqlens_q, batch.context_lens, self.scale
@@ -117,4 +122,4 @@ class LlamaModel:
             return ops.prefill_attention(
                 q, kv_layer, batch.block_tables, batch.cu_seqlens_q, batch.context_lens, self.scale
             )
-        return ops.decode_attention(q, kv_layer, batch.block_tables, batch.context_lens, self.scale)
+        return ops.decode_attention(q, kv_layer, batch.block_tables, batch.context_lens, self.scale, keys)
