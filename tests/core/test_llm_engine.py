@@ -118,6 +118,12 @@ def test_max_tokens_and_stop_strings(tiny_model_dir: Path) -> None:
     assert stopped.text == full.text[: full.text.index(stop)]
 
 
+def test_weights_are_packed_on_a_cpu(tiny_model_dir: Path) -> None:
+    weights = make_engine(tiny_model_dir).model.weights
+    matrices = [weights.lm_head, *(m for w in weights.layers for m in (w.qkv, w.o_proj, w.gate_up, w.down))]
+    assert all(m.is_mkldnn for m in matrices) and not weights.embed.is_mkldnn  # the embedding stays indexable
+
+
 def test_eos_stops_generation(tiny_model_dir: Path) -> None:
     engine = make_engine(tiny_model_dir)
     eos = next(iter(engine.tokenizer.eos_token_ids))

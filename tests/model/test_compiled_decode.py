@@ -38,6 +38,7 @@ def test_compiled_decode_gives_the_eager_greedy_tokens(tiny_model_dir: Path, dty
     eager, _ = decode_run(tiny_model_dir, dtype, CompileMode.OFF)
     compiled, engine = decode_run(tiny_model_dir, dtype, CompileMode.ON)
     assert engine.decoder is not None and engine.eager_reason is None
+    assert not engine.model.weights.layers[0].qkv.is_mkldnn  # a graph takes plain weights, not packed ones
     assert compiled == eager
     assert [len(t) for t in compiled] == [n for _, _, n in SCHEDULE]
 
