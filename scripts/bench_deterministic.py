@@ -48,7 +48,9 @@ def main() -> None:
     model_dir = resolve_model(args.model)
     rates: dict[bool, dict[str, float]] = {}
     for deterministic in (False, True):
-        settings = EngineSettings(dtype=args.dtype, deterministic=deterministic, num_kv_blocks=1024)
+        # no prefix cache: the repeated prompts would be served from it, not computed
+        settings = EngineSettings(dtype=args.dtype, deterministic=deterministic, num_kv_blocks=1024,
+                                  prefix_cache=False)
         engine = LLMEngine(EngineConfig(model_dir, settings=settings))
         decode_rate(engine, 1, 4)  # warm-up
         rates[deterministic] = {"decode b1": max(decode_rate(engine, 1) for _ in range(3)),
