@@ -29,7 +29,7 @@ from fleetctl.kernels.paged_attention import (
     prefill_attention_triton,
 )
 from fleetctl.kernels.rms_norm import rms_norm_ref, rms_norm_triton
-from fleetctl.kernels.rotary import rotary_ref, rotary_triton
+from fleetctl.kernels.rotary import RotaryTables, rotary_ref, rotary_triton
 from fleetctl.kernels.silu_mul import silu_mul_ref, silu_mul_triton
 from fleetctl.kernels.store_kv import store_kv_ref, store_kv_triton
 
@@ -63,13 +63,21 @@ def rms_norm(
     return rms_norm_ref(x, weight, eps, residual)
 
 
+def rotary_step_tables(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> RotaryTables | None:
+    """What every layer's rotary of one step shares, laid out once (None for the Triton kernel)."""
+    if _use_triton(cos):
+        return None
+    return RotaryTables.of(cos, sin, dtype)
+
+
 def rotary(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tables: RotaryTables | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [T, H, d]; k: [T, Hkv, d]; cos, sin: [T, d/2] (the model's dtype). The Triton path rotates in place."""
+    """q: [T, H, d]; k: [T, Hkv, d]; cos, sin: [T, d/2] (the model's dtype); tables: rotary_step_tables of
+    them. The Triton path rotates in place."""
     if _use_triton(q):
         return rotary_triton(q, k, cos, sin)
-    return rotary_ref(q, k, cos, sin)
+    return rotary_ref(q, k, cos, sin, tables)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -139,7 +147,7 @@ BATCH_INVARIANT = RowOps(
     linear=lambda x, weight: per_row_tile(lambda rows: linear(rows, weight), x),
     rms_norm=lambda x, weight, eps, residual=None: per_row_tile(
         lambda rows, res: rms_norm(rows, weight, eps, res), x, residual),
-    rotary=lambda q, k, cos, sin: per_row_tile(rotary, q, k, cos, sin),
+    rotary=lambda q, k, cos, sin, tables=None: per_row_tile(rotary, q, k, cos, sin),  # tables: laid out per tile
     silu_mul=lambda gate_up: per_row_tile(silu_mul, gate_up),
 )
 
@@ -148,6 +156,7 @@ __all__ = [
     "FAST",
     "MODE",
     "DecodeKeys",
+    "RotaryTables",
     "RowOps",
     "backend",
     "decode_attention",
@@ -157,6 +166,7 @@ __all__ = [
     "prefill_attention",
     "rms_norm",
     "rotary",
+    "rotary_step_tables",
     "silu_mul",
     "store_kv",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -12,18 +13,32 @@ if TYPE_CHECKING:
     import triton.language as tl
 
 
+@dataclass(frozen=True)
+class RotaryTables:
+    """A step's rotation laid out once for every layer's rotary_ref (per layer it was ~5 small ops)."""
+
+    cos: torch.Tensor  # [T, 1, 1, d/2]
+    signed_sin: torch.Tensor  # [T, 1, 2, d/2]: the halves' signs in rotate-half, -sin then +sin
+
+    @classmethod
+    def of(cls, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> RotaryTables:
+        """cos, sin: [T, d/2] for each token's position; the rotation computed in `dtype` (q's)."""
+        sin = sin.to(dtype)[:, None, None, :]
+        return cls(cos.to(dtype)[:, None, None, :], torch.cat((-sin, sin), dim=2))
+
+
 def rotary_ref(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tables: RotaryTables | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [T, H, d]; k: [T, Hkv, d]; cos, sin: [T, d/2] for each token's position, computed in q's
-    dtype like Hugging Face's Llama (the Triton kernel computes in fp32).
+    dtype like Hugging Face's Llama (the Triton kernel computes in fp32); `tables`: RotaryTables.of them,
+    when the caller laid them out once for every layer.
 
-    Returns rotated (q, k), same shapes and dtype.
+    Returns rotated (q, k), same shapes and dtype (views of one tensor: q and k are rotated together).
     """
-    cos = cos.to(q.dtype)[:, None, None, :]  # [T, 1, 1, d/2]
-    sin = sin.to(q.dtype)[:, None, None, :]
-    signed_sin = torch.cat((-sin, sin), dim=2)  # [T, 1, 2, d/2]: the halves' signs in rotate-half
-    return _rotate(q, cos, signed_sin), _rotate(k, cos, signed_sin)
+    tables = tables or RotaryTables.of(cos, sin, q.dtype)
+    both = _rotate(torch.cat((q, k), dim=1), tables.cos, tables.signed_sin)  # [T, H + Hkv, d]
+    return both[:, : q.shape[1]], both[:, q.shape[1] :]
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

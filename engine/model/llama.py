@@ -86,9 +86,11 @@ class LlamaModel:
         cos, sin = self.cos[positions], self.sin[positions]
         hidden = self.weights.embed[input_ids]
         residual: torch.Tensor | None = None
-        keys = None  # decode attention's gather, the same in every layer
-        if not batch.is_prefill and not self.deterministic:
-            keys = ops.decode_step_keys(batch.block_tables, batch.context_lens, kv_cache.shape[3])
+        keys = rope = None  # decode attention's gather and the rotation, the same in every layer
+        if not self.deterministic:
+            rope = ops.rotary_step_tables(cos, sin, self.dtype)
+            if not batch.is_prefill:
+                keys = ops.decode_step_keys(batch.block_tables, batch.context_lens, kv_cache.shape[3])
         for layer, kv_layer in zip(self.weights.layers, kv_cache, strict=True):
             x, residual = row.rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps, residual)
             qkv = linear(x, layer.qkv)
@@ -98,7 +100,7 @@ class LlamaModel:
             q = q.view(tokens, cfg.num_heads, cfg.head_dim)
             k = k.view(tokens, cfg.num_kv_heads, cfg.head_dim)
             v = v.view(tokens, cfg.num_kv_heads, cfg.head_dim)
-            q, k = row.rotary(q, k, cos, sin)
+            q, k = row.rotary(q, k, cos, sin, rope)
             ops.store_kv(k, v, kv_layer, batch.slots)
             attn = self._attention(q, kv_layer, batch, keys)
             hidden = linear(attn.reshape(tokens, q_size), layer.o_proj)
