@@ -115,6 +115,9 @@ class CheckpointOperations:
         worker_id = op.worker_id
         view = self.state.views[worker_id]
         view.state = WorkerState.DRAINING  # routes nothing new to it
+        # requests for its role may wait while it pauses (until the operation ends): it comes back, held for a
+        # restore or running again if the checkpoint fails; it may be the last worker of its role
+        self.state.arriving[op.id] = view.role
         name = checkpoint_name(worker_id, checkpoint_root())
         timeout = self.state.config.supervision.checkpoint_timeout_s
         waiting = self.runner.wait(worker_id, "checkpoint", timeout)

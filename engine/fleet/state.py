@@ -28,7 +28,8 @@ class FleetState:
     queued: deque[TrackedRequest] = field(default_factory=deque)  # waiting for a prefill (or mixed) worker
     pending_handoffs: deque[TrackedRequest] = field(default_factory=deque)  # KV published, no decode worker yet
     restarting: dict[str, WorkerRole] = field(default_factory=dict)  # worker id -> role, a restart pending
-    arriving: dict[str, WorkerRole] = field(default_factory=dict)  # operation id -> role of the process it starts
+    # operation id -> role of the worker it brings: the process it starts, or the one it pauses for a checkpoint
+    arriving: dict[str, WorkerRole] = field(default_factory=dict)
     closing: bool = False  # shutting down: no new request is admitted
     stopping: bool = False
 
@@ -43,8 +44,9 @@ class FleetState:
 
     def serves(self, role: WorkerRole) -> bool:
         """A worker of `role` runs or starts, or one is on its way back (restarted by the supervisor, started
-        by an operation, stood down with its hold running): requests for the role may wait for it, each wait
-        bounded (start timeout, crash budget, hold). Otherwise they fail: no worker of the role is left."""
+        or paused for a checkpoint by an operation, stood down with its hold running): requests for the role
+        may wait for it, each wait bounded (start timeout, crash budget, checkpoint timeout, hold). Otherwise
+        they fail: no worker of the role is left."""
         return (self.has_role(role) or role in self.restarting.values() or role in self.arriving.values()
                 or any(v.role is role and v.state is WorkerState.CHECKPOINTED for v in self.views.values()))
 

@@ -137,3 +137,28 @@ def test_a_restore_that_would_replay_sessions_is_refused_unless_forced(tiny_mode
         await nothing_leaked(fleet, launcher)  # the replayed sessions were aborted: no client wants them
 
     run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path)), scenario, timeout=60)
+
+
+def test_requests_wait_while_the_last_decode_worker_pauses_for_a_checkpoint(tiny_model_dir: Path,
+                                                                             tmp_path: Path) -> None:
+    """decode-0, the only decode worker, takes 2.5 s to write its checkpoint: requests whose KV is ready meanwhile
+    wait for it (it comes back held, then restored), they do not fail as if no decode worker were left."""
+
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        first = [fleet.submit(p, LONG) for p in prompts(2)]
+        await until(lambda: all(r.decode_worker and r.output_token_ids for r in first))
+        op = fleet.checkpoints.checkpoint("decode-0", 30)
+        await until(lambda: fleet.views["decode-0"].state is WorkerState.DRAINING)
+        later = [fleet.submit(p, PARAMS) for p in prompts(3, offset=40)]
+        await asyncio.sleep(2.0)  # the once-a-second check for stranded requests runs meanwhile
+        assert not any(r.done for r in [*first, *later])
+        await finished(op)
+        assert op.state is OpState.DONE, op.error
+        restored = await finished(await fleet.checkpoints.restore(Path(op.result["checkpoint"]).name, "cpu:2"))
+        assert restored.state is OpState.DONE, restored.error
+        errors = await ends(fleet, [*first, *later])
+        assert set(errors.values()) == {None}, errors
+        await nothing_leaked(fleet, launcher)
+
+    launcher = FakeLauncher(shm(tmp_path), faults=Faults(checkpoint_s={"decode-0": 2.5}))
+    run_fleet(tiny_model_dir, launcher, scenario, prefill=1, decode=1, devices=("cpu:0", "cpu:1"))
