@@ -34,4 +34,3 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, None, "none", [], "")
     return F.linear(x, weight)
-

@@ -69,7 +69,8 @@ def paged_decode_attention_ref(
     every layer. Returns [B, H, d]."""
     batch, num_heads, head_dim = q.shape
     _, blocks, block_size, num_kv_heads, _ = kv_layer.shape
-    keys = keys or decode_keys(block_tables, context_lens, block_size)
+    if keys is None:
+        keys = decode_keys(block_tables, context_lens, block_size)
     kv = kv_layer.view(2, blocks, -1).index_select(1, keys.index)
     kv = kv.view(2, batch, -1, num_kv_heads, head_dim)[:, :, : keys.length].transpose(2, 3)
     # The query heads sharing a KV head become that head's query rows: [B, Hkv, group, d] against

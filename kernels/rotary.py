@@ -36,7 +36,8 @@ def rotary_ref(
 
     Returns rotated (q, k), same shapes and dtype (views of one tensor: q and k are rotated together).
     """
-    tables = tables or RotaryTables.of(cos, sin, q.dtype)
+    if tables is None:
+        tables = RotaryTables.of(cos, sin, q.dtype)
     both = _rotate(torch.cat((q, k), dim=1), tables.cos, tables.signed_sin)  # [T, H + Hkv, d]
     return both[:, : q.shape[1]], both[:, q.shape[1] :]
 
