@@ -85,7 +85,8 @@ def no_blocks_held(url: str) -> bool:
 
 
 def test_move_greedy_and_seeded_sessions_there_and_back(small_model_dir: Path, expected: list[str]) -> None:
-    with serve(small_model_dir, *FLEET) as url:
+    # each step slowed (a fault point's stall): s1 must still be decoding after its second move
+    with serve(small_model_dir, *FLEET, env={"FLEET_FAULTS": "step=stall:0.1"}) as url:
         streams = start_streams(url, 2)  # s0 greedy, s1 seeded
         assert wait_until(lambda: {"s0", "s1"} <= holders(url).keys(), 120)
         placed = holders(url)
