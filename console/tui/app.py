@@ -82,7 +82,8 @@ class FleetConsole(App[None]):
             sessions = (await self.source.get(f"/fleet/workers/{detail.worker_id}/sessions"))["sessions"]
         except ActionError:
             sessions = None
-        detail.show(self.snapshot, sessions)
+        if detail is self.screen:  # not closed while the sessions were asked for
+            detail.show(self.snapshot, sessions)
 
     def show(self, snapshot: FleetSnapshot) -> None:
         """Render a snapshot; when the fleet does not answer, keep the last picture under a banner."""

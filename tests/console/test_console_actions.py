@@ -15,7 +15,7 @@ from fleet_harness import generate_json, serve
 
 from fleetctl.console.tui.actions import ACTIONS, READONLY_REASON
 from fleetctl.console.tui.app import FleetConsole
-from fleetctl.console.tui.screens.dialogs import ConfirmDialog
+from fleetctl.console.tui.screens.dialogs import ConfirmDialog, OperationDialog
 from fleetctl.console.tui.screens.plan import PlanScreen
 from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.source import HttpSource
@@ -94,6 +94,62 @@ def test_plan_screen_in_readonly_mode_shows_the_plan_but_applies_nothing() -> No
 
     assert READONLY_REASON in asyncio.run(run())
     assert source.posted == []
+
+
+class SlowSource(FixtureSource):
+    """Polls of an operation and plans take `delay_s`, so a screen can be closed with a request in flight."""
+
+    def __init__(self, delay_s: float, hold_at: int | None = None) -> None:
+        super().__init__(hold_at=hold_at)
+        self.delay_s = delay_s
+
+    async def get(self, path: str) -> dict:
+        if path.startswith(("/fleet/operations/", "/fleet/plan")):
+            await asyncio.sleep(self.delay_s)
+        return await super().get(path)
+
+
+def test_closing_the_progress_dialog_cancels_its_poll_at_once() -> None:
+    """CI once saw a poll answer land on a dialog already taken down (its labels gone, the app crashed): the
+    screen's own workers are only cancelled when it unmounts, after its children are removed, so closing
+    must cancel the poll itself."""
+    source = SlowSource(0.3, hold_at=1)
+
+    async def run() -> tuple[bool, bool]:
+        app = FleetConsole(source, ConsoleSettings())
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.snapshot.reachable)
+            await pilot.press("down", "down", "m")
+            await pilot.pause(0.2)
+            await pilot.press("enter")
+            await pilot.pause(0.2)
+            await pilot.press("y")
+            await wait_for(pilot, lambda: isinstance(app.screen, OperationDialog) and source._polls >= 1)
+            dialog = app.screen
+            polls = [w for w in app.workers if w.node is dialog]
+            dialog.action_close()
+            cancelled_at_once = bool(polls) and all(w.is_cancelled for w in polls)
+            await pilot.pause(0.6)  # long enough for the poll in flight to have answered
+            return cancelled_at_once, isinstance(app.screen, OperationDialog)
+
+    assert asyncio.run(run()) == (True, False)
+
+
+def test_leaving_the_plan_screen_while_it_plans_cancels_the_plan() -> None:
+    async def run() -> tuple[bool, bool]:
+        app = FleetConsole(SlowSource(30.0), ConsoleSettings())
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.snapshot.reachable)
+            await pilot.press("p")
+            await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen))
+            plan_screen = app.screen
+            planning = [w for w in app.workers if w.node is plan_screen]
+            plan_screen.action_back()  # what escape does
+            cancelled_at_once = bool(planning) and all(w.is_cancelled for w in planning)
+            await pilot.pause(0.6)
+            return cancelled_at_once, isinstance(app.screen, PlanScreen)
+
+    assert asyncio.run(run()) == (True, False)
 
 
 @pytest.mark.fleet

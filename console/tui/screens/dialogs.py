@@ -110,4 +110,6 @@ class OperationDialog(ModalScreen[dict | None]):
             self.query_one("#op-result", Label).update(describe_result(op) + "\n(enter to close)")
 
     def action_close(self) -> None:
+        # A poll may be in flight: cancel it so that its answer never lands on a screen already taken down.
+        self.workers.cancel_node(self)
         self.dismiss(self.operation if self.operation["state"] != "running" else None)

@@ -46,7 +46,7 @@ def summary_lines(plan: dict) -> list[str]:
 
 
 class PlanScreen(Screen[None]):
-    BINDINGS = [Binding("escape,backspace", "app.pop_screen", "Back"),
+    BINDINGS = [Binding("escape,backspace", "back", "Back"),
                 Binding("a", "apply", "apply best split"),
                 Binding("r", "replan", "plan again"),
                 Binding("w", "window", "window")]
@@ -94,6 +94,11 @@ class PlanScreen(Screen[None]):
             tpot = "-" if c["tpot_p90_s"] is None else f"{c['tpot_p90_s']:.3f} s"
             table.add_row(label, f"{c['goodput']:.3f}", f"{c['good_requests']}/{c['requests']}",
                           f"{c['ttft_p90_s']:.3f} s", tpot, "current" if label == current else "")
+
+    def action_back(self) -> None:
+        # Planning takes seconds: cancel it here, or its answer lands on a screen already taken down.
+        self.workers.cancel_node(self)
+        self.app.pop_screen()
 
     def action_window(self) -> None:
         self.window = WINDOWS[(WINDOWS.index(self.window) + 1) % len(WINDOWS)]
