@@ -73,7 +73,10 @@ class FleetConsole(App[None]):
 
     @work(exclusive=True, group="refresh")
     async def refresh_snapshot(self) -> None:
-        self.show(await self.source.snapshot())
+        snapshot = await self.source.snapshot()
+        if not self.is_running:  # the console closed while it asked: its widgets may be gone already
+            return
+        self.show(snapshot)
         if isinstance(self.screen, WorkerDetail):
             await self.refresh_detail(self.screen)
 
@@ -82,7 +85,7 @@ class FleetConsole(App[None]):
             sessions = (await self.source.get(f"/fleet/workers/{detail.worker_id}/sessions"))["sessions"]
         except ActionError:
             sessions = None
-        if detail is self.screen:  # not closed while the sessions were asked for
+        if self.is_running and detail is self.screen:  # not closed while the sessions were asked for
             detail.show(self.snapshot, sessions)
 
     def show(self, snapshot: FleetSnapshot) -> None:
