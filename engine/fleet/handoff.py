@@ -6,10 +6,10 @@ import time
 
 from fleetctl.engine.core.block_allocator import blocks_for
 from fleetctl.engine.fleet.dispatch import Dispatcher, cached_tokens
-from fleetctl.engine.fleet.request import RequestStage
+from fleetctl.engine.fleet.request import RequestStage, TrackedRequest
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.worker import protocol as m
-from fleetctl.store.records import WorkerRole
+from fleetctl.store.records import WorkerRole, WorkerState
 
 
 class HandoffRouting:
@@ -64,6 +64,11 @@ class HandoffRouting:
         self.state.stats.on_handoff(msg.nbytes, msg.seconds, msg.cross_node)
         self.dispatcher.release_prefill_copy(req)
 
+    def _kv_removed_by_its_producer(self, req: TrackedRequest) -> bool:
+        """A prefill worker stopped on purpose removes the KV it published as it exits, so a handoff that was
+        on its way when it stopped cannot be tried again (one that died leaves its shared memory behind)."""
+        return req.prefill_worker is not None and self.state.views[req.prefill_worker].state is WorkerState.STOPPED
+
     def on_adopt_failed(self, wid: str, msg: m.AdoptFailed) -> None:
         req = self.state.requests.get(msg.request_id)
         view = self.state.views[wid]
@@ -71,7 +76,7 @@ class HandoffRouting:
         if req is None or req.done or req.decode_worker != wid:
             return
         req.decode_worker = None
-        if msg.retryable:
+        if msg.retryable and not self._kv_removed_by_its_producer(req):
             view.free_blocks = 0  # full until it reports again
             self.state.pending_handoffs.append(req)
         else:
