@@ -34,5 +34,6 @@ class FleetSnapshot:
         return [point[metric] for point in self.history.get("workers", {}).get(worker_id, [])]
 
     def tokens_per_s(self, worker_id: str) -> float:
-        series = self.worker_series(worker_id, "tokens_per_s")
-        return series[-1] if series else 0.0
+        """The fleet's live rate (`/fleet/status`, its last few seconds), as busy, MFU and MBU are: the store's
+        newest bucket is still filling (samples reach it seconds late), so its rate reads 0 most of the time."""
+        return (self.worker(worker_id) or {}).get("tokens_per_s", 0.0)

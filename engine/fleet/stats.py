@@ -31,11 +31,13 @@ class LiveUtilization:
     busy: float  # share of wall time in model steps
     mfu: float  # achieved model FLOP/s over the device's peak
     mbu: float  # achieved bytes/s over the device's peak bandwidth
+    tokens_per_s: float  # tokens its steps processed (prompt tokens prefilled, tokens decoded) per wall second
 
 
 class FleetStats:
     def __init__(self, max_records: int = 10_000) -> None:
-        self._steps: dict[str, deque[tuple[float, float, int, int]]] = {}  # worker -> (end, seconds, flops, bytes)
+        # worker -> (end, seconds, flops, bytes, tokens) of its recent steps
+        self._steps: dict[str, deque[tuple[float, float, int, int, int]]] = {}
         self._peaks: dict[str, tuple[float, float]] = {}
         self.prefill_tokens: dict[str, PrefillTokens] = {}  # worker -> its prefills' tokens since it started
         self.local_prefill_count = 0  # requests prefilled by their decode worker (conditional disaggregation)
@@ -86,7 +88,7 @@ class FleetStats:
 
     def on_step(self, view: WorkerView, report: StepReport) -> None:
         window = self._steps.setdefault(view.worker_id, deque())
-        window.append((report.ended_at, report.seconds, report.flops, report.bytes))
+        window.append((report.ended_at, report.seconds, report.flops, report.bytes, report.num_tokens))
         _forget_before(window, report.ended_at - BUSY_WINDOW_S)
         self._peaks[view.worker_id] = (view.peak_flops, view.peak_bytes_per_s)
         if report.phase is Phase.PREFILL:
@@ -109,23 +111,25 @@ class FleetStats:
         return cached / (cached + computed) if cached + computed else 0.0
 
     def utilization(self, worker_id: str, now: float | None = None) -> LiveUtilization:
-        """Over the last BUSY_WINDOW_S seconds of wall time: busy share, and achieved FLOP/s and bytes/s
-        over the device's peaks. A step that began before the window counts only for its part inside
-        it, so none of the three can pass 1 unless a step report or a peak is wrong."""
+        """Over the last BUSY_WINDOW_S seconds of wall time: busy share, achieved FLOP/s and bytes/s over the
+        device's peaks, and tokens per second. A step that began before the window counts only for its part
+        inside it, so none of the three shares can pass 1 unless a step report or a peak is wrong."""
         now = now or time.time()
         start = now - BUSY_WINDOW_S
         window = self._steps.get(worker_id, deque())
         _forget_before(window, start)
-        busy = flops = nbytes = 0.0
-        for ended, seconds, step_flops, step_bytes in window:
+        busy = flops = nbytes = tokens = 0.0
+        for ended, seconds, step_flops, step_bytes, step_tokens in window:
             inside = max(0.0, min(ended, now) - max(ended - seconds, start))
             share = inside / seconds if seconds > 0 else 1.0
             busy, flops, nbytes = busy + inside, flops + step_flops * share, nbytes + step_bytes * share
+            tokens += step_tokens * share
         peak_flops, peak_bytes = self._peaks.get(worker_id, (0.0, 0.0))
         return LiveUtilization(
             busy=busy / BUSY_WINDOW_S,
             mfu=flops / BUSY_WINDOW_S / peak_flops if peak_flops else 0.0,
             mbu=nbytes / BUSY_WINDOW_S / peak_bytes if peak_bytes else 0.0,
+            tokens_per_s=tokens / BUSY_WINDOW_S,
         )
 
     def on_handoff(self, nbytes: int, seconds: float, cross_node: bool = False) -> None:

@@ -27,6 +27,7 @@ def workers_status(fleet: Fleet) -> list[dict]:
             "busy": round(util.busy, 4),
             "mfu": round(util.mfu, 6),
             "mbu": round(util.mbu, 6),
+            "tokens_per_s": round(util.tokens_per_s, 1),
             "prefix_hit_ratio": round(fleet.stats.hit_ratio_of([view.worker_id]), 4),
         })
     return rows

@@ -55,6 +55,8 @@ HISTORY = {
          "details": {"device": "cpu:6", "mode": "cold-start", "reason": "torch: checkpoint has '2.12'"}},
     ],
 }
+for _w in WORKERS:  # the live rate in /fleet/status: what the charts' newest bucket shows
+    _w["tokens_per_s"] = HISTORY["workers"][_w["id"]][-1]["tokens_per_s"]
 HOST = {"host": "lab-node", "gpus": [], "processes": {4101: 41.0, 4102: 35.0, 4103: 97.0, 4104: 95.0, 4105: 90.0,
                                                       4106: 40.0, 4107: None, 4108: None}}
 MIGRATE_STAGES = ("starting destination", "pausing source", "restoring", "first step")

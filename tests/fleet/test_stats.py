@@ -16,18 +16,19 @@ def view() -> WorkerView:
                       peak_bytes_per_s=PEAK_BYTES)
 
 
-def report(ended_at: float, seconds: float, flops: float, nbytes: float) -> StepReport:
+def report(ended_at: float, seconds: float, flops: float, nbytes: float, num_tokens: int = 1) -> StepReport:
     return StepReport(worker_id="prefill-0", phase=Phase.PREFILL, tokens=[], seq_tokens=[], num_seqs=1,
-                      num_tokens=1, context_tokens=1, seconds=seconds, flops=int(flops), bytes=int(nbytes),
+                      num_tokens=num_tokens, context_tokens=1, seconds=seconds, flops=int(flops), bytes=int(nbytes),
                       free_blocks=0, running=0, waiting=0, ended_at=ended_at)
 
 
 def test_a_step_longer_than_the_window_counts_only_its_part_inside() -> None:
     stats = FleetStats()
     # a 12 s prefill running at 90 % of the FLOP peak and 50 % of the bandwidth peak
-    stats.on_step(view(), report(1000.0, 12.0, 0.9 * PEAK_FLOPS * 12, 0.5 * PEAK_BYTES * 12))
+    stats.on_step(view(), report(1000.0, 12.0, 0.9 * PEAK_FLOPS * 12, 0.5 * PEAK_BYTES * 12, num_tokens=6000))
     util = stats.utilization("prefill-0", now=1001.0)  # the window [996, 1001] holds 4 s of it
     assert util.busy == pytest.approx(4 / BUSY_WINDOW_S)
+    assert util.tokens_per_s == pytest.approx(6000 * 4 / 12 / BUSY_WINDOW_S)  # its tokens, in the same share
     assert util.mfu == pytest.approx(0.9 * 4 / BUSY_WINDOW_S)
     assert util.mbu == pytest.approx(0.5 * 4 / BUSY_WINDOW_S)
     saturated = stats.utilization("prefill-0", now=1000.0)
@@ -37,9 +38,11 @@ def test_a_step_longer_than_the_window_counts_only_its_part_inside() -> None:
 def test_back_to_back_steps_fill_the_window_exactly() -> None:
     stats = FleetStats()
     for i in range(100):
-        stats.on_step(view(), report(1000.0 + 0.1 * (i + 1), 0.1, 0.5 * PEAK_FLOPS * 0.1, 0.8 * PEAK_BYTES * 0.1))
+        stats.on_step(view(), report(1000.0 + 0.1 * (i + 1), 0.1, 0.5 * PEAK_FLOPS * 0.1, 0.8 * PEAK_BYTES * 0.1,
+                                     num_tokens=8))
     util = stats.utilization("prefill-0", now=1010.0)
     assert util.busy == pytest.approx(1.0) and util.mfu == pytest.approx(0.5) and util.mbu == pytest.approx(0.8)
+    assert util.tokens_per_s == pytest.approx(8 / 0.1)  # eight tokens every 0.1 s
 
 
 def test_the_window_forgets_old_steps_without_being_read() -> None:
