@@ -28,12 +28,18 @@ class FleetSnapshot:
         return next((w for w in self.workers if w["id"] == worker_id), None)
 
     def pool_series(self, role: str, metric: str) -> list[float]:
-        return [point[metric] for point in self.history.get("pools", {}).get(role, [])]
+        return _settled(self.history.get("pools", {}).get(role, []), metric)
 
     def worker_series(self, worker_id: str, metric: str) -> list[float]:
-        return [point[metric] for point in self.history.get("workers", {}).get(worker_id, [])]
+        return _settled(self.history.get("workers", {}).get(worker_id, []), metric)
 
     def tokens_per_s(self, worker_id: str) -> float:
         """The fleet's live rate (`/fleet/status`, its last few seconds), as busy, MFU and MBU are: the store's
         newest bucket is still filling (samples reach it seconds late), so its rate reads 0 most of the time."""
         return (self.worker(worker_id) or {}).get("tokens_per_s", 0.0)
+
+
+def _settled(points: list[dict], metric: str) -> list[float]:
+    """A chart's values without the newest bucket: it holds now and is still filling (samples reach the store
+    2-4 s late), so it would draw as a drop to zero at the right edge every few seconds."""
+    return [point[metric] for point in points[:-1]]

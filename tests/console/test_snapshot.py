@@ -1,0 +1,28 @@
+"""What the console draws from a snapshot: charts end at the last bucket the store has settled, and a worker's
+tokens/s is the fleet's live rate, not the store's newest bucket."""
+
+from fleetctl.console.tui.snapshot import FleetSnapshot
+
+
+def point(ts: float, busy: float, tokens_per_s: float) -> dict:
+    return {"ts": ts, "busy": busy, "mfu": busy / 2, "mbu": busy / 4, "tokens_per_s": tokens_per_s}
+
+
+# the store's shape a few seconds into a bucket: the one holding now has no samples yet
+SERIES = [point(990.0, 0.9, 120.0), point(995.0, 0.95, 130.0), point(1000.0, 0.0, 0.0)]
+SNAPSHOT = FleetSnapshot(
+    reachable=True,
+    status={"workers": [{"id": "decode-0", "role": "decode", "busy": 0.96, "tokens_per_s": 128.4}], "pools": {}},
+    history={"now": 1002.0, "bucket_s": 5.0, "pools": {"decode": SERIES}, "workers": {"decode-0": SERIES}},
+)
+
+
+def test_charts_leave_out_the_bucket_still_filling() -> None:
+    assert SNAPSHOT.pool_series("decode", "busy") == [0.9, 0.95]
+    assert SNAPSHOT.worker_series("decode-0", "mbu") == [0.225, 0.2375]
+    assert SNAPSHOT.pool_series("prefill", "busy") == []  # no such pool
+
+
+def test_tokens_per_s_is_the_live_rate() -> None:
+    assert SNAPSHOT.tokens_per_s("decode-0") == 128.4
+    assert SNAPSHOT.tokens_per_s("decode-9") == 0.0
