@@ -29,6 +29,9 @@ NARROW_COLUMNS = 100
 class FleetConsole(App[None]):
     CSS_PATH = str(STYLESHEET)
     COMMANDS = App.COMMANDS | {ActionCommands}
+    # Textual sets the class on each screen as the terminal resizes (a screen takes resize events itself, so an
+    # app-level handler saw only the first size)
+    HORIZONTAL_BREAKPOINTS = [(0, "narrow"), (NARROW_COLUMNS, "wide")]
     BINDINGS = [Binding(a.keys, f"act('{a.id}')", a.label, tooltip=a.description, id=a.id,
                         show=a.id not in ("resume", "sort", "theme")) for a in ACTIONS]
 
@@ -67,9 +70,6 @@ class FleetConsole(App[None]):
         if self._refresh:
             self.refresh_snapshot()
             self.set_interval(self.settings.interval, self.refresh_snapshot)
-
-    def on_resize(self) -> None:
-        self.screen.set_class(self.size.width < NARROW_COLUMNS, "narrow")
 
     @work(exclusive=True, group="refresh")
     async def refresh_snapshot(self) -> None:

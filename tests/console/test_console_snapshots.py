@@ -1,12 +1,15 @@
 """Pictures of the console (pytest-textual-snapshot) on a deterministic fixture fleet: the dashboard
 at 120×40 and 80×24, both themes, read-only, help, a worker's detail, the migrate dialog with its
-progress bar, and the plan screen. Update them with `pytest tests/console --snapshot-update` after a
-deliberate change."""
+progress bar, and the plan screen; and the 80-column layout following a live resize. Update them with
+`pytest tests/console --snapshot-update` after a deliberate change."""
+
+import asyncio
 
 from console_fixture import FixtureSource
 
 from fleetctl.console.tui.app import FleetConsole
 from fleetctl.console.tui.settings import ConsoleSettings
+from fleetctl.console.tui.widgets.panels import DevicesPanel, EventsPanel
 
 WIDE, NARROW = (120, 40), (80, 24)
 
@@ -30,6 +33,23 @@ def test_dashboard(snap_compare) -> None:
 
 def test_dashboard_at_80x24(snap_compare) -> None:
     assert snap_compare(console(), terminal_size=NARROW, run_before=loaded)
+
+
+def test_resizing_the_terminal_gives_the_narrow_layout_and_back() -> None:
+    """The 80-column layout (no devices panel) follows a live resize, not only the size the console started at."""
+    async def run() -> list[tuple[bool, bool]]:
+        app = console()
+        async with app.run_test(size=WIDE) as pilot:
+            await loaded(pilot)
+            shown = []
+            for size in (NARROW, WIDE):
+                shown.append((app.query_one(DevicesPanel).display, app.query_one(EventsPanel).display))
+                await pilot.resize_terminal(*size)
+                await pilot.pause(0.1)
+            shown.append((app.query_one(DevicesPanel).display, app.query_one(EventsPanel).display))
+            return shown
+
+    assert asyncio.run(run()) == [(True, True), (False, True), (True, True)]
 
 
 def test_dashboard_light_theme(snap_compare) -> None:
