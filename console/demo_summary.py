@@ -10,9 +10,9 @@ from sqlite_utils import Database
 
 from fleetctl.console.demo_schedule import DemoPhase, PhaseShape
 from fleetctl.console.demo_traffic import PhaseLog
+from fleetctl.domain import WorkerRole
 from fleetctl.store.classify import classify
 from fleetctl.store.queries import Percentiles, PoolUtilization, handoff_totals, pool_utilization, request_latency
-from fleetctl.store.records import WorkerRole
 
 STORE_WAIT_S = 15.0
 

@@ -16,7 +16,7 @@ from fleetctl.console.bench import stream_request
 from fleetctl.console.client import FleetClient, FleetClientError
 from fleetctl.console.demo_schedule import ArrivalRate, DemoPhase, TrafficConfig, TrafficSchedule
 from fleetctl.console.traces import prompt_text
-from fleetctl.store.records import WorkerRole
+from fleetctl.domain import WorkerRole
 
 PROBE_WORDS = 64
 POLL_S = 0.05  # how often waits look at the stop flag and at the requests in flight

@@ -10,7 +10,7 @@ import typer
 
 from fleetctl.console.client import FleetClient, FleetClientError
 from fleetctl.console.errors import fail
-from fleetctl.store.records import WorkerRole
+from fleetctl.domain import WorkerRole
 
 URL_OPTION = typer.Option(None, "--url", help="Fleet URL (default $FLEET_URL or http://127.0.0.1:8700).")
 JSON_OPTION = typer.Option(False, "--json", help="One JSON object on stdout.")

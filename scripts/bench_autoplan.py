@@ -22,7 +22,7 @@ from fleetctl.console.bench import run_bench
 from fleetctl.console.local_fleet import local_fleet
 from fleetctl.console.models_cmd import resolve_model
 from fleetctl.console.traces import TraceKind, make_trace
-from fleetctl.store.records import EventKind
+from fleetctl.domain import EventKind
 
 
 def events(store: Path) -> list[tuple[float, str, dict]]:

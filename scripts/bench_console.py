@@ -24,7 +24,7 @@ WORKERS = 8
 
 def tiny_model() -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    import tiny_model as tiny  # the test suite's fixture model: random weights, real tokenizer
+    from support import tiny_model as tiny  # the test suite's fixture model: random weights, real tokenizer
 
     return tiny.write_tiny_llama(Path(tempfile.mkdtemp()) / "tiny-llama")
 

@@ -169,7 +169,7 @@ def bench_context(model_dir: Path, args: argparse.Namespace, context: int) -> di
 
 def test_model(folder: Path) -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from tiny_model import write_tiny_llama
+    from support.tiny_model import write_tiny_llama
 
     return write_tiny_llama(folder, seed=1, hidden_size=256, intermediate_size=1024, num_hidden_layers=8,
                             num_attention_heads=8, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096)

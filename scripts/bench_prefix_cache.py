@@ -23,10 +23,10 @@ import torch
 
 from fleetctl.console.models_cmd import resolve_model
 from fleetctl.console.traces import WORDS
+from fleetctl.domain import Phase
 from fleetctl.engine.core.config import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.store.records import Phase
 
 TURNS = 6
 SYSTEM_TOKENS = 1500

@@ -14,19 +14,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from fleetctl.domain import EventKind, RequestOutcome, WorkerRole, WorkerState
 from fleetctl.store.db import open_db
 from fleetctl.store.history import history
 from fleetctl.store.queries import dashboard
-from fleetctl.store.records import (
-    EventKind,
-    EventRecord,
-    RequestOutcome,
-    RequestRecord,
-    WorkerRecord,
-    WorkerRole,
-    WorkerSample,
-    WorkerState,
-)
+from fleetctl.store.records import EventRecord, RequestRecord, WorkerRecord, WorkerSample
 from fleetctl.store.writer import MetricsWriter, WriterConfig
 
 HOUR = 3600

@@ -9,7 +9,7 @@ streaming clients run. Each scenario starts a fresh fleet, sends its requests at
 
     python scripts/chaos.py [--model PATH] [--requests 24] [--tokens 96] [--only NAME …] [--json]
 
-Without --model it writes a small random Llama (tests/tiny_model.py) to a temporary directory. Prints one
+Without --model it writes a small random Llama (tests/support/tiny_model.py) to a temporary directory. Prints one
 table row per scenario; exits 1 if any row has a lost request, a 5xx, a wrong text or a leak.
 tests/fleet/test_chaos_fleet.py runs the same scenarios at a small size."""
 
@@ -231,7 +231,7 @@ async def leaked_blocks(fleet: Fleet, timeout: float = 15.0) -> int:
 
 def small_model(folder: Path) -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    import tiny_model
+    from support import tiny_model
 
     return tiny_model.write_tiny_llama(folder, seed=1, hidden_size=256, intermediate_size=1024, num_hidden_layers=8,
                                        num_attention_heads=8, num_key_value_heads=2, head_dim=32,

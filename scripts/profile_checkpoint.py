@@ -29,13 +29,13 @@ from pathlib import Path
 import torch
 
 from fleetctl.console.models_cmd import resolve_model
+from fleetctl.domain import WorkerRole
 from fleetctl.engine.checkpoint import format as checkpoint_format
 from fleetctl.engine.checkpoint.engine_io import current_compat, write_engine_checkpoint
 from fleetctl.engine.checkpoint.snapshot import payload_of_blocks, snapshot_records
 from fleetctl.engine.core.config import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams, Sequence, SequenceStatus
-from fleetctl.store.records import WorkerRole
 
 
 def spin(seconds: float) -> None:

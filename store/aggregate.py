@@ -20,7 +20,8 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-from fleetctl.store.records import Phase, WorkerRole, WorkerSample
+from fleetctl.domain import Phase, WorkerRole
+from fleetctl.store.records import WorkerSample
 
 log = logging.getLogger(__name__)
 

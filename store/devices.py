@@ -4,7 +4,8 @@ writer): the next lookup, possibly from another process, must find it."""
 
 from sqlite_utils import Database
 
-from fleetctl.store.records import DeviceKind, DeviceRecord, PeakSource, columns
+from fleetctl.domain import DeviceKind, PeakSource
+from fleetctl.store.records import DeviceRecord, columns
 from fleetctl.store.validate import problem
 
 _COLUMNS = columns(DeviceRecord)

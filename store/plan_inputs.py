@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from sqlite_utils import Database
 
-from fleetctl.store.records import DeviceKind, WorkerRole
+from fleetctl.domain import DeviceKind, WorkerRole
 
 LOOKBACK_S = 600.0  # requests that arrived this long before the window may still have ended inside it
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from sqlite_utils import Database
 
-from fleetctl.store.records import WorkerRole, WorkerSample, WorkerState, columns
+from fleetctl.domain import WorkerRole, WorkerState
+from fleetctl.store.records import WorkerSample, columns
 
 
 @dataclass(frozen=True)

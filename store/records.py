@@ -1,4 +1,5 @@
-"""What the store holds, one frozen record type per table, and the vocabularies their columns use.
+"""What the store holds, one frozen record type per table; the vocabularies their columns use are the
+domain's (`fleetctl.domain`).
 
 Records are plain slotted dataclasses rather than SQLModel instances: building a SQLModel table
 object costs ~30 µs, which alone would cap the writer near the 20,000 samples/s it must sustain.
@@ -7,64 +8,10 @@ record type's fields (names, types, `X | None` for nullable), adding only keys a
 """
 
 from dataclasses import dataclass, field, fields
-from enum import StrEnum
 from operator import attrgetter
 from typing import ClassVar
 
-
-class WorkerRole(StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-    MIXED = "mixed"  # colocated baseline: both phases, no handoff
-
-
-class Phase(StrEnum):
-    """What a model step (and the time spent in it) serves."""
-
-    PREFILL = "prefill"
-    DECODE = "decode"
-
-
-class WorkerState(StrEnum):
-    STARTING = "starting"
-    RUNNING = "running"
-    DRAINING = "draining"
-    CHECKPOINTED = "checkpointed"
-    STOPPED = "stopped"
-    FAILED = "failed"
-
-
-class EventKind(StrEnum):
-    START = "start"
-    STOP = "stop"
-    DRAIN = "drain"  # a drain finished: the worker holds no session and takes no new work
-    RESUME = "resume"  # a drained (or draining) worker takes work again
-    CHECKPOINT = "checkpoint"
-    RESTORE = "restore"
-    MIGRATE = "migrate"
-    MOVE = "move"  # a session moved live between two workers (or a move called off): stages, bytes, downtime
-    FAILURE = "failure"
-    RESTART = "restart"  # the supervisor restarted a worker that died
-    GAVE_UP = "gave-up"  # a worker failed too often: the supervisor does not restart it again
-    BUSY = "busy"  # requests refused with 429 (the queue was full); at most one event per BUSY_EVENT_S
-    PLAN = "plan"  # an autoplan decision (apply, wait, hold or skip) and its reason
-    REBALANCE = "rebalance"  # a rebalance ended (done or failed): the moves it made
-
-
-class RequestOutcome(StrEnum):
-    OK = "ok"
-    ERROR = "error"
-    CANCELLED = "cancelled"
-
-
-class DeviceKind(StrEnum):
-    CPU = "cpu"
-    CUDA = "cuda"
-
-
-class PeakSource(StrEnum):
-    CALIBRATED = "calibrated"
-    SPEC_TABLE = "spec-table"
+from fleetctl.domain import DeviceKind, EventKind, PeakSource, RequestOutcome, WorkerRole, WorkerState
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import tiny_model
+from support import tiny_model
 
 # Pulled models are kept between runs where `make test` pulled them; everything else a test writes
 # under $FLEET_HOME (metrics store, checkpoints, admin token) goes to a fresh directory.

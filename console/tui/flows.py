@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog, OperationDialog
 from fleetctl.console.tui.source import ActionError
+from fleetctl.domain import DeviceKind
 from fleetctl.engine.core.device_names import DeviceName, parse_device_name
-from fleetctl.store.records import DeviceKind
 
 if TYPE_CHECKING:
     from fleetctl.console.tui.app import FleetConsole

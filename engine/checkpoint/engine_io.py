@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 import fleetctl
+from fleetctl.domain import WorkerRole
 from fleetctl.engine.checkpoint.format import (
     KV_FILE,
     PARTIAL_SUFFIX,
@@ -34,7 +35,6 @@ from fleetctl.engine.core.block_allocator import KV_LAYOUT_VERSION
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.metrics.gpu_sampler import driver_version
 from fleetctl.engine.model.prepared import weights_key
-from fleetctl.store.records import WorkerRole
 
 
 @dataclass(frozen=True)

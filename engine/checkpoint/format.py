@@ -25,9 +25,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from fleetctl.domain import WorkerRole
 from fleetctl.engine.core.faults import fault_point
 from fleetctl.engine.core.sequence import SamplingParams, SequenceStatus
-from fleetctl.store.records import WorkerRole
 
 FORMAT_VERSION = 1
 PARTIAL_SUFFIX = ".partial"

@@ -12,7 +12,7 @@ from functools import cache
 
 import pynvml
 
-from fleetctl.store.records import DeviceKind
+from fleetctl.domain import DeviceKind
 
 _NAME = re.compile(r"(?:([A-Za-z0-9][A-Za-z0-9_.-]*)/)?(cpu|cuda)(?::(\d+))?")
 

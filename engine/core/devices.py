@@ -7,9 +7,9 @@ from functools import cache
 
 import torch
 
+from fleetctl.domain import DeviceKind
 from fleetctl.engine.core.config import DType
 from fleetctl.engine.core.device_names import check_device
-from fleetctl.store.records import DeviceKind
 
 TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 import fleetctl
+from fleetctl.domain import Phase
 from fleetctl.engine.core.block_allocator import KV_LAYOUT_VERSION, blocks_for
 from fleetctl.engine.core.block_hash import KVSalt, Numerics, PrefixDigest
 from fleetctl.engine.core.config import DEFAULT_CPU_KV_BYTES, GPU_KV_FRACTION, EngineConfig
@@ -26,7 +27,6 @@ from fleetctl.engine.model.loader import load_weights
 from fleetctl.engine.model.prepared import load_cpu_weights, weights_key
 from fleetctl.engine.model.tokenizer import Tokenizer
 from fleetctl.kernels import ops
-from fleetctl.store.records import Phase
 
 DIGEST_BLOCKS = 4096  # cap on a prefix digest: 64 KiB of hashes, 65,536 tokens of prefixes
 

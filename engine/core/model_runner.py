@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fleetctl.domain import Phase
 from fleetctl.engine.core.kv_cache import KVCache
 from fleetctl.engine.core.logprobs import token_logprobs
 from fleetctl.engine.core.output import TokenLogprobs
@@ -13,7 +14,6 @@ from fleetctl.engine.core.sampler import sample
 from fleetctl.engine.core.scheduler import ScheduledStep
 from fleetctl.engine.model.compiled_decode import CompiledDecoder
 from fleetctl.engine.model.llama import AttentionBatch, LlamaModel
-from fleetctl.store.records import Phase
 
 
 @dataclass(frozen=True)

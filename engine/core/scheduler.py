@@ -22,10 +22,10 @@ waits a step and reuses what the first computed.
 from collections import deque
 from dataclasses import dataclass
 
+from fleetctl.domain import Phase
 from fleetctl.engine.core.block_allocator import OutOfBlocks, blocks_for
 from fleetctl.engine.core.block_manager import BlockManager
 from fleetctl.engine.core.sequence import Sequence, SequenceStatus
-from fleetctl.store.records import Phase
 
 
 @dataclass(frozen=True)

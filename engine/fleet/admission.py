@@ -4,9 +4,9 @@ generate than `max_queue`). Refusals for capacity are counted into one store eve
 
 import time
 
+from fleetctl.domain import EventKind
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.state import FleetState
-from fleetctl.store.records import EventKind
 
 BUSY_EVENT_S = 5.0
 

@@ -4,6 +4,7 @@ not, is a `plan` event in the store with its reason and numbers."""
 
 import asyncio
 
+from fleetctl.domain import EventKind, WorkerState
 from fleetctl.engine.fleet.operation import OperationError
 from fleetctl.engine.fleet.rebalance import Rebalancer
 from fleetctl.engine.fleet.state import FleetState
@@ -12,7 +13,6 @@ from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.engine.planner.plan import USER_ERRORS, PlanRequest, plan_from_store
 from fleetctl.engine.planner.simulator import EngineLimits
 from fleetctl.store.plan_inputs import LiveWorker
-from fleetctl.store.records import EventKind, WorkerState
 
 
 class Autoplanner:

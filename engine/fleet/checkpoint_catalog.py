@@ -7,6 +7,7 @@ thread, never on the event loop."""
 
 from pathlib import Path
 
+from fleetctl.domain import WorkerState
 from fleetctl.engine.checkpoint.format import (
     CheckpointError,
     SavedCheckpoint,
@@ -17,7 +18,6 @@ from fleetctl.engine.checkpoint.format import (
 from fleetctl.engine.fleet.operation import OperationError
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.paths import checkpoint_root
-from fleetctl.store.records import WorkerState
 
 FORCE_HINT = "restore --force replays it deliberately (into a fresh fleet)"
 

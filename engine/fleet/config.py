@@ -5,12 +5,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleetctl.domain import DeviceKind, WorkerRole
 from fleetctl.engine.core.config import EngineSettings
 from fleetctl.engine.core.device_names import DeviceError, check_device, gpu_count
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.engine.worker.shm_files import SHM_DIR
 from fleetctl.engine.worker.spec import WorkerSpec
-from fleetctl.store.records import DeviceKind, WorkerRole
 
 # Conditional disaggregation's default, measured on real fleets (`scripts/bench_agent_cache.py --local-sweep`:
 # agent sessions, smollm2-135m, 1 prefill + 1 decode CPU slot, the cache on, one fleet per threshold): later

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.device_names import DeviceError
 from fleetctl.engine.core.output import TextStream
 from fleetctl.engine.core.prompt import check_prompt
@@ -42,7 +43,6 @@ from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.launcher import Launcher, LocalLauncher
 from fleetctl.engine.worker.shm_files import sweep, sweep_dead_fleets
 from fleetctl.engine.worker.spec import WorkerSpec
-from fleetctl.store.records import WorkerRole, WorkerState
 
 log = logging.getLogger("fleetctl.stats")
 STATS_LOG_S = 10.0

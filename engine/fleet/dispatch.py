@@ -6,12 +6,12 @@ every copy of it released on the workers."""
 import time
 from collections import deque
 
+from fleetctl.domain import WorkerRole
 from fleetctl.engine.core.block_hash import chain_hashes
 from fleetctl.engine.fleet.request import RequestStage, StreamEvent, TrackedRequest
 from fleetctl.engine.fleet.router import CachedTokens, WorkerView
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.worker import protocol as m
-from fleetctl.store.records import WorkerRole
 
 
 class Dispatcher:

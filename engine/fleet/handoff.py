@@ -4,12 +4,12 @@ acknowledgement, release the prefill copy."""
 
 import time
 
+from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.block_allocator import blocks_for
 from fleetctl.engine.fleet.dispatch import Dispatcher, cached_tokens
 from fleetctl.engine.fleet.request import RequestStage, TrackedRequest
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.worker import protocol as m
-from fleetctl.store.records import WorkerRole, WorkerState
 
 
 class HandoffRouting:

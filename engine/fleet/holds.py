@@ -7,8 +7,8 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+from fleetctl.domain import WorkerState
 from fleetctl.engine.fleet.state import FleetState
-from fleetctl.store.records import WorkerState
 
 
 class Holds:

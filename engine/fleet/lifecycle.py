@@ -10,13 +10,13 @@ import asyncio
 import contextlib
 import time
 
+from fleetctl.domain import EventKind, WorkerRole, WorkerState
 from fleetctl.engine.core.block_allocator import blocks_for
 from fleetctl.engine.fleet.move_all import move_all
 from fleetctl.engine.fleet.operation import Operation, OperationCancelled, OperationError, OperationRunner, OpKind
 from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.fleet.router import WorkerView
 from fleetctl.engine.fleet.session_move import RESERVE_SLACK_TOKENS, MoveFailed, SessionMoves
-from fleetctl.store.records import EventKind, WorkerRole, WorkerState
 
 DRAIN_POLL_S = 0.05
 

@@ -12,11 +12,11 @@ is shut down."""
 import dataclasses
 import time
 
+from fleetctl.domain import EventKind, WorkerState
 from fleetctl.engine.fleet.move_all import move_all
 from fleetctl.engine.fleet.operation import Operation, OperationRunner
 from fleetctl.engine.fleet.session_move import MoveFailed, SessionMoves
 from fleetctl.engine.worker import protocol as m
-from fleetctl.store.records import EventKind, WorkerState
 
 CALL_OFF_TIMEOUT_S = 60.0
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
+from fleetctl.domain import DeviceKind, WorkerRole, WorkerState
 from fleetctl.engine.checkpoint.format import CheckpointError
 from fleetctl.engine.core.device_names import DeviceError, check_device
 from fleetctl.engine.fleet.config import pinned_cores
@@ -22,7 +23,6 @@ from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.fleet.worker_link import WorkerLink
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.spec import WorkerSpec
-from fleetctl.store.records import DeviceKind, WorkerRole, WorkerState
 
 log = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ import signal
 import time
 from pathlib import Path
 
+from fleetctl.domain import EventKind, WorkerRole, WorkerState
 from fleetctl.engine.checkpoint.format import CheckpointError, checkpoint_name, mark_used, read_checkpoint, used_at
 from fleetctl.engine.fleet.checkpoint_catalog import FORCE_HINT, replay_refusal, resolve_checkpoint
 from fleetctl.engine.fleet.holds import Holds
@@ -27,7 +28,6 @@ from fleetctl.engine.fleet.operation import (
 from fleetctl.engine.fleet.worker_link import WorkerLink
 from fleetctl.engine.paths import checkpoint_root
 from fleetctl.engine.worker import protocol as m
-from fleetctl.store.records import EventKind, WorkerRole, WorkerState
 
 DEFAULT_HOLD_S = 300.0
 log = logging.getLogger(__name__)

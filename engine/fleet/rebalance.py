@@ -14,12 +14,12 @@ import time
 from dataclasses import dataclass
 from enum import StrEnum
 
+from fleetctl.domain import EventKind, WorkerRole, WorkerState
 from fleetctl.engine.core.block_allocator import blocks_for
 from fleetctl.engine.fleet.lifecycle import WorkerLifecycle
 from fleetctl.engine.fleet.operation import Operation, OperationError, OperationRunner, OpKind, OpState
 from fleetctl.engine.fleet.router import WorkerView
 from fleetctl.engine.planner.split import Split, SplitError, parse_split
-from fleetctl.store.records import EventKind, WorkerRole, WorkerState
 
 POLL_S = 0.05
 FLEET = "fleet"  # the operation's `worker`: a rebalance acts on the whole fleet

@@ -3,12 +3,13 @@ samples (aggregated from step reports), GPU samples (pynvml, where present), fin
 
 import time
 
+from fleetctl.domain import EventKind, RequestOutcome, WorkerState
 from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.fleet.router import WorkerView
 from fleetctl.engine.metrics.gpu_sampler import GpuSampler
 from fleetctl.engine.worker.protocol import StepReport
 from fleetctl.store.aggregate import StepAggregator, StepRecord
-from fleetctl.store.records import EventKind, EventRecord, RequestOutcome, RequestRecord, WorkerRecord, WorkerState
+from fleetctl.store.records import EventRecord, RequestRecord, WorkerRecord
 from fleetctl.store.writer import MetricsWriter
 
 

@@ -11,12 +11,12 @@ killing workers fails alone and the innocents it was batched with the first time
 
 import logging
 
+from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.handoff import HandoffRouting
 from fleetctl.engine.fleet.request import RequestStage, TrackedRequest
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.worker import protocol as m
-from fleetctl.store.records import WorkerRole, WorkerState
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ that saw its system prompt first, so each pick weighs it against load:
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.block_allocator import BLOCK_SIZE, blocks_for
 from fleetctl.engine.worker.prefix_summary import PrefixIndex
-from fleetctl.store.records import WorkerRole, WorkerState
 
 CachedTokens = Callable[["WorkerView"], int]  # leading tokens of one request a worker caches
 

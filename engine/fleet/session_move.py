@@ -19,11 +19,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fleetctl.domain import EventKind, WorkerRole, WorkerState
 from fleetctl.engine.core.block_allocator import blocks_for
 from fleetctl.engine.fleet.operation import Operation, OperationError, OperationRunner, OpKind
 from fleetctl.engine.fleet.request import RequestStage, TrackedRequest
 from fleetctl.engine.worker import protocol as m
-from fleetctl.store.records import EventKind, WorkerRole, WorkerState
 
 MAX_PRECOPY_STAGES = 4
 RESERVE_SLACK_TOKENS = 32  # the session grows while it is copied

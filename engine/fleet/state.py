@@ -5,6 +5,7 @@ of it; the parts that act on it (dispatch, handoff, recovery, operations) each r
 from collections import deque
 from dataclasses import dataclass, field
 
+from fleetctl.domain import EventKind, WorkerRole, WorkerState
 from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.request import TrackedRequest
@@ -12,7 +13,6 @@ from fleetctl.engine.fleet.router import Router, WorkerView
 from fleetctl.engine.fleet.stats import FleetStats
 from fleetctl.engine.fleet.worker_link import WorkerLink
 from fleetctl.engine.worker.spec import WorkerSpec
-from fleetctl.store.records import EventKind, WorkerRole, WorkerState
 
 
 @dataclass

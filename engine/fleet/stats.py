@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from fleetctl.domain import Phase, WorkerRole
 from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.fleet.router import WorkerView
 from fleetctl.engine.worker.protocol import StepReport
-from fleetctl.store.records import Phase, WorkerRole
 
 BUSY_WINDOW_S = 5.0
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

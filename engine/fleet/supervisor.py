@@ -11,9 +11,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from fleetctl.domain import EventKind, WorkerState
 from fleetctl.engine.fleet.operation import Operation, OperationError, OperationRunner, OpKind
 from fleetctl.engine.fleet.state import FleetState
-from fleetctl.store.records import EventKind, WorkerState
 
 log = logging.getLogger(__name__)
 BUSY_POLL_S = 0.05

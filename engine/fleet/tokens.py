@@ -5,11 +5,11 @@ it (a session continued elsewhere, or cancelled) is dropped and that copy aborte
 
 import time
 
+from fleetctl.domain import Phase, WorkerRole
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.request import RequestStage, StreamEvent
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.worker import protocol as m
-from fleetctl.store.records import Phase, WorkerRole
 
 
 class TokenStreams:

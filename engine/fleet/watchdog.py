@@ -7,8 +7,8 @@ import asyncio
 import logging
 import time
 
+from fleetctl.domain import WorkerState
 from fleetctl.engine.fleet.state import FleetState
-from fleetctl.store.records import WorkerState
 
 log = logging.getLogger(__name__)
 WATCHED = (WorkerState.RUNNING, WorkerState.DRAINING)

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import torch
 
+from fleetctl.domain import DeviceKind, PeakSource
 from fleetctl.engine.metrics.calibration import MAX_WORKING_SET, calibrate, machine_lock, working_set
 from fleetctl.engine.metrics.gpu_sampler import driver_version
 from fleetctl.engine.metrics.gpu_specs import find_gpu_spec
 from fleetctl.store.db import open_db
 from fleetctl.store.devices import cached_device, save_device
-from fleetctl.store.records import DeviceKind, DeviceRecord, PeakSource
+from fleetctl.store.records import DeviceRecord
 
 
 def spec_peaks(name: str, dtype: torch.dtype) -> tuple[float, float] | None:

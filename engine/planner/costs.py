@@ -13,9 +13,9 @@ A what-if fleet scales the model by peak ratios (`scaled`)."""
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fleetctl.domain import DeviceKind
 from fleetctl.engine.planner.fit import LinearFit, fit_nonnegative
 from fleetctl.store.plan_inputs import Peaks, PlanInputs
-from fleetctl.store.records import DeviceKind
 
 MIN_HANDOFFS = 3
 

@@ -5,10 +5,10 @@ the measured ones scaled by the ratio of published peaks."""
 import re
 from dataclasses import dataclass
 
+from fleetctl.domain import DeviceKind
 from fleetctl.engine.core.device_names import DeviceError, parse_device_name
 from fleetctl.engine.metrics.gpu_specs import GPU_SPECS, GpuSpec, find_gpu_spec
 from fleetctl.engine.planner.costs import DeviceCosts
-from fleetctl.store.records import DeviceKind
 
 MAX_DEVICES = 64
 _WHAT_IF = re.compile(r"\s*(\d+)\s*[x×]\s*(\S.*?)\s*", re.IGNORECASE)

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleetctl.domain import WorkerRole
 from fleetctl.engine.planner.costs import DeviceCosts, fit_costs, measured_kinds
 from fleetctl.engine.planner.devices import DeviceSpecError, PlanDevices, parse_devices
 from fleetctl.engine.planner.durations import DurationError, format_window
@@ -22,7 +23,6 @@ from fleetctl.engine.planner.trace_file import TraceFileError
 from fleetctl.store.db import open_db
 from fleetctl.store.plan_inputs import LiveWorker, PlanInputs, plan_inputs
 from fleetctl.store.queries import percentiles
-from fleetctl.store.records import WorkerRole
 
 
 class PlanError(ValueError):

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from fleetctl.domain import WorkerRole
 from fleetctl.engine.planner.costs import DeviceCosts
 from fleetctl.engine.planner.split import Split
-from fleetctl.store.records import WorkerRole
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from fleetctl.domain import WorkerState
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.operation import OperationError
 from fleetctl.engine.fleet.rebalance import Rebalancer
@@ -17,7 +18,6 @@ from fleetctl.engine.planner.simulator import EngineLimits
 from fleetctl.engine.planner.slo import Slo
 from fleetctl.engine.server.errors import APIError
 from fleetctl.store.plan_inputs import LiveWorker
-from fleetctl.store.records import WorkerState
 
 
 class RebalanceBody(BaseModel):

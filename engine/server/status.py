@@ -3,9 +3,9 @@ built from the controller's view."""
 
 import os
 
+from fleetctl.domain import WorkerState
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.stats import BUSY_WINDOW_S
-from fleetctl.store.records import WorkerState
 
 
 def workers_status(fleet: Fleet) -> list[dict]:

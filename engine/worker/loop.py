@@ -15,6 +15,7 @@ import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from fleetctl.domain import Phase
 from fleetctl.engine.checkpoint.engine_io import current_compat, restore_engine, write_engine_checkpoint
 from fleetctl.engine.checkpoint.format import CheckpointError, read_checkpoint
 from fleetctl.engine.core.block_allocator import OutOfBlocks
@@ -32,7 +33,6 @@ from fleetctl.engine.worker.kv_transport import HandoffError, KVTransport, timed
 from fleetctl.engine.worker.prefix_summary import PrefixSummary
 from fleetctl.engine.worker.session_mover import SessionMover
 from fleetctl.engine.worker.spec import WorkerSpec
-from fleetctl.store.records import Phase
 
 IDLE_POLL_SECONDS = 0.02
 

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from fleetctl.domain import Phase
 from fleetctl.engine.checkpoint.format import RestoreMode
 from fleetctl.engine.core.output import TokenLogprobs
 from fleetctl.engine.core.sequence import FinishReason, SamplingParams, SessionState
 from fleetctl.engine.worker.prefix_summary import PrefixChanges
-from fleetctl.store.records import Phase
 
 
 class HandleKind(StrEnum):

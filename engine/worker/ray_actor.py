@@ -9,12 +9,12 @@ import os
 import numpy as np
 import ray
 
+from fleetctl.domain import DeviceKind
 from fleetctl.engine.core.device_names import DeviceName, parse_device_name
 from fleetctl.engine.worker.protocol import KVHandle
 from fleetctl.engine.worker.ray_channel import connect
 from fleetctl.engine.worker.ray_nodes import NAMESPACE
 from fleetctl.engine.worker.spec import WorkerSpec
-from fleetctl.store.records import DeviceKind
 
 PULL_TIMEOUT_S = 60.0
 

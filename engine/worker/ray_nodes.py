@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from fleetctl.domain import DeviceKind
 from fleetctl.engine.core.device_names import DeviceError, DeviceName
-from fleetctl.store.records import DeviceKind
 
 NODE_RESOURCE = "fleetctl-node-"
 CPU_SLOT_RESOURCE = "fleetctl-cpu-slot"

@@ -4,10 +4,10 @@ settings it shares with every other worker."""
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleetctl.domain import DeviceKind, WorkerRole
 from fleetctl.engine.core.config import EngineConfig, EngineSettings
 from fleetctl.engine.core.device_names import parse_device_name
 from fleetctl.engine.worker.shm_files import SHM_DIR
-from fleetctl.store.records import DeviceKind, WorkerRole
 
 
 @dataclass(frozen=True)

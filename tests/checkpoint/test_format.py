@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from fleetctl.domain import WorkerRole
 from fleetctl.engine.checkpoint.format import (
     KV_FILE,
     MANIFEST,
@@ -25,7 +26,6 @@ from fleetctl.engine.checkpoint.format import (
 )
 from fleetctl.engine.checkpoint.snapshot import payload_of, payload_of_blocks
 from fleetctl.engine.core.sequence import SamplingParams, SequenceStatus
-from fleetctl.store.records import WorkerRole
 
 COMPAT = Compat(device_kind="cpu", device_name="test-cpu", driver="", torch="2.13.0", engine="0.1.0",
                 model_id="tiny", model_sha256="ab" * 32, dtype="float32", kv_layout=1, block_size=16)

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from fleet_harness import fleetctl, serve
 from rich.console import Console
+from support.fleet_harness import fleetctl, serve
 
 from fleetctl.console.bench import run_bench
 from fleetctl.console.bench_report import header, results_table

@@ -6,7 +6,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from fleet_harness import fleetctl
+from support.fleet_harness import fleetctl
 
 from fleetctl.console.cli import fill_optional_values
 

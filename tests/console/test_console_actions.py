@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from console_fixture import FixtureSource
-from fleet_harness import generate_json, serve
+from support.console_fixture import FixtureSource
+from support.fleet_harness import generate_json, serve
 
 from fleetctl.console.tui.actions import ACTIONS, READONLY_REASON
 from fleetctl.console.tui.app import FleetConsole

@@ -5,7 +5,7 @@ progress bar, and the plan screen; and the 80-column layout following a live res
 
 import asyncio
 
-from console_fixture import FixtureSource
+from support.console_fixture import FixtureSource
 
 from fleetctl.console.tui.app import FleetConsole
 from fleetctl.console.tui.settings import ConsoleSettings

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fleet_harness import serve
+from support.fleet_harness import serve
 
 from fleetctl.console.local_fleet import FLEETCTL
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fleet_harness import fleetctl, wait_until
+from support.fleet_harness import fleetctl, wait_until
 
 SUMMARY_KEYS = {"model", "url", "embedded", "phase_seconds", "duration_s", "requests", "completed", "errors",
                 "cancelled", "pools", "phases", "by_kind", "ttft_s", "tpot_s", "handoffs", "first_error"}

@@ -8,8 +8,9 @@ import pytest
 from fleetctl.console.demo_schedule import DemoPhase, TrafficConfig, phase_shapes
 from fleetctl.console.demo_summary import demo_summary, render_summary, wait_for_store
 from fleetctl.console.demo_traffic import PhaseLog
+from fleetctl.domain import RequestOutcome, WorkerRole, WorkerState
 from fleetctl.store.db import open_db
-from fleetctl.store.records import RequestOutcome, RequestRecord, WorkerRecord, WorkerRole, WorkerSample, WorkerState
+from fleetctl.store.records import RequestRecord, WorkerRecord, WorkerSample
 from fleetctl.store.writer import MetricsWriter, WriterConfig
 
 T0 = 1_000_000.0

@@ -1,5 +1,5 @@
 """`fleetctl start`, `drain`, `resume`, `stop` (typer's CliRunner) against a real HTTP server in this
-process on a fleet of in-process fake workers (tests/fake_workers.py): what they print, `--json`, and one
+process on a fleet of in-process fake workers (tests/support/fake_workers.py): what they print, `--json`, and one
 error line with a non-zero exit for a refusal or a drain that a resume called off."""
 
 import json
@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from fake_workers import FakeLauncher
-from fleet_harness import wait_until
+from support.fake_workers import FakeLauncher
+from support.fleet_harness import wait_until
 from typer.testing import CliRunner, Result
 
 from fleetctl.console.cli import app

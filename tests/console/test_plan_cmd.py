@@ -1,5 +1,5 @@
-"""`fleetctl plan` (from a store fixture, tests/synthetic_fleet.py) and `fleetctl rebalance` (against a real HTTP
-server in this process on a fleet of fake workers), through typer's CliRunner: what they print, `--json`, and
+"""`fleetctl plan` (from a store fixture, tests/support/synthetic_fleet.py) and `fleetctl rebalance` (against a real
+HTTP server in this process on a fleet of fake workers), through typer's CliRunner: what they print, `--json`, and
 one error line with a non-zero exit for bad input."""
 
 import json
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from fake_workers import FakeLauncher
-from fleet_harness import wait_until
-from synthetic_fleet import workload, write_store
+from support.fake_workers import FakeLauncher
+from support.fleet_harness import wait_until
+from support.synthetic_fleet import workload, write_store
 from typer.testing import CliRunner, Result
 
 from fleetctl.console.cli import app

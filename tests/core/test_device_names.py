@@ -5,9 +5,9 @@ from collections.abc import Iterator
 import pynvml
 import pytest
 
+from fleetctl.domain import DeviceKind
 from fleetctl.engine.core import device_names
 from fleetctl.engine.core.device_names import DeviceError, DeviceName, check_device, gpu_count, parse_device_name
-from fleetctl.store.records import DeviceKind
 
 
 @pytest.mark.parametrize(

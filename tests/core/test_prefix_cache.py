@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fleetctl.domain import Phase
 from fleetctl.engine.core.block_allocator import BlockAllocator, OutOfBlocks, blocks_for
 from fleetctl.engine.core.block_hash import KVSalt, Numerics, PrefixDigest, chain_hashes
 from fleetctl.engine.core.block_manager import BlockManager
 from fleetctl.engine.core.scheduler import Scheduler, SchedulerConfig
 from fleetctl.engine.core.sequence import SamplingParams, Sequence, SequenceStatus
-from fleetctl.store.records import Phase
 
 BLOCK = 4
 SALT = KVSalt("weights:config", "bfloat16", Numerics.DETERMINISTIC, "cpu", "torch", "0.1.0", 1, BLOCK)

@@ -13,13 +13,13 @@ import pytest
 import torch
 from test_batch_invariance import recorded_logits
 
+from fleetctl.domain import Phase
 from fleetctl.engine.core.block_hash import chain_hashes
 from fleetctl.engine.core.config import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.metrics.cost_model import CostModel
 from fleetctl.kernels.batch_invariant import ROW_TILE
-from fleetctl.store.records import Phase
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 SAMPLED = SamplingParams(max_tokens=6, temperature=0.9, top_p=0.95, seed=11, ignore_eos=True)
@@ -113,7 +113,7 @@ def test_turn_two_computes_only_what_turn_one_did_not_write(tiny_model_dir: Path
     """Turn 2's prompt is turn 1's prompt + answer + new text: it reuses every full block turn 1
     wrote, answer included (blocks filled while decoding), and the model runs only the rest."""
     # imported here: it imports triton, which tests/kernels must switch to its interpreter first
-    from linear_flops import linear_flops
+    from support.linear_flops import linear_flops
     from torch.utils.flop_counter import FlopCounterMode
 
     engine = make_engine(tiny_model_dir)

@@ -4,11 +4,11 @@ engine: append the sampled token)."""
 
 import pytest
 
+from fleetctl.domain import Phase
 from fleetctl.engine.core.block_allocator import BlockAllocator, OutOfBlocks
 from fleetctl.engine.core.block_manager import BlockManager
 from fleetctl.engine.core.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from fleetctl.engine.core.sequence import SamplingParams, Sequence, SequenceStatus
-from fleetctl.store.records import Phase
 
 BLOCK = 4
 

@@ -1,5 +1,5 @@
 """Checkpoint, restore and migrate when something goes wrong, against fake workers that write real v1
-checkpoints (tests/fake_checkpoints.py): held sessions are never stranded by a failed restore, a
+checkpoints (tests/support/fake_checkpoints.py): held sessions are never stranded by a failed restore, a
 checkpoint that is not written in time is called off (the worker serves on, a migration's standby is
 reaped), handoffs parked on a stood-down prefill worker continue, and a restore that would replay
 sessions is refused unless forced."""
@@ -8,16 +8,16 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from fake_workers import NUM_BLOCKS, FakeLauncher, Faults, run_fleet
-from fleet_checks import ends, nothing_leaked, prompts, shm, until
+from support.fake_workers import NUM_BLOCKS, FakeLauncher, Faults, run_fleet
+from support.fleet_checks import ends, nothing_leaked, prompts, shm, until
 
+from fleetctl.domain import WorkerState
 from fleetctl.engine.checkpoint.format import used_at
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.checkpoint_catalog import catalog
 from fleetctl.engine.fleet.config import Supervision
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.operation import Operation, OperationError, OpState
-from fleetctl.store.records import WorkerState
 
 PARAMS = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
 LONG = SamplingParams(max_tokens=600, temperature=0.0, ignore_eos=True)  # still running after a checkpoint

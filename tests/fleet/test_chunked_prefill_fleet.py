@@ -7,7 +7,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from fleet_harness import generate_json, serve
+from support.fleet_harness import generate_json, serve
 
 pytestmark = pytest.mark.fleet
 

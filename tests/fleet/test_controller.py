@@ -1,4 +1,4 @@
-"""The controller against in-process fake workers (tests/fake_workers.py): the request path
+"""The controller against in-process fake workers (tests/support/fake_workers.py): the request path
 through prefill → handoff → decode, recovery when a decode worker dies, admission errors and
 cancellation — no torch, no processes."""
 
@@ -7,14 +7,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from fake_workers import NUM_BLOCKS, FakeLauncher, expected_tokens, run_fleet, tokens_of
+from support.fake_workers import NUM_BLOCKS, FakeLauncher, expected_tokens, run_fleet, tokens_of
 
+from fleetctl.domain import WorkerState
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.admission import FleetBusy, NoWorkers
 from fleetctl.engine.fleet.config import Supervision
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.worker import protocol as m
-from fleetctl.store.records import WorkerState
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11], [12, 13]]
 PARAMS = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)

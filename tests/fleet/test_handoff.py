@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.dispatch import Dispatcher
@@ -14,7 +15,6 @@ from fleetctl.engine.fleet.router import WorkerView
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.fleet.stats import FleetStats
 from fleetctl.engine.worker import protocol as m
-from fleetctl.store.records import WorkerRole, WorkerState
 
 
 class RecordingLink:

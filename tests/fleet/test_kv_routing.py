@@ -1,10 +1,10 @@
 """KV-aware routing without processes: the digest changes a worker sends and the controller's copy of them,
 and the router weighing cached overlap against load, with real hash chains."""
 
+from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.block_hash import PrefixDigest, chain_hashes
 from fleetctl.engine.fleet.router import Router, RouterConfig, WorkerView
 from fleetctl.engine.worker.prefix_summary import SUMMARY_INTERVAL_S, PrefixIndex, PrefixSummary
-from fleetctl.store.records import WorkerRole, WorkerState
 
 ROOT = b"r" * 16
 TURN1 = [(7 * i + 5) % 300 + 3 for i in range(320)]  # 20 blocks

@@ -1,5 +1,5 @@
 """Pool changes — start, drain, resume, stop, force-stop — against in-process fake workers
-(tests/fake_workers.py): what each does, every refusal, and that no request is lost or fails
+(tests/support/fake_workers.py): what each does, every refusal, and that no request is lost or fails
 while workers leave under load. A fake's tokens depend only on the prompt and the position, so a
 session recomputed on a peer must continue exactly where it stopped."""
 
@@ -8,9 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fake_workers import FakeLauncher, run_fleet
-from fleet_checks import all_complete, finished, prompts, shm, until
+from support.fake_workers import FakeLauncher, run_fleet
+from support.fleet_checks import all_complete, finished, prompts, shm, until
 
+from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.config import pinned_cores
 from fleetctl.engine.fleet.controller import Fleet
@@ -18,7 +19,6 @@ from fleetctl.engine.fleet.operation import Operation, OperationError, OpState
 from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.worker import protocol as m
 from fleetctl.store.db import open_db
-from fleetctl.store.records import WorkerRole, WorkerState
 
 LONG = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
 

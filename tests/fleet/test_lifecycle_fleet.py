@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fleet_harness import fleetctl, generate_json, serve, start_streams, wait_until, workers
+from support.fleet_harness import fleetctl, generate_json, serve, start_streams, wait_until, workers
 
 from fleetctl.console.local_fleet import FLEETCTL
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from fleet_harness import admin, fleetctl, generate_json, serve, wait_until
+from support.fleet_harness import admin, fleetctl, generate_json, serve, wait_until
 
 from fleetctl.engine.checkpoint.format import MANIFEST, read_checkpoint
 

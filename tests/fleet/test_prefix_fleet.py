@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fleet_harness import fleetctl, serve, wait_until
 from prometheus_client.parser import text_string_to_metric_families
+from support.fleet_harness import fleetctl, serve, wait_until
 
 from fleetctl.engine.core.config import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine

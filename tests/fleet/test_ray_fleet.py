@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from fleet_harness import admin, fleetctl, generate_json, serve, wait_until
+from support.fleet_harness import admin, fleetctl, generate_json, serve, wait_until
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402

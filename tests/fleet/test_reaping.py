@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fleet_harness import serve, wait_until, worker_pids
+from support.fleet_harness import serve, wait_until, worker_pids
 
 pytestmark = pytest.mark.fleet
 

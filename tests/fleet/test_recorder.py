@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fleet_harness import fleetctl, serve
+from support.fleet_harness import fleetctl, serve
 
 from fleetctl.store.db import open_db
 

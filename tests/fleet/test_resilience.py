@@ -1,4 +1,4 @@
-"""The controller under failures, against fake workers (tests/fake_workers.py): a request that raises is
+"""The controller under failures, against fake workers (tests/support/fake_workers.py): a request that raises is
 retried on another worker and failed as poisoned after `max_retries`; dead workers are restarted with
 backoff until the supervisor gives up; hung workers are killed; requests for a role no worker is left
 for end at once; every request ends, with its tokens or one clear error, and nothing is leaked (KV
@@ -11,16 +11,16 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from fake_workers import NUM_BLOCKS, FakeLauncher, Faults, run_fleet
-from fleet_checks import ends, nothing_leaked, prompts, shm, until
+from support.fake_workers import NUM_BLOCKS, FakeLauncher, Faults, run_fleet
+from support.fleet_checks import ends, nothing_leaked, prompts, shm, until
 
+from fleetctl.domain import EventKind, WorkerState
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.admission import NoWorkers
 from fleetctl.engine.fleet.config import Supervision
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.operation import OpKind
 from fleetctl.engine.worker import protocol as m
-from fleetctl.store.records import EventKind, WorkerState
 
 PARAMS = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
 FAST = Supervision(backoff_s=0.05, heartbeat_s=0.05, heartbeat_timeout_s=0.5)

@@ -2,9 +2,9 @@
 
 import pytest
 
+from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.block_allocator import BLOCK_SIZE
 from fleetctl.engine.fleet.router import Router, RouterConfig, WorkerView
-from fleetctl.store.records import WorkerRole, WorkerState
 
 
 def view(

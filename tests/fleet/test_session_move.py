@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from fleet_harness import admin, fleetctl, generate_json, serve, wait_until, worker_pids
+from support.fleet_harness import admin, fleetctl, generate_json, serve, wait_until, worker_pids
 
 from fleetctl.engine.worker.shm_files import SHM_DIR
 

@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fake_workers import FakeLauncher, run_fleet
-from fleet_checks import ends, prompts, shm, until
+from support.fake_workers import FakeLauncher, run_fleet
+from support.fleet_checks import ends, prompts, shm, until
 
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.admission import FleetClosing

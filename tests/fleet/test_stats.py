@@ -3,10 +3,10 @@ MFU and MBU stay within [0, 1] for any honest step reports; the window's memory 
 
 import pytest
 
+from fleetctl.domain import Phase, WorkerRole, WorkerState
 from fleetctl.engine.fleet.router import WorkerView
 from fleetctl.engine.fleet.stats import BUSY_WINDOW_S, FleetStats
 from fleetctl.engine.worker.protocol import StepReport
-from fleetctl.store.records import Phase, WorkerRole, WorkerState
 
 PEAK_FLOPS, PEAK_BYTES = 1e12, 1e10
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from fleet_harness import serve
+from support.fleet_harness import serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.fleet]
 

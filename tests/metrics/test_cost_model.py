@@ -4,7 +4,7 @@ against an independent count on a real (tiny) model."""
 from pathlib import Path
 
 import pytest
-from linear_flops import linear_flops
+from support.linear_flops import linear_flops
 from torch.utils.flop_counter import FlopCounterMode
 
 from fleetctl.engine.core.config import EngineConfig, EngineSettings

@@ -6,12 +6,12 @@ import pynvml
 import pytest
 import torch
 
+from fleetctl.domain import DeviceKind, PeakSource
 from fleetctl.engine.metrics import device_peaks as peaks_module
 from fleetctl.engine.metrics.calibration import MAX_WORKING_SET, MIN_WORKING_SET, working_set
 from fleetctl.engine.metrics.device_peaks import device_identity, device_peaks, spec_peaks
 from fleetctl.engine.metrics.gpu_sampler import GpuSampler
 from fleetctl.store.db import open_db
-from fleetctl.store.records import DeviceKind, PeakSource
 
 CPU = torch.device("cpu")
 WEIGHTS = 4 << 20  # a small model: calibrated on the smallest working set

@@ -4,7 +4,7 @@ a row, and any window that does not (a hold, a skip, another split) starts the c
 from pathlib import Path
 
 import pytest
-from fleet_harness import fleetctl
+from support.fleet_harness import fleetctl
 
 from fleetctl.engine.planner.autoplan_policy import AutoplanPolicy, Decision
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings

@@ -1,4 +1,4 @@
-"""`plan` on store fixture data (tests/synthetic_fleet.py: what a 1 prefill + 1 decode fleet with known
+"""`plan` on store fixture data (tests/support/synthetic_fleet.py: what a 1 prefill + 1 decode fleet with known
 step costs writes): the fit recovers the costs, rag-like traffic gets more prefill workers than agent-like
 traffic on the same devices, the JSON has DESIGN's shape, a what-if fleet is scaled by published peaks,
 and bad input is refused with one line."""
@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from synthetic_fleet import T0, TrueCosts, workload, write_store
+from support.synthetic_fleet import T0, TrueCosts, workload, write_store
 
 from fleetctl.engine.metrics.gpu_specs import find_gpu_spec
 from fleetctl.engine.planner.devices import DeviceSpecError, parse_devices

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fleet_harness import fleetctl, generate_json, serve, start_streams, wait_until, workers
+from support.fleet_harness import fleetctl, generate_json, serve, start_streams, wait_until, workers
 
 from fleetctl.console.bench import run_bench
 from fleetctl.console.local_fleet import FLEETCTL

@@ -1,4 +1,4 @@
-"""`rebalance` and the autoplan task against in-process fake workers (tests/fake_workers.py): the moves, a
+"""`rebalance` and the autoplan task against in-process fake workers (tests/support/fake_workers.py): the moves, a
 rebalance under load that loses no session (a fake's tokens depend only on the prompt and the position, so a
 recomputed session continues exactly), every refusal, the store's events, and autoplan applying a split only
 after two windows agree."""
@@ -10,10 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fake_workers import FakeLauncher, run_fleet
-from fleet_checks import all_complete, finished, prompts, shm, until
-from synthetic_fleet import workload, write_store
+from support.fake_workers import FakeLauncher, run_fleet
+from support.fleet_checks import all_complete, finished, prompts, shm, until
+from support.synthetic_fleet import workload, write_store
 
+from fleetctl.domain import WorkerState
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.autoplan import Autoplanner
 from fleetctl.engine.fleet.controller import Fleet
@@ -22,7 +23,6 @@ from fleetctl.engine.fleet.rebalance import Rebalancer
 from fleetctl.engine.planner.autoplan_policy import Decision
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.store.db import open_db
-from fleetctl.store.records import WorkerState
 
 LONG = SamplingParams(max_tokens=150, temperature=0.0, ignore_eos=True)
 

@@ -3,11 +3,11 @@ timing below is a sum of steps."""
 
 import pytest
 
+from fleetctl.domain import DeviceKind
 from fleetctl.engine.planner.costs import DeviceCosts
 from fleetctl.engine.planner.fit import LinearFit
 from fleetctl.engine.planner.simulator import EngineLimits, SimRequest, simulate
 from fleetctl.engine.planner.split import Split
-from fleetctl.store.records import DeviceKind
 
 PREFILL_S, DECODE_S, HANDOFF_S = 1.0, 0.1, 0.05
 

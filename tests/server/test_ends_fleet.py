@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fleet_harness import serve, wait_until
+from support.fleet_harness import serve, wait_until
 
 from fleetctl.engine.worker.shm_files import SHM_DIR, buffer_path, buffers
 

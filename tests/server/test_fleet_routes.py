@@ -1,4 +1,4 @@
-"""/fleet/* over HTTP (FastAPI's TestClient) on a fleet of in-process fake workers (tests/fake_workers.py):
+"""/fleet/* over HTTP (FastAPI's TestClient) on a fleet of in-process fake workers (tests/support/fake_workers.py):
 the pool-change routes and their errors, and /fleet/history."""
 
 import time
@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_workers import FakeLauncher
 from fastapi.testclient import TestClient
+from support.fake_workers import FakeLauncher
 
 from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.controller import Fleet

@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_workers import FakeLauncher
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
+from support.fake_workers import FakeLauncher
 
 from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.controller import Fleet

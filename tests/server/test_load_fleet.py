@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from fleet_harness import serve
+from support.fleet_harness import serve
 
 pytestmark = pytest.mark.fleet  # real worker processes and a real server
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from fleet_harness import serve
+from support.fleet_harness import serve
 
 from fleetctl.engine.core.config import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine

@@ -1,14 +1,14 @@
 """GET /fleet/plan and POST /fleet/rebalance over HTTP (FastAPI's TestClient) on a fleet of fake workers whose
-store holds ten minutes of rag-like traffic measured on its devices (tests/synthetic_fleet.py)."""
+store holds ten minutes of rag-like traffic measured on its devices (tests/support/synthetic_fleet.py)."""
 
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_workers import FakeLauncher
 from fastapi.testclient import TestClient
-from synthetic_fleet import workload, write_store
+from support.fake_workers import FakeLauncher
+from support.synthetic_fleet import workload, write_store
 
 from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.controller import Fleet

@@ -7,8 +7,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from fleet_harness import fleetctl, serve
 from prometheus_client.parser import text_string_to_metric_families
+from support.fleet_harness import fleetctl, serve
 
 pytestmark = pytest.mark.fleet
 

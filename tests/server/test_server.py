@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from fleet_harness import generate_json, serve, wait_until, worker_pids
 from prometheus_client.parser import text_string_to_metric_families
+from support.fleet_harness import generate_json, serve, wait_until, worker_pids
 
 from fleetctl.engine.fleet.config import cpu_slot_cores
 

@@ -2,8 +2,8 @@
 
 import pytest
 
+from fleetctl.domain import Phase, WorkerRole
 from fleetctl.store.aggregate import AggregatorConfig, StepAggregator, StepRecord
-from fleetctl.store.records import Phase, WorkerRole
 
 PEAK_FLOPS, PEAK_BYTES = 1e12, 1e10
 

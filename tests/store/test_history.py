@@ -4,18 +4,10 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl.domain import EventKind, RequestOutcome, WorkerRole, WorkerState
 from fleetctl.store.db import open_db
 from fleetctl.store.history import MAX_BUCKETS, HistoryError, bucket_starts, history
-from fleetctl.store.records import (
-    EventKind,
-    EventRecord,
-    RequestOutcome,
-    RequestRecord,
-    WorkerRecord,
-    WorkerRole,
-    WorkerSample,
-    WorkerState,
-)
+from fleetctl.store.records import EventRecord, RequestRecord, WorkerRecord, WorkerSample
 from fleetctl.store.writer import MetricsWriter, WriterConfig
 
 NOW = 10_003.0  # 3 s into the bucket that starts at 10_000

@@ -4,17 +4,10 @@ the worker's rows, the context from its neighbours, the peaks the samples imply,
 
 import pytest
 
+from fleetctl.domain import DeviceKind, RequestOutcome, WorkerRole, WorkerState
 from fleetctl.store.db import open_db
 from fleetctl.store.plan_inputs import plan_inputs
-from fleetctl.store.records import (
-    DeviceKind,
-    RequestOutcome,
-    RequestRecord,
-    WorkerRecord,
-    WorkerRole,
-    WorkerSample,
-    WorkerState,
-)
+from fleetctl.store.records import RequestRecord, WorkerRecord, WorkerSample
 from fleetctl.store.writer import MetricsWriter, WriterConfig
 
 T = 50_000.0

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+from fleetctl.domain import RequestOutcome, WorkerRole, WorkerState
 from fleetctl.store.classify import bucket_labels, classify
 from fleetctl.store.db import open_db
 from fleetctl.store.queries import (
@@ -14,14 +15,7 @@ from fleetctl.store.queries import (
     request_latency,
     worker_utilization,
 )
-from fleetctl.store.records import (
-    RequestOutcome,
-    RequestRecord,
-    WorkerRecord,
-    WorkerRole,
-    WorkerSample,
-    WorkerState,
-)
+from fleetctl.store.records import RequestRecord, WorkerRecord, WorkerSample
 from fleetctl.store.writer import MetricsWriter, WriterConfig
 
 NOW = 10_000.0

@@ -10,22 +10,17 @@ import time
 
 import pytest
 
+from fleetctl.domain import DeviceKind, EventKind, PeakSource, RequestOutcome, WorkerRole, WorkerState
 from fleetctl.store.db import open_db
 from fleetctl.store.queries import dashboard
 from fleetctl.store.records import (
     BenchRun,
-    DeviceKind,
     DeviceRecord,
-    EventKind,
     EventRecord,
     GpuSample,
-    PeakSource,
-    RequestOutcome,
     RequestRecord,
     WorkerRecord,
-    WorkerRole,
     WorkerSample,
-    WorkerState,
 )
 from fleetctl.store.writer import MetricsWriter, WriterConfig
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl.domain import WorkerRole
 from fleetctl.engine.core.config import DType, EngineSettings
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.loop import Worker
 from fleetctl.engine.worker.spec import WorkerSpec
-from fleetctl.store.records import WorkerRole
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 PROMPTS = {"ok-a": [5, 6, 7, 8], "poison-b": [9, 10, 11], "ok-c": [12, 13, 14, 15, 16]}

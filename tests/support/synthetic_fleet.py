@@ -6,8 +6,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetctl.domain import Phase, RequestOutcome, WorkerRole, WorkerState
 from fleetctl.store.aggregate import StepAggregator, StepRecord
-from fleetctl.store.records import Phase, RequestOutcome, RequestRecord, WorkerRecord, WorkerRole, WorkerState
+from fleetctl.store.records import RequestRecord, WorkerRecord
 from fleetctl.store.writer import MetricsWriter, WriterConfig
 
 T0 = 1_000_000.0

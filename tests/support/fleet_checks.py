@@ -5,12 +5,11 @@ import asyncio
 import time
 from pathlib import Path
 
-from fake_workers import NUM_BLOCKS, FakeLauncher, expected_tokens, tokens_of
-
+from fleetctl.domain import WorkerState
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.operation import Operation, OpState
 from fleetctl.engine.fleet.request import StreamEvent, TrackedRequest
-from fleetctl.store.records import WorkerState
+from support.fake_workers import NUM_BLOCKS, FakeLauncher, expected_tokens, tokens_of
 
 
 def prompts(count: int, offset: int = 0) -> list[list[int]]:

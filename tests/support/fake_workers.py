@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from fake_checkpoints import FakeCheckpoints, Session
-
+from fleetctl.domain import Phase, WorkerRole
 from fleetctl.engine.core.sequence import FinishReason
 from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.controller import Fleet
@@ -28,7 +27,7 @@ from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.launcher import LaunchedWorker, LocalLauncher
 from fleetctl.engine.worker.shm_files import buffer_path
 from fleetctl.engine.worker.spec import WorkerSpec
-from fleetctl.store.records import Phase, WorkerRole
+from support.fake_checkpoints import FakeCheckpoints, Session
 
 NUM_BLOCKS = 64
 _pids = itertools.count(90_000)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fleetctl.domain import WorkerRole
 from fleetctl.engine.checkpoint.format import (
     CheckpointError,
     Compat,
@@ -21,10 +22,9 @@ from fleetctl.engine.checkpoint.format import (
 )
 from fleetctl.engine.core.sequence import SequenceStatus
 from fleetctl.engine.worker import protocol as m
-from fleetctl.store.records import WorkerRole
 
 if TYPE_CHECKING:
-    from fake_workers import FakeWorker
+    from support.fake_workers import FakeWorker
 
 COMPAT = Compat(device_kind="cpu", device_name="fake", driver="", torch="fake", engine="fake", model_id="fake",
                 model_sha256="fake", dtype="float32", kv_layout=1, block_size=16)
