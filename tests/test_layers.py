@@ -115,7 +115,7 @@ def _loaded(code: str, prefixes: tuple[str, ...]) -> list[str]:
 
 
 def test_the_single_node_path_imports_no_ray_and_the_ray_launcher_no_torch() -> None:
-    single_node = ("import fleetctl.engine.fleet.controller, fleetctl.engine.server.app, fleetctl.console.cli, "
+    single_node = ("import fleetctl.engine.fleet.controller, fleetctl.engine.server.app, fleetctl.console.cli.app, "
                    "fleetctl.engine.worker.loop")
     assert _loaded(single_node, ("ray",)) == []
     assert _loaded("import fleetctl.engine.worker.ray_launcher", ("torch",)) == []
