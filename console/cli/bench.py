@@ -3,7 +3,6 @@ against two fleets it starts itself; one table, or `--json`, or `--save`d per re
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
@@ -18,11 +17,9 @@ from fleetctl.console.cli.common import (
 )
 from fleetctl.console.cli.models import resolve_model
 from fleetctl.console.client import FleetClient, FleetClientError, FleetRefused, fleet_url
+from fleetctl.console.loadgen.requests import TraceRequest
 from fleetctl.console.loadgen.synthetic import TraceKind
 from fleetctl.engine.model.registry import DEFAULT_MODEL
-
-if TYPE_CHECKING:
-    from fleetctl.console.loadgen.requests import TraceRequest
 
 
 def bench(
@@ -106,7 +103,7 @@ def _context_of(url: str) -> int | None:
         return None
 
 
-def _compare_layouts(model: str, devices: str, name: str, trace: list["TraceRequest"], slo_ttft: float,
+def _compare_layouts(model: str, devices: str, name: str, trace: list[TraceRequest], slo_ttft: float,
                      slo_tpot: float, store_dir: str, as_json: bool) -> None:
     """What `bench --compare-layouts` prints, or one error line."""
     from fleetctl.console.loadgen.compare_layouts import compare_layouts, default_devices, render_comparison

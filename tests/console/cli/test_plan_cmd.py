@@ -81,6 +81,14 @@ def test_plan_refuses_bad_input_with_one_line(store: Path, args: tuple[str, ...]
     assert result.stderr.startswith(f"fleetctl: error: {message}") and result.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("since", ["0", "0s", "ten minutes"])
+def test_classify_refuses_a_window_that_is_not_positive_with_one_line(store: Path, since: str) -> None:
+    """`classify` reads --since as `plan` does (engine/planner/durations.py): a 0 window is refused too."""
+    result = fleetctl("classify", "--store", str(store), "--since", since)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr == f"fleetctl: error: bad --since {since!r}: use e.g. 90s, 10m, 2h, 1d\n"
+
+
 def test_plan_without_a_store_says_where_it_looked(tmp_path: Path) -> None:
     result = fleetctl("plan", "--store", str(tmp_path / "none.db"))
     assert result.exit_code == 1
