@@ -43,10 +43,9 @@ def console(
         raise fail(f"unknown theme {theme!r}: choose {' or '.join(THEME_NAMES)}")
     target = url or os.environ.get("FLEET_URL") or (DEFAULT_URL if answers(DEFAULT_URL) else None)
     if web:
-        from fleetctl.console.tui.web import serve_web
-
         if target is None:
             raise fail("--web needs a running fleet: start one with `fleetctl serve` (or pass --url)")
+        from fleetctl.console.tui.web import serve_web
 
         serve_web(target, port=port, token=token, readonly=settings.readonly)
         return

@@ -1,5 +1,6 @@
-"""Run `fleetctl serve` as a child process and learn its URL: used by the bench script, the tests,
-and commands that start an embedded fleet (`fleetctl demo`)."""
+"""Run `fleetctl serve` as a child process and learn its URL: the fleets `bench --compare-layouts` starts, the
+embedded fleet of `fleetctl console` and `fleetctl demo` (cli/embedded.py; its layout is here), the scripts and
+the tests."""
 
 import os
 import re
