@@ -12,6 +12,7 @@ import pytest
 
 from fleetctl.console.client import AsyncFleetClient, FleetClient, FleetRefused, FleetUnreachable
 
+NO_FLEET = "127.0.0.1:9"  # discard port: nothing answers HTTP there
 ANSWERS = {  # path -> (status, content type, body)
     "/fleet/ok": (200, "application/json", json.dumps({"workers": []})),
     "/fleet/refused": (409, "application/json", json.dumps({"error": {"message": "decode-0 is draining"}})),
@@ -64,9 +65,6 @@ def test_answers_and_refusals_are_decoded_once_for_both_clients(url: str) -> Non
     answer, broken = asyncio.run(asynchronous())
     assert answer == {"workers": []}
     assert (broken.status, str(broken)) == (500, "GET /fleet/broken: HTTP 500: Internal Server Error")
-
-
-NO_FLEET = "127.0.0.1:9"  # discard port: nothing answers HTTP there
 
 
 def test_no_answer_is_unreachable() -> None:
