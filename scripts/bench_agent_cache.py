@@ -29,11 +29,11 @@ import json
 import tempfile
 from pathlib import Path
 
-from fleetctl.console.bench import run_bench
+from fleetctl.console.cli.models import resolve_model
 from fleetctl.console.client import FleetClient
-from fleetctl.console.local_fleet import local_fleet
-from fleetctl.console.models_cmd import resolve_model
-from fleetctl.console.traces import load_trace
+from fleetctl.console.loadgen.local_fleet import local_fleet
+from fleetctl.console.loadgen.runner import run_bench
+from fleetctl.console.loadgen.traces import load_trace
 from fleetctl.store.classify import classify
 from fleetctl.store.db import open_db
 

@@ -18,10 +18,10 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-from fleetctl.console.bench import run_bench
-from fleetctl.console.local_fleet import local_fleet
-from fleetctl.console.models_cmd import resolve_model
-from fleetctl.console.traces import TraceKind, make_trace
+from fleetctl.console.cli.models import resolve_model
+from fleetctl.console.loadgen.local_fleet import local_fleet
+from fleetctl.console.loadgen.runner import run_bench
+from fleetctl.console.loadgen.synthetic import TraceKind, make_trace
 from fleetctl.domain import EventKind
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from fleetctl.console.local_fleet import FLEETCTL, local_fleet
+from fleetctl.console.loadgen.local_fleet import FLEETCTL, local_fleet
 
 WORKERS = 8
 

@@ -13,10 +13,10 @@ import statistics
 
 import httpx
 
-from fleetctl.console.bench import run_bench
-from fleetctl.console.local_fleet import local_fleet
-from fleetctl.console.models_cmd import resolve_model
-from fleetctl.console.traces import TraceKind, make_trace
+from fleetctl.console.cli.models import resolve_model
+from fleetctl.console.loadgen.local_fleet import local_fleet
+from fleetctl.console.loadgen.runner import run_bench
+from fleetctl.console.loadgen.synthetic import TraceKind, make_trace
 
 
 def handoff_summary(url: str) -> dict:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from fleetctl.console.models_cmd import resolve_model
-from fleetctl.console.traces import WORDS
+from fleetctl.console.cli.models import resolve_model
+from fleetctl.console.loadgen.requests import WORDS
 from fleetctl.domain import Phase
 from fleetctl.engine.core.config import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine

@@ -23,9 +23,10 @@ import httpx
 import ray
 from ray.cluster_utils import Cluster
 
-from fleetctl.console.bench import Outcome, percentile_json, stream_request
-from fleetctl.console.local_fleet import local_fleet
-from fleetctl.console.traces import TraceKind, TraceRequest, make_trace
+from fleetctl.console.loadgen.local_fleet import local_fleet
+from fleetctl.console.loadgen.requests import TraceRequest
+from fleetctl.console.loadgen.runner import Outcome, percentile_json, stream_request
+from fleetctl.console.loadgen.synthetic import TraceKind, make_trace
 from fleetctl.engine.worker.ray_actor import RayWorker
 from fleetctl.engine.worker.ray_nodes import CPU_SLOT_RESOURCE, NAMESPACE, NODE_RESOURCE, nodes, placement, resolve
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from fleetctl.console.local_fleet import FLEETCTL, local_fleet
+from fleetctl.console.loadgen.local_fleet import FLEETCTL, local_fleet
 from fleetctl.engine.server.admin_auth import read_admin_token
 from fleetctl.engine.worker.shm_files import SHM_DIR, buffers
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from fleetctl.console.models_cmd import resolve_model
+from fleetctl.console.cli.models import resolve_model
 from fleetctl.domain import WorkerRole
 from fleetctl.engine.checkpoint import format as checkpoint_format
 from fleetctl.engine.checkpoint.engine_io import current_compat, write_engine_checkpoint

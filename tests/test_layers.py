@@ -1,7 +1,8 @@
 """The import graph: layers import downwards only (server → fleet → planner → worker → checkpoint → core →
 metrics → model → kernels; `store` and `paths` from anywhere, the store importing none of them; the
-domain's vocabulary, `fleetctl.domain`, from anywhere, the store included), and
-the controller and server import no torch. Lazy imports inside functions count as imports."""
+domain's vocabulary, `fleetctl.domain`, from anywhere, the store included); inside the console too (cli →
+demo / loadgen / tui → client, the demo drawing on the load generator); no module imports itself through
+others; and the controller and server import no torch. Lazy imports inside functions count as imports."""
 
 import ast
 import subprocess
@@ -27,6 +28,17 @@ LAYERS = (
 ANYONE_MAY_USE = ("fleetctl.store", "fleetctl.engine.paths", "fleetctl.themes")
 SELF_CONTAINED = ("fleetctl.store", "fleetctl.kernels", "fleetctl.engine.paths", "fleetctl.themes", "fleetctl.domain")
 VOCABULARY = "fleetctl.domain"  # the words every layer shares (roles, states, phases): imports nothing itself
+# what each of the console's rooms may import of the console besides itself: cli → demo / loadgen / tui → client
+CONSOLE_ROOMS = {
+    "fleetctl.console.__main__": ("fleetctl.console.cli",),
+    "fleetctl.console.cli": ("fleetctl.console.demo", "fleetctl.console.loadgen", "fleetctl.console.tui",
+                             "fleetctl.console.client"),
+    "fleetctl.console.demo": ("fleetctl.console.loadgen", "fleetctl.console.client"),  # it sends loadgen's requests
+    "fleetctl.console.loadgen": ("fleetctl.console.client",),
+    "fleetctl.console.tui": ("fleetctl.console.client",),
+    "fleetctl.console.client": (),
+}
+CONSOLE_TOP_LEVEL = ("__init__.py", "__main__.py", "client.py")  # every other console module is in a room
 
 
 def module_name(path: Path) -> str:
@@ -73,6 +85,39 @@ def violations(source: str, targets: set[str]) -> list[str]:
     return bad
 
 
+def console_violations(source: str, targets: set[str]) -> list[str]:
+    """Why `source`, a console module, may not import each of `targets` (empty when all are allowed)."""
+    room = next((r for r in CONSOLE_ROOMS if within(source, r)), None)
+    if room is None:
+        return []
+    allowed = (room, *CONSOLE_ROOMS[room])
+    return [f"{source} imports {target}: {room} may import only {', '.join(CONSOLE_ROOMS[room]) or 'itself'}"
+            for target in sorted(targets) if within(target, "fleetctl.console") and
+            not any(within(target, a) for a in allowed)]
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of imports in `graph` (module -> the modules it imports), first module repeated at the end;
+    empty when there is none."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> list[str]:
+        if module in path:
+            return [*path[path.index(module):], module]
+        if module in done:
+            return []
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            if cycle := visit(target):
+                return cycle
+        path.pop()
+        done.add(module)
+        return []
+
+    return next((cycle for module in sorted(graph) if (cycle := visit(module))), [])
+
+
 def package_modules() -> list[Path]:
     return [p for p in ROOT.rglob("*.py") if p.parts[len(ROOT.parts)] in {"console", "engine", "kernels", "store",
                                                                            "themes", "domain.py"}]
@@ -81,6 +126,29 @@ def package_modules() -> list[Path]:
 def test_imports_flow_one_way() -> None:
     problems = [v for path in package_modules() for v in violations(module_name(path), imported_modules(path))]
     assert not problems, "\n".join(problems)
+
+
+def test_console_rooms_import_downwards() -> None:
+    problems = [v for path in package_modules() if within(module_name(path), "fleetctl.console")
+                for v in console_violations(module_name(path), imported_modules(path))]
+    assert not problems, "\n".join(problems)
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    modules = {module_name(path): path for path in package_modules()}
+    graph = {name: {m for m in imported_modules(path) if m in modules and m != name} for name, path in modules.items()}
+    cycle = import_cycle(graph)
+    assert not cycle, " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_circle() -> None:
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_console_has_no_loose_modules() -> None:
+    loose = sorted(p.name for p in (ROOT / "console").glob("*.py") if p.name not in CONSOLE_TOP_LEVEL)
+    assert not loose, f"console/ modules outside a room (cli/, demo/, loadgen/, tui/): {loose}"
 
 
 def test_engine_has_no_loose_modules() -> None:
@@ -101,6 +169,19 @@ def test_the_checker_tells_up_from_down(source: str, target: str, allowed: bool)
     assert (violations(source, {target}) == []) is allowed
 
 
+@pytest.mark.parametrize(("source", "target", "allowed"), [
+    ("fleetctl.console.cli.bench", "fleetctl.console.loadgen.runner", True),
+    ("fleetctl.console.demo.traffic", "fleetctl.console.loadgen.requests", True),
+    ("fleetctl.console.tui.source", "fleetctl.console.client", True),
+    ("fleetctl.console.loadgen.runner", "fleetctl.console.cli.common", False),
+    ("fleetctl.console.tui.app", "fleetctl.console.loadgen.local_fleet", False),
+    ("fleetctl.console.loadgen.traces", "fleetctl.console.demo.schedule", False),
+    ("fleetctl.console.client", "fleetctl.console.tui.source", False),
+])
+def test_the_console_checker_tells_up_from_down(source: str, target: str, allowed: bool) -> None:
+    assert (console_violations(source, {target}) == []) is allowed
+
+
 def test_controller_server_and_planner_import_no_torch() -> None:
     code = ("import sys, fleetctl.engine.fleet.controller, fleetctl.engine.server.app, fleetctl.engine.planner.plan; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))[:5])")
@@ -115,7 +196,7 @@ def _loaded(code: str, prefixes: tuple[str, ...]) -> list[str]:
 
 
 def test_the_single_node_path_imports_no_ray_and_the_ray_launcher_no_torch() -> None:
-    single_node = ("import fleetctl.engine.fleet.controller, fleetctl.engine.server.app, fleetctl.console.cli, "
+    single_node = ("import fleetctl.engine.fleet.controller, fleetctl.engine.server.app, fleetctl.console.cli.app, "
                    "fleetctl.engine.worker.loop")
     assert _loaded(single_node, ("ray",)) == []
     assert _loaded("import fleetctl.engine.worker.ray_launcher", ("torch",)) == []

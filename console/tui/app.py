@@ -9,6 +9,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Footer, Header, Static
 
+from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.actions import ACTIONS, ACTIONS_BY_ID, READONLY_REASON
 from fleetctl.console.tui.flows import ActionFlows
 from fleetctl.console.tui.palette import ActionCommands
@@ -17,11 +18,12 @@ from fleetctl.console.tui.screens.plan import PlanScreen
 from fleetctl.console.tui.screens.worker_detail import WorkerDetail
 from fleetctl.console.tui.settings import ConsoleSettings, remember_theme
 from fleetctl.console.tui.snapshot import FleetSnapshot
-from fleetctl.console.tui.source import ActionError, FleetSource, HttpSource
+from fleetctl.console.tui.source import FleetSource, HttpSource
 from fleetctl.console.tui.widgets.panels import DevicesPanel, EventsPanel, TrafficPanel
 from fleetctl.console.tui.widgets.pools import PoolPanel
 from fleetctl.console.tui.widgets.workers import WorkersTable
-from fleetctl.themes import DEFAULT_THEME, STYLESHEET, THEMES
+from fleetctl.themes import DEFAULT_THEME, STYLESHEET
+from fleetctl.themes.palettes import THEMES
 
 NARROW_COLUMNS = 100
 
@@ -83,7 +85,7 @@ class FleetConsole(App[None]):
     async def refresh_detail(self, detail: WorkerDetail) -> None:
         try:
             sessions = (await self.source.get(f"/fleet/workers/{detail.worker_id}/sessions"))["sessions"]
-        except ActionError:
+        except FleetClientError:
             sessions = None
         if self.is_running and detail is self.screen:  # not closed while the sessions were asked for
             detail.show(self.snapshot, sessions)
@@ -165,7 +167,5 @@ def run_console(url: str, *, embedded: bool = False, store: Path | None = None, 
     """Attach the console to the fleet at `url` until the operator quits. `embedded` only changes the
     title (the caller owns the fleet's lifetime). The admin token defaults to $FLEET_ADMIN_TOKEN or the
     token file a local fleet wrote."""
-    from fleetctl.engine.server.admin_auth import read_admin_token
-
-    source = HttpSource(url, token or read_admin_token(), store)
+    source = HttpSource(url, token, store)
     FleetConsole(source, settings, readonly=readonly, title=title + (" · embedded fleet" if embedded else "")).run()

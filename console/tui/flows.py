@@ -3,16 +3,18 @@ what cannot be undone, start the operation, follow it in a progress dialog. Runs
 (the dialogs are awaited), so the dashboard keeps refreshing underneath."""
 
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
+from textual.screen import Screen
+
+from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog, OperationDialog
-from fleetctl.console.tui.source import ActionError
+from fleetctl.console.tui.snapshot import FleetSnapshot
+from fleetctl.console.tui.source import FleetSource
 from fleetctl.domain import DeviceKind
 from fleetctl.engine.core.device_names import DeviceName, parse_device_name
 
-if TYPE_CHECKING:
-    from fleetctl.console.tui.app import FleetConsole
-
+ScreenResult = TypeVar("ScreenResult")
 LIVE_STATES = ("starting", "running", "draining")
 HOLD_CHOICES = [("60", "60 s"), ("300", "5 minutes (default)"), ("900", "15 minutes")]
 
@@ -31,8 +33,24 @@ def free_devices(workers: list[dict], count: int = 6) -> list[str]:
     return free
 
 
+class ConsoleApp(Protocol):
+    """What the flows need of the console (FleetConsole, which owns them): its source, its latest snapshot, and
+    Textual's calls to run a worker, notify and await a dialog."""
+
+    source: FleetSource
+    snapshot: FleetSnapshot
+
+    def run_worker(self, work: Awaitable[None], *, group: str) -> object: ...
+
+    def notify(self, message: str, *, severity: str, timeout: float) -> None: ...
+
+    async def push_screen_wait(self, screen: Screen[ScreenResult]) -> ScreenResult: ...
+
+    def refresh_snapshot(self) -> object: ...
+
+
 class ActionFlows:
-    def __init__(self, app: "FleetConsole") -> None:
+    def __init__(self, app: ConsoleApp) -> None:
         self.app = app
 
     def run(self, action_id: str, worker: str | None) -> None:
@@ -45,7 +63,7 @@ class ActionFlows:
     async def _follow(self, name: str, starting: Awaitable[dict | None]) -> None:
         try:
             started = await starting
-        except ActionError as exc:
+        except FleetClientError as exc:
             self.app.notify(f"{name}: {exc}", severity="error", timeout=8)
             return
         if started is not None:

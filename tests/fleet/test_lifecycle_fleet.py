@@ -10,7 +10,7 @@ import httpx
 import pytest
 from support.fleet_harness import fleetctl, generate_json, serve, start_streams, wait_until, workers
 
-from fleetctl.console.local_fleet import FLEETCTL
+from fleetctl.console.loadgen.local_fleet import FLEETCTL
 
 pytestmark = pytest.mark.fleet  # real worker processes and a real server
 

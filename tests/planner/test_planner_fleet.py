@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from support.fleet_harness import fleetctl, generate_json, serve, start_streams, wait_until, workers
 
-from fleetctl.console.bench import run_bench
-from fleetctl.console.local_fleet import FLEETCTL
-from fleetctl.console.traces import TraceRequest, prompt_text
+from fleetctl.console.loadgen.local_fleet import FLEETCTL
+from fleetctl.console.loadgen.requests import TraceRequest, prompt_text
+from fleetctl.console.loadgen.runner import run_bench
 from fleetctl.engine.planner.plan import PlanRequest, plan_from_store
 from fleetctl.engine.planner.split import Split
 from fleetctl.store.db import open_db

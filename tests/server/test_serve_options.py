@@ -57,7 +57,7 @@ def test_serve_logs_requests_and_a_periodic_stats_line_and_status_names_its_wind
     import subprocess
     import time
 
-    from fleetctl.console.local_fleet import FLEETCTL
+    from fleetctl.console.loadgen.local_fleet import FLEETCTL
 
     log = tmp_path / "serve.log"
     with log.open("w") as out:

@@ -3,8 +3,8 @@ events (no wall clock in the picture), whose operations advance one stage per po
 
 import math
 
+from fleetctl.console.client import FleetRefused
 from fleetctl.console.tui.snapshot import FleetSnapshot
-from fleetctl.console.tui.source import ActionError
 
 NOW = 1_764_400_000.0  # a fixed "now": event times and chart buckets derive from it
 
@@ -106,7 +106,7 @@ class FixtureSource:
             return {"split": body["split"], "current": "2:4", "force": False, "evacuation": "move",
                     "moves": [{"worker": "decode-2", "device": "cpu:4", "from": "decode", "to": "prefill",
                                "sessions": 9}]}
-        raise ActionError(f"HTTP 409: {path} refused by the fixture")
+        raise FleetRefused("POST", path, 409, "refused by the fixture")
 
     async def get(self, path: str) -> dict:
         if path.startswith("/fleet/operations/"):
@@ -117,7 +117,7 @@ class FixtureSource:
         if path.endswith("/sessions"):
             return {"sessions": [{"id": f"req-{i:04d}", "stage": "decode", "prompt_tokens": 100 + i,
                                   "output_tokens": 10 * i, "age_s": 1.5 * i} for i in range(3)]}
-        raise ActionError(f"HTTP 404: {path}")
+        raise FleetRefused("GET", path, 404, "not in the fixture")
 
     def _operation(self, kind: str, worker: str, polls: int, to: str) -> dict:
         if polls < len(MIGRATE_STAGES):

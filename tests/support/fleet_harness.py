@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import openai
 
-from fleetctl.console.local_fleet import FLEETCTL
-from fleetctl.console.local_fleet import local_fleet as serve
+from fleetctl.console.loadgen.local_fleet import FLEETCTL
+from fleetctl.console.loadgen.local_fleet import local_fleet as serve
 
 __all__ = ["admin", "fleetctl", "generate_json", "serve", "start_streams", "wait_until", "worker_pids", "workers"]
 

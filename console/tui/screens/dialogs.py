@@ -11,8 +11,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, ProgressBar
 from textual.widgets.option_list import Option
 
+from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.operations import describe_result, progress_of
-from fleetctl.console.tui.source import ActionError, FleetSource
+from fleetctl.console.tui.source import FleetSource
 
 POLL_S = 0.2
 
@@ -95,7 +96,7 @@ class OperationDialog(ModalScreen[dict | None]):
             await asyncio.sleep(POLL_S)
             try:
                 op = await self.source.get(f"/fleet/operations/{op['id']}")
-            except ActionError as exc:
+            except FleetClientError as exc:
                 self.query_one("#op-result", Label).update(f"lost track of the operation: {exc}")
                 return
         self.operation = op

@@ -9,8 +9,8 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label
 
+from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.actions import READONLY_REASON
-from fleetctl.console.tui.source import ActionError
 
 WINDOWS = ("10m", "30m", "1h", "5m")  # `w` steps through them; the first is the default
 
@@ -76,7 +76,7 @@ class PlanScreen(Screen[None]):
         self.query_one("#plan-text", Label).update(f"planning over the last {self.window}…")
         try:
             plan = await self.app.source.get(f"/fleet/plan?since={self.window}")
-        except ActionError as exc:
+        except FleetClientError as exc:
             self.plan = None
             self.query_one("#plan-text", Label).update(f"no plan: {exc}")
             self.query_one("#plan-candidates", DataTable).clear()

@@ -1,0 +1,121 @@
+"""What every command shares: the common options, where the metrics store is, one clear line on stderr and a
+non-zero exit for every error a user can cause (the engine's, a fleet's that does not answer or refuses), and
+progress on a terminal: a bar per stage of a long step, a status line while a fleet operation runs to its end."""
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+
+from fleetctl.console.client import FleetClient, FleetClientError, FleetUnreachable
+
+EXIT_FAILURE = 1
+EXIT_INTERRUPTED = 130
+START_A_FLEET = "start one with `fleetctl serve` or `fleetctl demo`, or point --url / $FLEET_URL at one"
+
+URL_OPTION = typer.Option(None, "--url", help="Fleet URL (default $FLEET_URL or http://127.0.0.1:8700).")
+JSON_OPTION = typer.Option(False, "--json", help="One JSON object on stdout.")
+TIMEOUT_OPTION = typer.Option(600.0, "--timeout", help="Seconds to follow the operation before giving up on it.")
+STORE_OPTION = typer.Option("", "--store", help="SQLite metrics store (default $FLEET_HOME/fleet.db).")
+
+ProgressCallback = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+def store_path(option: str) -> Path:
+    """--store, else the default store under $FLEET_HOME."""
+    from fleetctl.engine.paths import default_store_path
+
+    return Path(option).expanduser() if option else default_store_path()
+
+
+def fail(message: str, code: int = EXIT_FAILURE) -> typer.Exit:
+    print(f"fleetctl: error: {message}", file=sys.stderr)
+    return typer.Exit(code)
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    # imported here so `fleetctl --help` does not pay for torch
+    from fleetctl.engine.core.device_names import DeviceError
+    from fleetctl.engine.core.prompt import PromptError
+    from fleetctl.engine.core.sequence import SamplingError
+    from fleetctl.engine.model.config import ModelConfigError
+    from fleetctl.engine.model.loader import WeightLoadError
+    from fleetctl.engine.model.store import ModelStoreError
+    from fleetctl.engine.model.tokenizer import TokenizerError
+
+    return (DeviceError, PromptError, ModelConfigError, WeightLoadError, ModelStoreError, TokenizerError,
+            SamplingError)
+
+
+@contextmanager
+def user_errors(on_error: Callable[[], None] | None = None) -> Iterator[None]:
+    """Turn the engine's user-facing exceptions into `fail(...)`."""
+    errors = _user_errors()
+    try:
+        yield
+    except errors as exc:
+        if on_error:
+            on_error()
+        raise fail(str(exc)) from None
+    except KeyboardInterrupt:
+        raise fail("interrupted", EXIT_INTERRUPTED) from None
+
+
+@contextmanager
+def fleet_errors() -> Iterator[None]:
+    """A fleet that does not answer (with what to run instead) or refuses, as `fail(...)`."""
+    try:
+        yield
+    except FleetUnreachable as exc:
+        raise fail(f"{exc}: {START_A_FLEET}") from None
+    except FleetClientError as exc:
+        raise fail(str(exc)) from None
+
+
+def follow_operation(client: FleetClient, op: dict, timeout: float) -> dict:
+    """Poll /fleet/operations/{id} until it ends or `timeout` passes (a status line on a terminal); returns its
+    last state."""
+    deadline = time.monotonic() + timeout
+    if sys.stderr.isatty():
+        from rich.console import Console
+
+        with Console(stderr=True).status(f"{op['kind']} {op['worker']}: {op['stage']}") as status:
+            while op["state"] == "running" and time.monotonic() < deadline:
+                time.sleep(0.1)
+                op = client.get(f"/fleet/operations/{op['id']}")
+                status.update(f"{op['kind']} {op['worker']}: {op['stage']}")
+        return op
+    while op["state"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+        op = client.get(f"/fleet/operations/{op['id']}")
+    return op
+
+
+@contextmanager
+def stage_progress(description: str) -> Iterator[ProgressCallback | None]:
+    """Yields a `(stage, done, total)` callback driving one rich bar per stage, or None off a terminal."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(
+        TextColumn(f"{description} [bold]{{task.description}}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as progress:
+        tasks: dict[str, int] = {}
+
+        def update(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = progress.add_task(stage, total=max(total, 1))
+            progress.update(tasks[stage], completed=done, total=max(total, 1))
+
+        yield update

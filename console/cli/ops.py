@@ -1,0 +1,167 @@
+"""`fleetctl checkpoint`, `restore`, `migrate`, `move` and the pool changes `start`, `drain`, `resume`, `stop`:
+start a fleet operation, follow it to the end (a status line on a TTY), print its result. And
+`fleetctl checkpoints`, the list a restore picks from."""
+
+import json
+
+import typer
+
+from fleetctl.console.cli.common import JSON_OPTION, TIMEOUT_OPTION, URL_OPTION, fail, fleet_errors, follow_operation
+from fleetctl.console.client import FleetClient
+from fleetctl.domain import WorkerRole
+
+
+def _run(path: str, body: dict, url: str | None, as_json: bool, timeout: float) -> None:
+    with fleet_errors():
+        client = FleetClient(url, timeout=30.0)
+        op = follow_operation(client, client.post(path, body), timeout)
+    if op["state"] == "running":
+        raise fail(f"{op['kind']} of {op['worker']} still running after {timeout:.0f}s (operation {op['id']})")
+    if op["state"] != "done":  # failed, or cancelled by a later operation
+        raise fail(f"{op['kind']} of {op['worker']} {op['state']}: {op['error']}")
+    result = op["result"]
+    print(json.dumps(result) if as_json else _summary(op["kind"], result))
+
+
+def _summary(kind: str, result: dict) -> str:
+    """An operation's result in one or two lines for a person."""
+    worker = result["worker"]
+    if kind == "checkpoint":
+        return (f"{result['checkpoint']}\n{worker}: {result['sessions']} session(s), {result['bytes']} bytes, "
+                f"{result['seconds']:.3f} s")
+    if kind == "start":
+        return f"{worker} started on {result['device']} (pid {result['pid']}) in {result['seconds']:.1f} s"
+    if kind == "drain":
+        moved = f", {result['sessions_moved']} moved to peers" if result.get("sessions_moved") else ""
+        return (f"{worker} drained: {result['sessions_finished']} session(s) finished{moved} in "
+                f"{result['seconds']:.1f} s; "
+                f"it takes no new work (`fleetctl resume {worker}` or `fleetctl stop {worker}`)")
+    if kind == "move":
+        downtime = "-" if result["downtime_s"] is None else f"{result['downtime_s'] * 1000:.1f} ms"
+        return (f"{result['request']}: {result['from']} -> {result['to']} live in {len(result['stages'])} stage(s), "
+                f"{result['bytes']} bytes, downtime {downtime}")
+    if kind == "resume":
+        called_off = f" (operation {result['cancelled_operation']} called off)" if result["cancelled_operation"] else ""
+        return f"{worker} takes new work again{called_off}"
+    if kind == "stop":
+        return (f"{worker} stopped: {result['sessions_finished']} session(s) finished, {result['sessions_moved']} "
+                f"moved to peers, {result['seconds']:.1f} s")
+    mode = result["mode"] + (f": {result['reason']}" if result["reason"] else "")
+    if kind == "migrate" and result["mode"] == "live":
+        return (f"{worker} {result['from']} -> {result['to']}: live; {result['sessions']} session(s) moved, "
+                f"{result['bytes']} bytes, longest session downtime {result['downtime_s'] * 1000:.1f} ms")
+    return (f"{worker} {result['from'] or '-'} -> {result['to']}: {mode}; {result['sessions']} session(s) moved, "
+            f"{result['bytes']} bytes, downtime {result['downtime_s']:.3f} s")
+
+
+def checkpoint(
+    worker: str = typer.Argument(..., help="Worker id, e.g. decode-0."),
+    hold: float | None = typer.Option(None, "--hold", help="Seconds its sessions wait for a restore before they "
+                                                           "are recomputed on peers (default: the fleet's own)."),
+    url: str = URL_OPTION,
+    as_json: bool = JSON_OPTION,
+    timeout: float = TIMEOUT_OPTION,
+) -> None:
+    """Stand a worker down with its complete state saved; its sessions pause (their streams stay open) until
+    `restore`, or are recomputed on peers after `--hold` seconds."""
+    _run(f"/fleet/workers/{worker}/checkpoint", {} if hold is None else {"hold_s": hold}, url, as_json, timeout)
+
+
+def restore(
+    checkpoint_path: str = typer.Argument(..., metavar="CHECKPOINT", help="Checkpoint name or path."),
+    device: str = typer.Option(..., "--device", help="cpu:N or cuda:N."),
+    force: bool = typer.Option(False, "--force", help="Replay its sessions even where that is refused (a "
+                                                      "checkpoint restored before, or one whose sessions went on "
+                                                      "elsewhere or ended): into a fresh fleet, deliberately."),
+    url: str = URL_OPTION,
+    as_json: bool = JSON_OPTION,
+    timeout: float = TIMEOUT_OPTION,
+) -> None:
+    """Bring a checkpointed worker back on DEVICE (same role)."""
+    _run("/fleet/restore", {"checkpoint": checkpoint_path, "device": device, "force": force}, url, as_json, timeout)
+
+
+def checkpoints(url: str = URL_OPTION, as_json: bool = JSON_OPTION) -> None:
+    """The checkpoints a restore can pick from, oldest first, each verified; `used` says when it was restored."""
+    with fleet_errors():
+        rows = FleetClient(url, timeout=120.0).get("/fleet/checkpoints")["checkpoints"]
+    if as_json:
+        print(json.dumps({"checkpoints": rows}))
+        return
+    print(f"{'checkpoint':<44} {'worker':<10} {'role':<8} {'sessions':>8} {'bytes':>12} {'created':<21} used")
+    for row in rows:
+        if not row["valid"]:
+            print(f"{row['name']:<44} invalid: {row['error']}")
+            continue
+        print(f"{row['name']:<44} {row['worker']:<10} {row['role']:<8} {row['sessions']:>8} {row['bytes']:>12,} "
+              f"{row['created']:<21} {row['used_at'] or '-'}")
+
+
+def migrate(
+    worker: str = typer.Argument(..., help="Worker id, e.g. decode-0."),
+    to: str = typer.Option(..., "--to", help="Destination device: cpu:N or cuda:N."),
+    via: str = typer.Option("live", "--via", help="live (sessions moved while they decode) or checkpoint "
+                                                  "(the source pauses, its state goes through disk)."),
+    url: str = URL_OPTION,
+    as_json: bool = JSON_OPTION,
+    timeout: float = TIMEOUT_OPTION,
+) -> None:
+    """Move WORKER to --to: a standby there takes its sessions live (a prefill worker's by checkpoint) and
+    its id; the source keeps serving on failure."""
+    _run(f"/fleet/workers/{worker}/migrate", {"to": to, "via": via}, url, as_json, timeout)
+
+
+def move(
+    session: str = typer.Argument(..., help="Request id of a decoding session (`fleetctl workers`, X-Request-Id)."),
+    to: str = typer.Option(..., "--to", help="A running worker of the session's role, e.g. decode-1."),
+    url: str = URL_OPTION,
+    as_json: bool = JSON_OPTION,
+    timeout: float = TIMEOUT_OPTION,
+) -> None:
+    """Move SESSION live to worker --to: its KV is copied while it decodes, then it stops for one step."""
+    _run(f"/fleet/requests/{session}/move", {"to": to}, url, as_json, timeout)
+
+
+def start(
+    role: WorkerRole = typer.Option(..., "--role", help="prefill or decode (a disaggregated fleet), mixed "
+                                                        "(a colocated one)."),
+    device: str = typer.Option(..., "--device", help="A free device: cpu:N or cuda:N."),
+    url: str = URL_OPTION,
+    as_json: bool = JSON_OPTION,
+    timeout: float = TIMEOUT_OPTION,
+) -> None:
+    """Start a worker of ROLE on DEVICE (the next free id, e.g. decode-2); it takes traffic once loaded."""
+    _run("/fleet/workers", {"role": role.value, "device": device}, url, as_json, timeout)
+
+
+def drain(
+    worker: str = typer.Argument(..., help="Worker id, e.g. decode-0."),
+    move: bool = typer.Option(False, "--move", help="Move its decoding sessions to peers live instead of "
+                                                    "waiting for them to finish."),
+    url: str = URL_OPTION,
+    as_json: bool = JSON_OPTION,
+    timeout: float = TIMEOUT_OPTION,
+) -> None:
+    """Route WORKER nothing new and wait until its sessions have finished (or moved); it keeps running, drained."""
+    _run(f"/fleet/workers/{worker}/drain", {"move": move}, url, as_json, timeout)
+
+
+def resume(
+    worker: str = typer.Argument(..., help="Worker id, e.g. decode-0."),
+    url: str = URL_OPTION,
+    as_json: bool = JSON_OPTION,
+    timeout: float = TIMEOUT_OPTION,
+) -> None:
+    """Let a drained (or draining) WORKER take new work again; calls off a drain in progress."""
+    _run(f"/fleet/workers/{worker}/resume", {}, url, as_json, timeout)
+
+
+def stop(
+    worker: str = typer.Argument(..., help="Worker id, e.g. decode-0."),
+    force: bool = typer.Option(False, "--force", help="Do not wait: recompute its sessions on peers now."),
+    url: str = URL_OPTION,
+    as_json: bool = JSON_OPTION,
+    timeout: float = TIMEOUT_OPTION,
+) -> None:
+    """Drain WORKER, then shut its process down (with --force, move its sessions to peers at once)."""
+    _run(f"/fleet/workers/{worker}/stop", {"force": force}, url, as_json, timeout)

@@ -1,0 +1,84 @@
+"""Run `fleetctl serve` as a child process and learn its URL: the fleets `bench --compare-layouts` starts, the
+embedded fleet of `fleetctl console` and `fleetctl demo` (cli/embedded.py; its layout is here), the scripts and
+the tests."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+FLEETCTL = [sys.executable, "-m", "fleetctl.console"]
+CPU_DECODE_WORKERS = 2  # on a machine without GPUs: 1 prefill + 2 decode logical cpu slots
+
+
+def embedded_fleet_args(store: Path | None = None) -> list[str]:
+    """The `fleetctl serve` arguments (all but --model) of the embedded fleet on this machine's devices:
+    one worker per GPU, 1 prefill + the rest decode (one GPU: a single colocated worker); without GPUs
+    1 prefill + 2 decode on the logical slots cpu:0..2. `store` defaults to $FLEET_HOME/fleet.db."""
+    from fleetctl.engine.core.device_names import gpu_count
+    from fleetctl.engine.paths import default_store_path
+
+    gpus = gpu_count()
+    if gpus == 1:
+        layout = ["--colocated", "1", "--devices", "cuda:0"]
+    else:
+        workers = gpus or (1 + CPU_DECODE_WORKERS)
+        kind = "cuda" if gpus else "cpu"
+        layout = ["--prefill", "1", "--decode", str(workers - 1),
+                  "--devices", ",".join(f"{kind}:{i}" for i in range(workers))]
+    return [*layout, "--store", str(store or default_store_path())]
+
+
+class FleetStartError(RuntimeError):
+    """The `fleetctl serve` child exited or timed out before it served; the message holds its last output."""
+
+    def __init__(self, output: list[str]) -> None:
+        super().__init__("the fleet did not start:\n" + "".join(output[-40:]))
+        last = next((line.strip() for line in reversed(output) if line.strip()), "no output")
+        self.reason = last.removeprefix("fleetctl: error: ")  # the child's own one-line error, if it gave one
+
+
+@contextmanager
+def local_fleet(model: Path | str, *args: str, ready_timeout: float = 300,
+                env: dict[str, str] | None = None) -> Iterator[str]:
+    """Yields the base URL of a running fleet (ephemeral port); stops it (SIGTERM, then SIGKILL) after,
+    and kills it when the wait for it fails or is interrupted (FleetStartError when it does not start).
+    `env` adds to this process's environment (e.g. FLEET_FAULTS for a test)."""
+    proc = subprocess.Popen([*FLEETCTL, "serve", "--model", str(model), "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})})
+    lines: list[str] = []
+    found: list[str] = []
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if not found and (match := re.search(r"serving \S+ on (http://\S+)", line)):
+                found.append(match.group(1))
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        if not ready.wait(ready_timeout) or not found:
+            raise FleetStartError(lines)
+    except BaseException:  # also Ctrl-C while waiting
+        proc.kill()
+        proc.wait(10)
+        raise
+    try:
+        yield found[0]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)

@@ -1,0 +1,128 @@
+"""`fleetctl start`, `drain`, `resume`, `stop` (typer's CliRunner) against a real HTTP server in this
+process on a fleet of in-process fake workers (tests/support/fake_workers.py): what they print, `--json`, and one
+error line with a non-zero exit for a refusal or a drain that a resume called off."""
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from support.fake_workers import FakeLauncher
+from support.fleet_harness import wait_until
+from typer.testing import CliRunner, Result
+
+from fleetctl.console.cli.app import app
+from fleetctl.engine.fleet.config import FleetConfig
+from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.server.admin_auth import load_or_create_admin_token, read_admin_token
+from fleetctl.engine.server.app import create_app
+
+
+@pytest.fixture
+def url(tiny_model_dir: Path, tmp_path: Path) -> Iterator[str]:
+    (tmp_path / "shm").mkdir()
+    config = FleetConfig(tiny_model_dir, prefill=1, decode=2, devices=("cpu:0", "cpu:1", "cpu:2"),
+                         shm_dir=tmp_path / "shm")
+    fleet = Fleet(config, launcher=FakeLauncher(tmp_path / "shm"))
+    app = create_app(fleet, load_or_create_admin_token())  # the CLI reads the same token file
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    assert wait_until(lambda: server.started, 30)
+    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    server.should_exit = True
+    thread.join(30)
+
+
+def fleetctl(*args: str) -> Result:
+    return CliRunner().invoke(app, list(args))
+
+
+def worker(url: str, wid: str) -> dict:
+    return next(w for w in httpx.get(f"{url}/fleet/workers", timeout=10).json()["workers"] if w["id"] == wid)
+
+
+def test_pool_change_commands_print_their_results(url: str) -> None:
+    started = fleetctl("start", "--role", "decode", "--device", "cpu:3", "--url", url)
+    assert started.exit_code == 0, started.stderr
+    assert re.fullmatch(r"decode-2 started on cpu:3 \(pid \d+\) in \d+\.\d s\n", started.stdout)
+    drained = fleetctl("drain", "decode-2", "--url", url, "--json")
+    assert drained.exit_code == 0 and json.loads(drained.stdout)["sessions_finished"] == 0
+    assert worker(url, "decode-2")["state"] == "draining"
+    resumed = fleetctl("resume", "decode-2", "--url", url)
+    assert resumed.stdout == "decode-2 takes new work again\n"
+    stopped = fleetctl("stop", "decode-2", "--force", "--url", url)
+    assert re.fullmatch(r"decode-2 stopped: 0 session\(s\) finished, 0 moved to peers, \d+\.\d s\n", stopped.stdout)
+    assert worker(url, "decode-2")["state"] == "stopped"
+
+    refused = fleetctl("stop", "decode-2", "--url", url, "--json")
+    assert refused.exit_code == 1 and refused.stdout == ""
+    assert refused.stderr == ("fleetctl: error: POST /fleet/workers/decode-2/stop: HTTP 409: decode-2 is stopped, "
+                              "not running\n")
+    bad_role = fleetctl("start", "--role", "gpu", "--device", "cpu:3", "--url", url)
+    assert bad_role.exit_code == 2 and "'gpu' is not one of" in bad_role.stderr
+
+
+def test_timeouts_and_called_off_drains_fail_with_the_reason(url: str) -> None:
+    def stream(prompt: list[int]) -> None:
+        body = {"model": "tiny-llama0", "prompt": prompt, "max_tokens": 500, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+            response.read()
+
+    streams = [threading.Thread(target=stream, args=([5 + i, 6, 7],)) for i in range(8)]
+    for thread in streams:
+        thread.start()
+    assert wait_until(lambda: worker(url, "decode-0")["sessions"] >= 1 and worker(url, "decode-1")["sessions"] >= 1,
+                      30)
+    followed = fleetctl("drain", "decode-0", "--url", url, "--timeout", "0.2")
+    assert followed.exit_code == 1
+    running = re.fullmatch(r"fleetctl: error: drain of decode-0 still running after 0s \(operation (op-[0-9a-f]+)\)\n",
+                           followed.stderr)
+    assert running, followed.stderr
+    resumed = fleetctl("resume", "decode-0", "--url", url)
+    assert resumed.stdout == f"decode-0 takes new work again (operation {running.group(1)} called off)\n"
+
+    def resume_once_draining() -> None:
+        assert wait_until(lambda: worker(url, "decode-1")["state"] == "draining", 30)
+        httpx.post(f"{url}/fleet/workers/decode-1/resume", timeout=10,
+                   headers={"Authorization": f"Bearer {read_admin_token()}"}).raise_for_status()
+
+    resumer = threading.Thread(target=resume_once_draining)
+    resumer.start()
+    stopped = fleetctl("stop", "decode-1", "--url", url)
+    resumer.join(30)
+    for thread in streams:
+        thread.join(60)
+    assert stopped.exit_code == 1
+    assert re.fullmatch(r"fleetctl: error: stop of decode-1 cancelled: decode-1 was resumed with \d+ session\(s\) "
+                        r"left to drain\n", stopped.stderr), stopped.stderr
+    assert worker(url, "decode-1")["state"] == "running"
+
+
+def test_checkpoint_checkpoints_and_a_refused_replay(url: str) -> None:
+    saved = fleetctl("checkpoint", "decode-1", "--hold", "300", "--url", url, "--json")
+    assert saved.exit_code == 0, saved.stderr
+    result = json.loads(saved.stdout)
+    assert set(result) == {"worker", "checkpoint", "sessions", "bytes", "seconds"}
+    name = Path(result["checkpoint"]).name
+    listed = json.loads(fleetctl("checkpoints", "--url", url, "--json").stdout)["checkpoints"]
+    [row] = [row for row in listed if row["name"] == name]
+    assert row["checkpoint"] == result["checkpoint"] and row["valid"] and row["used_at"] is None
+    restored = fleetctl("restore", name, "--device", "cpu:4", "--url", url, "--json")
+    assert restored.exit_code == 0, restored.stderr
+    assert json.loads(restored.stdout)["checkpoint"] == result["checkpoint"]
+    table = fleetctl("checkpoints", "--url", url)
+    line = next(line for line in table.stdout.splitlines() if line.startswith(name))
+    assert re.search(r"decode-1 +decode +0 .* \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", line), line
+
+    assert fleetctl("stop", "decode-1", "--url", url).exit_code == 0
+    again = fleetctl("restore", name, "--device", "cpu:4", "--url", url)
+    assert again.exit_code == 1 and "HTTP 409" in again.stderr and "restored already" in again.stderr
+    assert "--force replays it deliberately" in again.stderr
+    forced = fleetctl("restore", name, "--device", "cpu:4", "--force", "--url", url)
+    assert forced.exit_code == 0, forced.stderr
+    assert worker(url, "decode-1")["state"] == "running"
