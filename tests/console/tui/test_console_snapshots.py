@@ -6,8 +6,10 @@ progress bar, and the plan screen; and the 80-column layout following a live res
 import asyncio
 
 from support.console_fixture import FixtureSource
+from textual.widgets import DataTable
 
 from fleetctl.console.tui.app import FleetConsole
+from fleetctl.console.tui.screens.worker_detail import WorkerDetail
 from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.widgets.panels import DevicesPanel, EventsPanel
 
@@ -79,8 +81,11 @@ def test_worker_detail(snap_compare) -> None:
     async def open_detail(pilot) -> None:
         await loaded(pilot)
         await pilot.press("down", "down", "enter")
-        for _ in range(40):
+        for _ in range(100):  # until the detail screen has drawn the worker's sessions (a slow machine takes long)
             await pilot.pause(0.05)
+            screen = pilot.app.screen
+            if isinstance(screen, WorkerDetail) and screen.query_one("#sessions", DataTable).row_count:
+                break
         await pilot.pause(0.2)
 
     assert snap_compare(console(), terminal_size=WIDE, run_before=open_detail)
