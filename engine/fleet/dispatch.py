@@ -9,8 +9,9 @@ from collections import deque
 from fleetctl.domain import WorkerRole
 from fleetctl.engine.core.block_hash import chain_hashes
 from fleetctl.engine.fleet.request import RequestStage, StreamEvent, TrackedRequest
-from fleetctl.engine.fleet.router import CachedTokens, WorkerView
+from fleetctl.engine.fleet.router import CachedTokens
 from fleetctl.engine.fleet.state import FleetState
+from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.worker import protocol as m
 
 

@@ -11,17 +11,31 @@ Converting only from the role in excess keeps both roles non-empty at every step
 
 import asyncio
 import time
-from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeVar
 
 from fleetctl.domain import EventKind, WorkerRole, WorkerState
 from fleetctl.engine.core.block_allocator import blocks_for
-from fleetctl.engine.fleet.lifecycle import WorkerLifecycle
-from fleetctl.engine.fleet.operation import Operation, OperationError, OperationRunner, OpKind, OpState
-from fleetctl.engine.fleet.router import WorkerView
+from fleetctl.engine.fleet.errors import FleetError, OperationFailed, OperationRefused
+from fleetctl.engine.fleet.ops.lifecycle import WorkerLifecycle
+from fleetctl.engine.fleet.ops.record import Operation, OpKind, OpState
+from fleetctl.engine.fleet.ops.results import (
+    DrainResult,
+    OperationResult,
+    RebalancePreview,
+    RebalanceResult,
+    RoleChange,
+    RoleChanged,
+    StartResult,
+    StopResult,
+)
+from fleetctl.engine.fleet.ops.runner import OperationRunner
+from fleetctl.engine.fleet.ops.stages import RebalanceStage
+from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.planner.split import Split, SplitError, parse_split
 
 POLL_S = 0.05
+R = TypeVar("R", bound=OperationResult)
 FLEET = "fleet"  # the operation's `worker`: a rebalance acts on the whole fleet
 
 
@@ -33,19 +47,6 @@ class Evacuation(StrEnum):
     MOVE = "move"
     FINISH = "finish"  # drain: they finish where they are; it takes no new work meanwhile
     RECOMPUTE = "recompute"  # `force`: recomputed at once on its peers from their tokens
-
-
-@dataclass(frozen=True)
-class Move:
-    worker_id: str
-    device: str
-    from_role: WorkerRole
-    to_role: WorkerRole
-    sessions: int  # held when the rebalance was accepted
-
-    def as_json(self) -> dict[str, object]:
-        return {"worker": self.worker_id, "device": self.device, "from": self.from_role.value,
-                "to": self.to_role.value, "sessions": self.sessions}
 
 
 class Rebalancer:
@@ -66,18 +67,17 @@ class Rebalancer:
         counts = self.counts()
         return f"{counts[WorkerRole.PREFILL]}:{counts[WorkerRole.DECODE]}"
 
-    def preview(self, split: str, force: bool) -> dict[str, object]:
+    def preview(self, split: str, force: bool) -> RebalancePreview:
         """The dry run: what `start` would do."""
         target = self._parse(split)
-        moves = self.moves(target, force)
-        return {"split": target.label, "current": self.current(), "force": force,
-                "evacuation": _evacuation(force).value, "moves": [m.as_json() for m in moves]}
+        return RebalancePreview(split=target.label, current=self.current(), force=force,
+                                evacuation=_evacuation(force).value, moves=self.role_changes(target, force))
 
     def start(self, split: str | Split, force: bool) -> Operation:
         target = self._parse(split) if isinstance(split, str) else split
-        moves = self.moves(target, force)
+        moves = self.role_changes(target, force)
         if not moves:
-            raise OperationError(409, f"the fleet is already at split {target.label}")
+            raise OperationRefused(409, f"the fleet is already at split {target.label}")
         op = Operation(OpKind.REBALANCE, FLEET)
         return self.runner.launch(op, self._run(op, target, moves, _evacuation(force)))
 
@@ -86,26 +86,26 @@ class Rebalancer:
         try:
             return parse_split(split)
         except SplitError as exc:
-            raise OperationError(400, str(exc)) from None
+            raise OperationRefused(400, str(exc)) from None
 
-    def moves(self, target: Split, force: bool) -> list[Move]:
-        """The workers that change role, those holding the fewest sessions first; raises OperationError."""
+    def role_changes(self, target: Split, force: bool) -> list[RoleChange]:
+        """The workers that change role, those holding the fewest sessions first; raises OperationRefused."""
         if self.state.config.colocated:
-            raise OperationError(409, "this fleet is colocated (mixed workers): rebalance moves prefill:decode "
-                                      "splits; restart it with --prefill P --decode D")
+            raise OperationRefused(409, "this fleet is colocated (mixed workers): rebalance moves prefill:decode "
+                                        "splits; restart it with --prefill P --decode D")
         busy = self.running_operation()
         if busy is not None:
-            raise OperationError(409, f"another operation is running ({busy.kind.value} {busy.id} on "
-                                      f"{busy.worker_id}): wait for it to end")
+            raise OperationRefused(409, f"another operation is running ({busy.kind.value} {busy.id} on "
+                                        f"{busy.worker_id}): wait for it to end")
         live = [v for v in self.state.views.values() if v.state in (WorkerState.RUNNING, WorkerState.STARTING,
                                                                     WorkerState.DRAINING)]
         unsettled = [f"{v.worker_id} is {v.state.value}" for v in live if v.state is not WorkerState.RUNNING]
         if unsettled:
-            raise OperationError(409, f"{', '.join(unsettled)}: rebalance when every worker runs (resume or stop it)")
+            raise OperationRefused(409, f"{', '.join(unsettled)}: rebalance when every worker runs (resume or stop it)")
         if target.devices != len(live):
             need = "needs more devices than" if target.devices > len(live) else "leaves devices idle of"
-            raise OperationError(400, f"split {target.label} {need} the fleet's {len(live)} "
-                                      f"({', '.join(sorted(v.device for v in live))}): a split uses them all")
+            raise OperationRefused(400, f"split {target.label} {need} the fleet's {len(live)} "
+                                        f"({', '.join(sorted(v.device for v in live))}): a split uses them all")
         prefill = self.counts()[WorkerRole.PREFILL]
         excess, to_role, count = ((WorkerRole.PREFILL, WorkerRole.DECODE, prefill - target.prefill)
                                   if prefill > target.prefill
@@ -113,7 +113,8 @@ class Rebalancer:
         chosen = sorted((v for v in live if v.role is excess), key=lambda v: (len(v.requests), v.worker_id))[:count]
         if force:
             self._check_room(chosen, [v for v in live if v.role is excess and v not in chosen])
-        return [Move(v.worker_id, v.device, excess, to_role, len(v.requests)) for v in chosen]
+        return [RoleChange(worker=v.worker_id, device=v.device, from_=excess.value, to=to_role.value,
+                           sessions=len(v.requests)) for v in chosen]
 
     def _check_room(self, leaving: list[WorkerView], staying: list[WorkerView]) -> None:
         """Sessions recomputed on peers must fit in the peers' free KV blocks (decode workers hold KV for the
@@ -125,45 +126,51 @@ class Rebalancer:
         free = sum(v.free_blocks for v in staying)
         if needed > free:
             sessions = sum(len(v.requests) for v in leaving)
-            raise OperationError(409, f"recomputing {sessions} session(s) of {', '.join(v.worker_id for v in leaving)} "
-                                      f"needs {needed} KV blocks and their peers have {free} free: rebalance without "
-                                      f"--force (sessions finish in place) or when the load is lower")
+            names = ", ".join(v.worker_id for v in leaving)
+            raise OperationRefused(409, f"recomputing {sessions} session(s) of {names} "
+                                        f"needs {needed} KV blocks and their peers have {free} free: rebalance without "
+                                        f"--force (sessions finish in place) or when the load is lower")
 
-    async def _run(self, op: Operation, target: Split, moves: list[Move], how: Evacuation) -> dict:
+    async def _run(self, op: Operation, target: Split, changes: list[RoleChange], how: Evacuation) -> RebalanceResult:
         started, origin, done = time.time(), self.current(), []
         try:
-            for n, move in enumerate(moves, 1):
-                step = f"{n}/{len(moves)} {move.worker_id} on {move.device} -> {move.to_role.value}"
+            for n, change in enumerate(changes, 1):
+                step = f"{n}/{len(changes)} {change.worker} on {change.device} -> {change.to}"
                 finished, moved = 0, 0
-                if how is Evacuation.MOVE and move.from_role is WorkerRole.DECODE:
-                    drained = await self._follow(op, step, self.lifecycle.drain(move.worker_id, move=True))
-                    finished, moved = drained["sessions_finished"], drained.get("sessions_moved", 0)
-                stopped = await self._follow(op, step, self.lifecycle.stop(move.worker_id,
-                                                                           force=how is Evacuation.RECOMPUTE))
-                new = await self._follow(op, step, self.lifecycle.start(move.to_role.value, move.device))
-                done.append({**move.as_json(), "new_worker": new["worker"],
-                             "sessions_finished": stopped["sessions_finished"] + finished,
-                             "sessions_moved": stopped["sessions_moved"] + moved,
-                             "seconds": round(stopped["seconds"] + new["seconds"], 3)})
-        except (OperationError, RuntimeError) as exc:
+                if how is Evacuation.MOVE and change.from_ == WorkerRole.DECODE.value:
+                    drained = await self._follow(op, step, self.lifecycle.drain(change.worker, move=True), DrainResult)
+                    finished, moved = drained.sessions_finished, drained.sessions_moved or 0
+                stopping = self.lifecycle.stop(change.worker, force=how is Evacuation.RECOMPUTE)
+                stopped = await self._follow(op, step, stopping, StopResult)
+                new = await self._follow(op, step, self.lifecycle.start(change.to, change.device), StartResult)
+                done.append(RoleChanged(**change.model_dump(by_alias=False), new_worker=new.worker,
+                                        sessions_finished=stopped.sessions_finished + finished,
+                                        sessions_moved=stopped.sessions_moved + moved,
+                                        seconds=round(stopped.seconds + new.seconds, 3)))
+        except FleetError as exc:
             reached = self.current()
-            self.state.record_event(EventKind.REBALANCE, None, {"from": origin, "to": target.label, "moves": done,
+            self.state.record_event(EventKind.REBALANCE, None, {"from": origin, "to": target.label,
+                                                                "moves": [c.model_dump() for c in done],
                                                                 "error": str(exc)})
-            raise RuntimeError(f"{exc} (the fleet is at {reached} after {len(done)} of {len(moves)} move(s))") from None
-        seconds = round(time.time() - started, 3)
-        self.state.record_event(EventKind.REBALANCE, None, {"from": origin, "to": target.label, "moves": done,
-                                                            "evacuation": how.value, "seconds": seconds})
-        return {"split": target.label, "from": origin, "evacuation": how.value, "moves": done, "seconds": seconds}
+            raise OperationFailed(f"{exc} (the fleet is at {reached} after {len(done)} of {len(changes)} "
+                                  f"move(s))") from None
+        result = RebalanceResult(split=target.label, from_=origin, evacuation=how.value, moves=done,
+                                 seconds=round(time.time() - started, 3))
+        self.state.record_event(EventKind.REBALANCE, None, {"from": origin, "to": target.label,
+                                                            "moves": [c.model_dump() for c in done],
+                                                            "evacuation": how.value, "seconds": result.seconds})
+        return result
 
     @staticmethod
-    async def _follow(op: Operation, step: str, inner: Operation) -> dict:
-        """Wait for one step's operation, showing its stage in the rebalance's; its result, or RuntimeError."""
+    async def _follow(op: Operation, step: str, inner: Operation, kind: type[R]) -> R:
+        """Wait for one step's operation, showing its stage in the rebalance's; its result, or OperationFailed."""
         while inner.state is OpState.RUNNING:
-            op.stage = f"{step}: {inner.kind.value} {inner.worker_id}: {inner.stage}"
+            op.at(RebalanceStage.CHANGING_ROLES)
+            op.stage = f"{step}: {inner.kind.value} {inner.worker_id}: {inner.stage}"  # the step, in people's words
             await asyncio.sleep(POLL_S)
         if inner.state is not OpState.DONE:
-            raise RuntimeError(f"{inner.kind.value} of {inner.worker_id} {inner.state.value}: {inner.error}")
-        assert inner.result is not None
+            raise OperationFailed(f"{inner.kind.value} of {inner.worker_id} {inner.state.value}: {inner.error}")
+        assert isinstance(inner.result, kind)
         return inner.result
 
 
