@@ -119,7 +119,7 @@ class DrainResult(_Result):
     worker: str
     sessions_finished: int
     seconds: float
-    sessions_moved: int | None = None  # drain --move
+    sessions_moved: int | None = Field(default=None, exclude_if=lambda moved: moved is None)  # drain --move only
 
     def describe(self) -> str:
         moved = f", {self.sessions_moved} moved to peers" if self.sessions_moved else ""
