@@ -8,7 +8,7 @@ passed on, never dropped (fields are added, never renamed)."""
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from fleetctl.engine.fleet.ops.record import Operation, OpKind, OpState
 from fleetctl.engine.fleet.ops.results import (
@@ -132,6 +132,14 @@ class OperationInfo(BaseModel):
     error: str | None
     writer_pid: int | None
     destination_pid: int | None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _result_of_its_kind(cls, data: Any) -> Any:
+        """Parsed JSON: the result's model is the operation's kind's (and for a migration, its mode's)."""
+        if isinstance(data, dict) and isinstance(data.get("result"), dict):
+            return data | {"result": data["result"] | {"kind": data.get("kind")}}
+        return data
 
 
 def operation_info(op: Operation) -> OperationInfo:

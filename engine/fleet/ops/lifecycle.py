@@ -139,7 +139,7 @@ class WorkerLifecycle:
         await self._drain_sessions(op, view, DrainStage.DRAINING)
         result = DrainResult(worker=view.worker_id, sessions_finished=held - len(moved),
                              seconds=round(time.time() - started, 3), sessions_moved=len(moved) if move else None)
-        details = result.model_dump(exclude={"worker"})
+        details = result.model_dump(exclude={"kind", "worker"})
         self.state.record_event(EventKind.DRAIN, view.worker_id, details)
         return result
 

@@ -68,7 +68,7 @@ class Migrations:
         self.state.stats.migrations.labels(mode=restored.mode).inc()
         self.state.record_event(EventKind.MIGRATE, worker_id, {"from": source_device, "to": to,
                                                                 "mode": restored.mode, "reason": restored.reason})
-        result = restore_result(worker_id, source_device, to, restored, done.path, first - done.paused_at,
+        result = restore_result(op, source_device, to, restored, done.path, first - done.paused_at,
                                 checkpoint_s=round(done.seconds, 4))
         await asyncio.to_thread(source_link.join, SHUTDOWN_TIMEOUT_S)  # reap the source process
         return result

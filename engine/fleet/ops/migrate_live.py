@@ -69,7 +69,7 @@ class LiveMigration:
             moves=[SessionMoved(request=mv.request, downtime_s=mv.downtime_s, resumed_at=mv.resumed_at)
                    for mv in moved])
         self.state.stats.migrations.labels(mode="live").inc()
-        details = result.model_dump(exclude={"worker", "moves"})
+        details = result.model_dump(exclude={"kind", "worker", "moves"})
         self.state.record_event(EventKind.MIGRATE, wid, details)
         return result
 

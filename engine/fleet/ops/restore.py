@@ -109,11 +109,14 @@ class Restores:
         first = await self.first_token(op, restored, start, RestoreStage.FIRST_STEP)
         self.state.record_event(EventKind.RESTORE, worker_id, {"checkpoint": str(path), "device": device,
                                                                 "mode": restored.mode, "reason": restored.reason})
-        return restore_result(worker_id, source, device, restored, str(path), first - start)
+        return restore_result(op, source, device, restored, str(path), first - start)
 
 
-def restore_result(worker_id: str, source: str | None, to: str, restored: m.Restored, path: str, downtime: float,
+def restore_result(op: Operation, source: str | None, to: str, restored: m.Restored, path: str, downtime: float,
                    checkpoint_s: float | None = None) -> RestoreResult:
-    return RestoreResult(worker=worker_id, from_=source, to=to, mode=restored.mode, reason=restored.reason,
-                         sessions=restored.sessions, bytes=restored.nbytes, downtime_s=round(downtime, 4),
-                         checkpoint=path, restore_s=round(restored.seconds, 4), checkpoint_s=checkpoint_s)
+    """What `op` (a restore, or a migration through a checkpoint) returns."""
+    assert op.kind in (OpKind.RESTORE, OpKind.MIGRATE)
+    return RestoreResult(kind=op.kind.value, worker=op.worker_id, from_=source, to=to, mode=restored.mode,
+                         reason=restored.reason, sessions=restored.sessions, bytes=restored.nbytes,
+                         downtime_s=round(downtime, 4), checkpoint=path, restore_s=round(restored.seconds, 4),
+                         checkpoint_s=checkpoint_s)

@@ -1,11 +1,13 @@
 """What each kind of operation returns when it is done: frozen pydantic models the operations build and
 `/fleet/operations/{id}` reports as its `result` (the `--json` shapes of §2: fields are added, never
-renamed). Each says itself in one sentence for people (`describe`). Torch-free: the server's schemas and
-the console use them."""
+renamed). Each knows the kind of operation it is the result of (`kind`, not in its JSON: the operation
+names it, and `schemas.OperationInfo` hands it down to tell the results apart when parsed) and says
+itself in one sentence for people (`describe`). Torch-free: the server's schemas and the
+console use them."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 
 class _Result(BaseModel):
@@ -20,6 +22,7 @@ def _ms(seconds: float | None) -> str:
 
 
 class CheckpointResult(_Result):
+    kind: Literal["checkpoint"] = Field(default="checkpoint", exclude=True)
     worker: str
     path: str  # the checkpoint's directory (`checkpoint --json`)
     checkpoint: str  # the same, as restore and migrate name it
@@ -35,6 +38,7 @@ class CheckpointResult(_Result):
 class RestoreResult(_Result):
     """A restore, or a migration through a checkpoint (which adds `checkpoint_s`)."""
 
+    kind: Literal["restore", "migrate"] = Field(default="restore", exclude=True)
     worker: str
     from_: str | None = Field(alias="from")  # the device it ran on before (None: another fleet's checkpoint)
     to: str
@@ -63,6 +67,7 @@ class SessionMoved(_Result):
 
 
 class LiveMigrateResult(_Result):
+    kind: Literal["migrate"] = Field(default="migrate", exclude=True)
     worker: str
     from_: str = Field(alias="from")
     to: str
@@ -91,6 +96,7 @@ class MoveStageDone(_Result):
 
 
 class MoveResult(_Result):
+    kind: Literal["move"] = Field(default="move", exclude=True)
     request: str
     from_: str = Field(alias="from")
     to: str
@@ -105,6 +111,7 @@ class MoveResult(_Result):
 
 
 class StartResult(_Result):
+    kind: Literal["start"] = Field(default="start", exclude=True)
     worker: str
     role: str
     device: str
@@ -116,6 +123,7 @@ class StartResult(_Result):
 
 
 class DrainResult(_Result):
+    kind: Literal["drain"] = Field(default="drain", exclude=True)
     worker: str
     sessions_finished: int
     seconds: float
@@ -128,6 +136,7 @@ class DrainResult(_Result):
 
 
 class ResumeResult(_Result):
+    kind: Literal["resume"] = Field(default="resume", exclude=True)
     worker: str
     cancelled_operation: str | None  # the drain (or stop) it called off
 
@@ -137,6 +146,7 @@ class ResumeResult(_Result):
 
 
 class StopResult(_Result):
+    kind: Literal["stop"] = Field(default="stop", exclude=True)
     worker: str
     sessions_finished: int
     sessions_moved: int
@@ -148,6 +158,7 @@ class StopResult(_Result):
 
 
 class RestartResult(_Result):
+    kind: Literal["restart"] = Field(default="restart", exclude=True)
     worker: str
     device: str
     pid: int | None
@@ -186,6 +197,7 @@ class RoleChanged(RoleChange):
 
 
 class RebalanceResult(_Result):
+    kind: Literal["rebalance"] = Field(default="rebalance", exclude=True)
     split: str
     from_: str = Field(alias="from")
     evacuation: str
@@ -199,8 +211,21 @@ class RebalanceResult(_Result):
                 f"{moved} session(s) moved, {finished} finished, {self.seconds:.1f} s")
 
 
-OperationResult = (CheckpointResult | RestoreResult | LiveMigrateResult | MoveResult | StartResult | DrainResult
-                   | ResumeResult | StopResult | RestartResult | RebalanceResult)
+def _tag(result: object) -> str:
+    """Which model a result (parsed JSON or a model) is: its kind, and for a migration its mode."""
+    fields = result if isinstance(result, dict) else vars(result)
+    kind = str(fields.get("kind"))
+    return f"{kind} {fields.get('mode') or ''}".strip() if kind == "migrate" else kind
+
+
+OperationResult = Annotated[
+    Annotated[CheckpointResult, Tag("checkpoint")] | Annotated[RestoreResult, Tag("restore")]
+    | Annotated[RestoreResult, Tag("migrate restored")] | Annotated[RestoreResult, Tag("migrate cold-start")]
+    | Annotated[LiveMigrateResult, Tag("migrate live")] | Annotated[MoveResult, Tag("move")]
+    | Annotated[StartResult, Tag("start")] | Annotated[DrainResult, Tag("drain")]
+    | Annotated[ResumeResult, Tag("resume")] | Annotated[StopResult, Tag("stop")]
+    | Annotated[RestartResult, Tag("restart")] | Annotated[RebalanceResult, Tag("rebalance")],
+    Discriminator(_tag)]
 
 
 class RebalancePreview(_Result):
