@@ -13,6 +13,7 @@ import dataclasses
 import time
 
 from fleetctl.domain import EventKind, WorkerState
+from fleetctl.engine.fleet import placement
 from fleetctl.engine.fleet.errors import MoveFailed, OperationFailed
 from fleetctl.engine.fleet.ops.evacuate import evacuate
 from fleetctl.engine.fleet.ops.record import Operation
@@ -83,11 +84,7 @@ class LiveMigration:
         link.worker_id = view.worker_id = wid
         state.links[wid], state.views[wid] = link, view
         state.specs[wid] = dataclasses.replace(spec, worker_id=wid)
-        for req in state.requests.values():
-            if req.decode_worker == standby_id:
-                req.decode_worker = wid
-            if req.prefill_worker == standby_id:
-                req.prefill_worker = wid
+        placement.rename(list(state.requests.values()), standby_id, wid)
         link.send(m.Rename(wid))
         if state.recorder:
             state.recorder.worker_started(view)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from fleetctl.domain import EventKind, WorkerRole, WorkerState
 from fleetctl.engine.core.block_allocator import blocks_for
+from fleetctl.engine.fleet import placement
 from fleetctl.engine.fleet.errors import MoveFailed, OperationRefused
 from fleetctl.engine.fleet.ops.moves_in_flight import SessionMove
 from fleetctl.engine.fleet.ops.record import Operation, OpKind
@@ -181,8 +182,7 @@ class SessionMoves:
         """The stream was re-pointed to a destination that then refused the session (its source had died):
         recomputed from its tokens. A destination that died has its sessions recomputed by recovery."""
         if move.committed and not move.taken and not move.req.done and not self.state.views[move.dest].gone:
-            move.req.decode_worker = None
-            self.state.views[move.dest].requests.discard(move.req.request_id)
+            placement.release(move.req, self.state.views[move.dest])
             self.recompute(move.req, self.state.views[move.dest].role)
 
     async def _downtime(self, move: SessionMove) -> float | None:
@@ -249,12 +249,7 @@ class SessionMoves:
         if req.done or req.holder() != move.source:  # ended, or recomputed elsewhere meanwhile
             self.state.send(move.dest, m.Abort(req.request_id))
             return
-        if req.decode_worker == move.source:
-            req.decode_worker = move.dest
-        else:
-            req.prefill_worker = move.dest  # a mixed worker's session
-        views[move.source].requests.discard(req.request_id)
-        views[move.dest].requests.add(req.request_id)
+        placement.move(req, views[move.source], views[move.dest])
         move.committed = True
         self._first_tokens[req.request_id] = move
 
