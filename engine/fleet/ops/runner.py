@@ -1,8 +1,8 @@
-"""What every kind of operation shares: running it as a task whose expected failures (FleetError,
-CheckpointError, TimeoutError) end it with their message and any other exception is logged with its
-traceback as an internal error; one operation per worker at a time, the device a new process starts on reserved
-until the operation ends, waiting on worker messages, and starting a worker process (a new worker, or
-the standby of a restore or a migration). The kinds themselves live beside it in `ops/`."""
+"""What every kind of operation shares: running it as a task (its expected failures — FleetError,
+CheckpointError, TimeoutError — end it with their message; anything else is a bug, logged with its
+traceback and reported as an internal error), one operation per worker at a time, the device a new process
+starts on reserved until the operation ends, waiting on worker messages (`Awaited`), and starting a worker
+process (a new worker, or the standby of a restore or a migration). The kinds live beside it in `ops/`."""
 
 import asyncio
 import dataclasses
