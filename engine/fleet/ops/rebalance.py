@@ -75,11 +75,11 @@ class Rebalancer:
 
     def start(self, split: str | Split, force: bool) -> Operation:
         target = self._parse(split) if isinstance(split, str) else split
-        moves = self.role_changes(target, force)
-        if not moves:
+        changes = self.role_changes(target, force)
+        if not changes:
             raise OperationRefused(409, f"the fleet is already at split {target.label}")
         op = Operation(OpKind.REBALANCE, FLEET)
-        return self.runner.launch(op, self._run(op, target, moves, _evacuation(force)))
+        return self.runner.launch(op, self._run(op, target, changes, _evacuation(force)))
 
     @staticmethod
     def _parse(split: str) -> Split:

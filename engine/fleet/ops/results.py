@@ -49,7 +49,7 @@ class RestoreResult(_Result):
     downtime_s: float
     checkpoint: str
     restore_s: float
-    checkpoint_s: float | None = None  # a migration: writing the checkpoint
+    checkpoint_s: float | None = Field(default=None, exclude_if=lambda s: s is None)  # a migration: its writing
 
     def describe(self) -> str:
         mode = self.mode + (f" ({self.reason})" if self.reason else "")
