@@ -6,25 +6,10 @@ import time
 
 from fleetctl.domain import EventKind
 from fleetctl.engine.fleet.dispatch import Dispatcher
+from fleetctl.engine.fleet.errors import FleetBusy, FleetClosing, NoWorkers, RequestIdInUse
 from fleetctl.engine.fleet.state import FleetState
 
 BUSY_EVENT_S = 5.0
-
-
-class FleetBusy(RuntimeError):
-    """The fleet is at capacity (HTTP 429)."""
-
-
-class NoWorkers(RuntimeError):
-    """No live worker is left for a role the request needs (HTTP 503)."""
-
-
-class FleetClosing(NoWorkers):
-    """The fleet is shutting down and admits no new request (HTTP 503)."""
-
-
-class RequestIdInUse(ValueError):
-    """A client-chosen request id that a request in flight already has (HTTP 400)."""
 
 
 class Admission:

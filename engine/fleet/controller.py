@@ -1,8 +1,9 @@
 """The fleet controller: starts workers, admits requests and streams their tokens back, and routes
 every worker message to the part that handles it — dispatch (prompts, endings), token streams, handoff
-routing, recovery, the watchdog and the supervisor (hung and dead workers), operations (checkpoint /
-restore / migrate, and the pool changes start / drain / resume / stop). It holds no tensors and imports
-no torch; it runs on one asyncio loop, with a reader and a writer thread per worker pipe."""
+routing, recovery, the watchdog and the supervisor (hung and dead workers), operations (`ops/`: checkpoint,
+restore, migrate, session moves, the pool changes start / drain / resume / stop, rebalance). It is the one
+face the server sees: the routes call its methods, never its parts. It holds no tensors and imports no
+torch; it runs on one asyncio loop, with a reader and a writer thread per worker pipe."""
 
 import asyncio
 import logging
@@ -17,26 +18,32 @@ from fleetctl.engine.core.output import TextStream
 from fleetctl.engine.core.prompt import check_prompt
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.admission import Admission
-from fleetctl.engine.fleet.autoplan import Autoplanner
 from fleetctl.engine.fleet.config import FleetConfig, worker_specs
 from fleetctl.engine.fleet.dispatch import Dispatcher
+from fleetctl.engine.fleet.errors import FleetStartFailed
 from fleetctl.engine.fleet.handoff import HandoffRouting
-from fleetctl.engine.fleet.lifecycle import WorkerLifecycle
-from fleetctl.engine.fleet.live_migrate import LiveMigration
-from fleetctl.engine.fleet.operation import OperationRunner
-from fleetctl.engine.fleet.operations import CheckpointOperations
-from fleetctl.engine.fleet.rebalance import Rebalancer
+from fleetctl.engine.fleet.ops.autoplan import Autoplanner
+from fleetctl.engine.fleet.ops.checkpoint import DEFAULT_HOLD_S, Checkpoints
+from fleetctl.engine.fleet.ops.lifecycle import WorkerLifecycle
+from fleetctl.engine.fleet.ops.migrate import Migrations
+from fleetctl.engine.fleet.ops.migrate_live import LiveMigration
+from fleetctl.engine.fleet.ops.moves_in_flight import MovesInFlight
+from fleetctl.engine.fleet.ops.rebalance import Rebalancer
+from fleetctl.engine.fleet.ops.record import Operation
+from fleetctl.engine.fleet.ops.restore import Restores
+from fleetctl.engine.fleet.ops.results import RebalancePreview
+from fleetctl.engine.fleet.ops.runner import Awaited, OperationRunner
+from fleetctl.engine.fleet.ops.session_move import SessionMoves
 from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.recovery import Recovery
 from fleetctl.engine.fleet.request import StreamEvent, TrackedRequest
-from fleetctl.engine.fleet.router import WorkerView
-from fleetctl.engine.fleet.session_move import SessionMoves
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.fleet.stats import FleetStats
 from fleetctl.engine.fleet.supervisor import Supervisor
 from fleetctl.engine.fleet.tokens import TokenStreams
 from fleetctl.engine.fleet.watchdog import Watchdog
 from fleetctl.engine.fleet.worker_link import WorkerLink
+from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.tokenizer import Tokenizer
 from fleetctl.engine.worker import protocol as m
@@ -67,10 +74,14 @@ class Fleet:
         self.tokens = TokenStreams(self.state, self.dispatcher)
         self.handoffs = HandoffRouting(self.state, self.dispatcher)
         self.recovery = Recovery(self.state, self.dispatcher, self.handoffs)
-        self.operations = OperationRunner(self.state, self)
+        self.operations = OperationRunner(self.state, self, MovesInFlight())
         self.moves = SessionMoves(self.operations, self.dispatcher.recompute)
-        self.checkpoints = CheckpointOperations(self.operations, LiveMigration(self.operations, self.moves))
+        self.checkpoints = Checkpoints(self.operations)
+        self.restores = Restores(self.operations, self.checkpoints)
+        self.migrations = Migrations(self.operations, self.checkpoints, self.restores,
+                                     LiveMigration(self.operations, self.moves))
         self.lifecycle = WorkerLifecycle(self.operations, self.moves)
+        self.rebalancer = Rebalancer(self.operations, self.lifecycle)
         self.supervisor = Supervisor(self.operations, self.dispatcher.fail_stranded)
         self.watchdog = Watchdog(self.state)
         self._launcher = launcher or LocalLauncher()
@@ -95,7 +106,7 @@ class Fleet:
             try:
                 self.check_device(spec.device)
             except DeviceError as exc:
-                raise RuntimeError(f"{spec.worker_id}: {exc}") from None
+                raise FleetStartFailed(f"{spec.worker_id}: {exc}") from None
         for wid, spec in self.state.specs.items():
             link = self.launch(spec)
             self.state.links[wid] = link
@@ -103,16 +114,16 @@ class Fleet:
         deadline = time.monotonic() + self.config.ready_timeout_s
         while any(v.state is WorkerState.STARTING for v in self.views.values()):
             if time.monotonic() > deadline:
-                raise RuntimeError("workers did not become ready in time")
+                raise FleetStartFailed("workers did not become ready in time")
             await asyncio.sleep(0.05)
         dead = [f"{v.worker_id} ({v.last_error or 'exited'})" for v in self.views.values()
                 if v.state is WorkerState.FAILED]
         if dead:
             await self.stop()
-            raise RuntimeError(f"workers failed to start: {'; '.join(dead)}")
+            raise FleetStartFailed(f"workers failed to start: {'; '.join(dead)}")
         self._tasks = [asyncio.create_task(self._tick()), asyncio.create_task(self.watchdog.run())]
         if self.config.autoplan:
-            autoplan = Autoplanner(self.state, Rebalancer(self.operations, self.lifecycle), self.config.autoplan)
+            autoplan = Autoplanner(self.state, self.rebalancer, self.config.autoplan)
             self._tasks.append(asyncio.create_task(autoplan.run()))
 
     async def _tick(self) -> None:
@@ -160,7 +171,52 @@ class Fleet:
                     recorder.worker_stopped(view, WorkerState.STOPPED)
             recorder.close()
 
-    # ---- what operations ask of the controller (operation.WorkerHost) -------------------------
+    @property
+    def closing(self) -> bool:
+        """Shutting down: no new request is admitted."""
+        return self.state.closing
+
+    @property
+    def in_flight(self) -> int:
+        """Requests accepted and not yet ended."""
+        return len(self.state.requests)
+
+    # ---- operations: each validated at once (raises OperationRefused), then run (poll `operation`) ----
+
+    def operation(self, op_id: str) -> Operation:
+        return self.operations.get(op_id)
+
+    def start_worker(self, role: str, device: str) -> Operation:
+        return self.lifecycle.start(role, device)
+
+    def drain_worker(self, worker_id: str, move: bool = False) -> Operation:
+        return self.lifecycle.drain(worker_id, move)
+
+    def resume_worker(self, worker_id: str) -> Operation:
+        return self.lifecycle.resume(worker_id)
+
+    def stop_worker(self, worker_id: str, force: bool = False) -> Operation:
+        return self.lifecycle.stop(worker_id, force)
+
+    def checkpoint(self, worker_id: str, hold_s: float = DEFAULT_HOLD_S) -> Operation:
+        return self.checkpoints.checkpoint(worker_id, hold_s)
+
+    def migrate(self, worker_id: str, to: str, via_checkpoint: bool = False) -> Operation:
+        return self.migrations.migrate(worker_id, to, via_checkpoint)
+
+    async def restore(self, checkpoint: str, device: str, force: bool = False) -> Operation:
+        return await self.restores.restore(checkpoint, device, force)
+
+    def move_session(self, request_id: str, to: str) -> Operation:
+        return self.moves.move(request_id, to)
+
+    def rebalance_preview(self, split: str, force: bool = False) -> RebalancePreview:
+        return self.rebalancer.preview(split, force)
+
+    def rebalance(self, split: str, force: bool = False) -> Operation:
+        return self.rebalancer.start(split, force)
+
+    # ---- what operations ask of the controller (runner.WorkerHost) ----------------------------
 
     def check_device(self, device: str) -> None:
         self._launcher.check_device(device)
@@ -249,7 +305,7 @@ class Fleet:
             self.watchdog.heard(link.worker_id)
             self._on_message(link.worker_id, msg)
         elif isinstance(msg, m.Restored | m.RestoreFailed):
-            self.checkpoints.on_restore_message(link, msg)
+            self.restores.on_restore_message(link, msg)
         else:
             self.operations.on_foreign_message(link, msg)
 
@@ -261,7 +317,7 @@ class Fleet:
         if link.exit_cause is not None:  # its placement's word (Ray: the actor died, or its node was lost)
             view = self.views[wid]
             view.last_error, view.node_lost = view.last_error or link.exit_cause.reason, link.exit_cause.node_lost
-        self.operations.resolve(wid, "checkpoint", m.CheckpointFailed("the worker exited"))
+        self.operations.resolve(wid, Awaited.CHECKPOINT, m.CheckpointFailed("the worker exited"))
         self.moves.on_worker_exit(wid)  # before recovery: a session past its final stage goes on at its destination
         if self.recovery.on_worker_exit(wid):
             self.supervisor.on_failure(wid)  # first: requests for its role may wait for the restart
@@ -272,7 +328,7 @@ class Fleet:
     def _sweep_buffers_of(self, pid: int | None) -> None:
         """A dead worker's KV buffers that no request will read (published, but never announced)."""
         wanted = {req.handle.location for req in self.state.requests.values() if req.handle is not None}
-        wanted |= self.moves.buffers()
+        wanted |= self.operations.moves.buffers()
         sweep(self.config.shm_dir, lambda buffer: buffer.fleet_pid == os.getpid() and buffer.producer_pid == pid
               and str(buffer.path) not in wanted)
 
@@ -300,12 +356,12 @@ class Fleet:
                 if self.state.recorder:
                     self.state.recorder.on_step(view, msg)
                 if msg.tokens:
-                    self.checkpoints.on_progress(wid)
+                    self.restores.on_progress(wid)
                     self.moves.on_step(wid, msg)
                 self.tokens.on_step(wid, msg)
                 self.handoffs.dispatch()
             case m.Prefilled():
-                self.checkpoints.on_progress(wid)  # a restored prefill worker re-publishes, without tokens
+                self.restores.on_progress(wid)  # a restored prefill worker re-publishes, without tokens
                 self.handoffs.on_prefilled(wid, msg)
             case m.Adopted():
                 self.handoffs.on_adopted(wid, msg)

@@ -8,9 +8,11 @@ from collections import deque
 
 from fleetctl.domain import WorkerRole
 from fleetctl.engine.core.block_hash import chain_hashes
+from fleetctl.engine.fleet import placement
 from fleetctl.engine.fleet.request import RequestStage, StreamEvent, TrackedRequest
-from fleetctl.engine.fleet.router import CachedTokens, WorkerView
+from fleetctl.engine.fleet.router import CachedTokens
 from fleetctl.engine.fleet.state import FleetState
+from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.worker import protocol as m
 
 
@@ -62,17 +64,15 @@ class Dispatcher:
 
     def run_on(self, req: TrackedRequest, view: WorkerView) -> None:
         """Prefill `req` (prompt and any output so far) on `view`'s worker."""
-        req.stage = RequestStage.PREFILL
-        req.prefill_worker = view.worker_id
+        placement.place_prefill(req, view)
         self._send_run(req, view, cached_tokens(req))
 
     def _run_on_decode(self, req: TrackedRequest, view: WorkerView, cached: CachedTokens) -> None:
         """Prefill and decode `req` on decode worker `view` (a recompute, or a local prefill): no handoff."""
-        req.stage, req.decode_worker = RequestStage.DECODE, view.worker_id
+        placement.place_decode(req, view)
         self._send_run(req, view, cached)
 
     def _send_run(self, req: TrackedRequest, view: WorkerView, cached: CachedTokens) -> None:
-        view.requests.add(req.request_id)
         view.prefilling[req.request_id] = max(1, _num_tokens(req) - cached(view))
         self.state.send(view.worker_id, _run_request(req))
 
@@ -92,7 +92,7 @@ class Dispatcher:
                 why = state.lost_nodes_note(role)
                 self.abandon(req, f"no {role.value} worker is left to continue this request{why}")
             else:
-                req.stage = RequestStage.QUEUED
+                placement.requeue(req)
                 state.queued.appendleft(req)
             return
         if role is not WorkerRole.DECODE:
@@ -170,7 +170,7 @@ class Dispatcher:
         """The KV the prefill worker published for `req` is no longer needed: free it there."""
         views = self.state.views
         if req.prefill_worker is not None:
-            views[req.prefill_worker].requests.discard(req.request_id)
+            placement.release(req, views[req.prefill_worker])
             if views[req.prefill_worker].gone and req.handle is not None:
                 req.handle.unlink()  # its producer is gone: clean up its shared buffer here
             else:
@@ -183,7 +183,7 @@ class Dispatcher:
         for wid in {req.prefill_worker, req.decode_worker} - {None}:
             if not views[wid].gone and req.request_id in views[wid].requests:
                 self.state.send(wid, m.Abort(req.request_id))
-            views[wid].requests.discard(req.request_id)
+            placement.forget(views[wid], req.request_id)
         if req.handle is not None and views[req.prefill_worker].gone:
             req.handle.unlink()
         req.handle = None

@@ -6,6 +6,7 @@ import time
 
 from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.block_allocator import blocks_for
+from fleetctl.engine.fleet import placement
 from fleetctl.engine.fleet.dispatch import Dispatcher, cached_tokens
 from fleetctl.engine.fleet.request import RequestStage, TrackedRequest
 from fleetctl.engine.fleet.state import FleetState
@@ -31,8 +32,7 @@ class HandoffRouting:
                 state.pending_handoffs.append(req)
                 continue
             view.free_blocks -= blocks_for(tokens, view.block_size)  # reserved until the worker reports again
-            view.requests.add(req.request_id)
-            req.decode_worker = view.worker_id
+            placement.hand_over(req, view)
             req.times.handoff_start = req.times.handoff_start or time.time()
             state.send(view.worker_id, m.Adopt(req.request_id, req.prompt_token_ids, list(req.output_token_ids),
                                                req.params, req.seed, req.handle))
@@ -57,7 +57,7 @@ class HandoffRouting:
         if req is None or req.done or req.decode_worker != wid:  # ended, or re-routed off a stopping worker
             self.state.send(wid, m.Abort(msg.request_id))
             return
-        req.stage = RequestStage.DECODE
+        placement.adopted(req)
         req.times.handoff_end = time.time()
         req.times.handoff_bytes += msg.nbytes
         req.times.handoff_seconds += msg.seconds
@@ -72,10 +72,10 @@ class HandoffRouting:
     def on_adopt_failed(self, wid: str, msg: m.AdoptFailed) -> None:
         req = self.state.requests.get(msg.request_id)
         view = self.state.views[wid]
-        view.requests.discard(msg.request_id)
         if req is None or req.done or req.decode_worker != wid:
+            placement.forget(view, msg.request_id)
             return
-        req.decode_worker = None
+        placement.release(req, view)
         if msg.retryable and not self._kv_removed_by_its_producer(req):
             view.free_blocks = 0  # full until it reports again
             self.state.pending_handoffs.append(req)

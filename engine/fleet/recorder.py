@@ -5,7 +5,7 @@ import time
 
 from fleetctl.domain import EventKind, RequestOutcome, WorkerState
 from fleetctl.engine.fleet.request import TrackedRequest
-from fleetctl.engine.fleet.router import WorkerView
+from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.metrics.gpu_sampler import GpuSampler
 from fleetctl.engine.worker.protocol import StepReport
 from fleetctl.store.aggregate import StepAggregator, StepRecord

@@ -12,6 +12,7 @@ killing workers fails alone and the innocents it was batched with the first time
 import logging
 
 from fleetctl.domain import WorkerRole, WorkerState
+from fleetctl.engine.fleet import placement
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.handoff import HandoffRouting
 from fleetctl.engine.fleet.request import RequestStage, TrackedRequest
@@ -60,7 +61,7 @@ class Recovery:
     def on_request_failed(self, wid: str, msg: m.RequestFailed) -> None:
         """`wid` dropped a request: invalid (its client gets the message), or it raised there (retried)."""
         req = self.state.requests.get(msg.request_id)
-        self.state.views[wid].requests.discard(msg.request_id)
+        placement.forget(self.state.views[wid], msg.request_id)  # it dropped it
         if req is None or req.done or not _held_by(req, wid):
             return  # a stale copy: the request lives elsewhere now
         if not msg.retry:
@@ -78,7 +79,7 @@ class Recovery:
         view = self.state.views[wid]
         for rid in list(view.requests):
             req = self.state.requests.get(rid)
-            view.requests.discard(rid)
+            placement.forget(view, rid)  # it holds nothing more; what goes on elsewhere is released in _continue
             if req is None or req.done:
                 continue
             if failed and req.computed_by() == wid:
@@ -105,7 +106,7 @@ class Recovery:
         """`wid` no longer holds `req`: send it where it can go on."""
         role = self.state.views[wid].role
         if req.decode_worker == wid:  # decoding here, or its handoff was on the way here
-            req.decode_worker = None
+            placement.release(req, self.state.views[wid])
             if req.stage is RequestStage.HANDOFF and req.handle is not None:
                 self.state.pending_handoffs.append(req)
             else:

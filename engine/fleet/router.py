@@ -13,64 +13,17 @@ that saw its system prompt first, so each pick weighs it against load:
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fleetctl.domain import WorkerRole, WorkerState
-from fleetctl.engine.core.block_allocator import BLOCK_SIZE, blocks_for
-from fleetctl.engine.worker.prefix_summary import PrefixIndex
+from fleetctl.engine.core.block_allocator import blocks_for
+from fleetctl.engine.fleet.worker_view import WorkerView
 
-CachedTokens = Callable[["WorkerView"], int]  # leading tokens of one request a worker caches
+CachedTokens = Callable[[WorkerView], int]  # leading tokens of one request a worker caches
 
 
-def _nothing_cached(_: "WorkerView") -> int:
+def _nothing_cached(_: WorkerView) -> int:
     return 0
-
-
-@dataclass
-class WorkerView:
-    """The controller's picture of one worker, from its reports."""
-
-    worker_id: str
-    role: WorkerRole
-    device: str
-    state: WorkerState = WorkerState.STARTING
-    node: str = ""  # the Ray node its process runs on ("" on this machine)
-    node_lost: bool = False  # its process ended because the Ray cluster lost that node
-    pid: int | None = None
-    num_kv_blocks: int = 0
-    block_size: int = BLOCK_SIZE
-    free_blocks: int = 0
-    running: int = 0
-    waiting: int = 0
-    requests: set[str] = field(default_factory=set)  # request ids this worker holds
-    device_name: str = ""
-    peak_flops: float = 0.0
-    peak_bytes_per_s: float = 0.0
-    last_error: str = ""  # why the worker's last process exited, in its own words
-    last_heard: float = 0.0  # time.monotonic() of its last message (the watchdog's clock)
-    prefix: PrefixIndex = field(default_factory=PrefixIndex)  # what its prefix cache holds, as last reported
-    prefilling: dict[str, int] = field(default_factory=dict)  # request id -> tokens routed here to prefill
-
-    def prefill_backlog(self) -> int:
-        """Tokens routed here to prefill that it still holds: the work ahead of a new prompt. Entries of
-        requests it no longer holds are dropped here, whatever path they left by."""
-        for rid in [rid for rid in self.prefilling if rid not in self.requests]:
-            del self.prefilling[rid]
-        return sum(self.prefilling.values())
-
-    @property
-    def accepting(self) -> bool:
-        return self.state is WorkerState.RUNNING
-
-    @property
-    def gone(self) -> bool:
-        """Its process exited or is shutting down: nothing more is sent to it, and the KV it published
-        is the controller's to clean up."""
-        return self.state in (WorkerState.FAILED, WorkerState.STOPPED)
-
-    @property
-    def kv_usage(self) -> float:
-        return 1 - self.free_blocks / self.num_kv_blocks if self.num_kv_blocks else 0.0
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ from fleetctl.domain import EventKind, WorkerRole, WorkerState
 from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.request import TrackedRequest
-from fleetctl.engine.fleet.router import Router, WorkerView
+from fleetctl.engine.fleet.router import Router
 from fleetctl.engine.fleet.stats import FleetStats
 from fleetctl.engine.fleet.worker_link import WorkerLink
+from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.worker.spec import WorkerSpec
 
 

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fleetctl.domain import Phase, WorkerRole
 from fleetctl.engine.fleet.request import TrackedRequest
-from fleetctl.engine.fleet.router import WorkerView
+from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.worker.protocol import StepReport
 
 BUSY_WINDOW_S = 5.0

@@ -12,7 +12,11 @@ from collections import deque
 from collections.abc import Callable
 
 from fleetctl.domain import EventKind, WorkerState
-from fleetctl.engine.fleet.operation import Operation, OperationError, OperationRunner, OpKind
+from fleetctl.engine.fleet.errors import OperationFailed, OperationRefused
+from fleetctl.engine.fleet.ops.record import Operation, OpKind
+from fleetctl.engine.fleet.ops.results import RestartResult
+from fleetctl.engine.fleet.ops.runner import OperationRunner
+from fleetctl.engine.fleet.ops.stages import RestartStage
 from fleetctl.engine.fleet.state import FleetState
 
 log = logging.getLogger(__name__)
@@ -65,18 +69,18 @@ class Supervisor:
             return
         try:
             self.runner.check_device(view.device, exclude=worker_id)
-        except OperationError as exc:
+        except OperationRefused as exc:
             self._give_up(worker_id, f"{worker_id} cannot restart on {view.device}: {exc}")
             return
         op = Operation(OpKind.RESTART, worker_id, device=view.device)
-        op.stage = f"restarting (crash {attempt} in {self.policy.crash_window_s:g} s, after {delay:g} s)"
+        op.at(RestartStage.BACKING_OFF, f"crash {attempt} in {self.policy.crash_window_s:g} s, after {delay:g} s")
         self.runner.launch(op, self._restart(op, delay, attempt))
 
-    async def _restart(self, op: Operation, delay: float, attempt: int) -> dict:
+    async def _restart(self, op: Operation, delay: float, attempt: int) -> RestartResult:
         view = self.state.views[op.worker_id]
         try:
-            link = await self.runner.start_process(op, view.role, view.device, "starting process")
-        except RuntimeError:
+            link = await self.runner.start_process(op, view.role, view.device, RestartStage.STARTING_PROCESS)
+        except OperationFailed:
             self.state.restarting.pop(op.worker_id, None)
             self.on_failure(op.worker_id)  # a restart that does not start counts as a crash
             raise
@@ -85,7 +89,7 @@ class Supervisor:
         details = {"device": view.device, "pid": link.pid, "attempt": attempt, "backoff_s": delay}
         self.state.record_event(EventKind.RESTART, op.worker_id, details)
         log.warning("worker %s restarted on %s (pid %s) after %g s", op.worker_id, view.device, link.pid, delay)
-        return {"worker": op.worker_id, **details}
+        return RestartResult(worker=op.worker_id, device=view.device, pid=link.pid, attempt=attempt, backoff_s=delay)
 
     def _give_up(self, worker_id: str, why: str) -> None:
         self.state.restarting.pop(worker_id, None)

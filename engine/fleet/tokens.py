@@ -6,6 +6,7 @@ it (a session continued elsewhere, or cancelled) is dropped and that copy aborte
 import time
 
 from fleetctl.domain import Phase, WorkerRole
+from fleetctl.engine.fleet import placement
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.request import RequestStage, StreamEvent
 from fleetctl.engine.fleet.state import FleetState
@@ -63,11 +64,11 @@ class TokenStreams:
             self.dispatcher.release_everywhere(req)
             self.dispatcher.finish(req, "stop", StreamEvent(event.token_id, delta, "stop", logprobs=event.logprobs))
         elif event.finished:
-            self.state.views[wid].requests.discard(req.request_id)
+            placement.forget(self.state.views[wid], req.request_id)  # it ends here
             reason = event.finish_reason or "stop"
             self.dispatcher.finish(req, reason, StreamEvent(event.token_id, delta + req.stream.flush(), reason,
                                                             logprobs=event.logprobs))
         else:
             if req.stage is RequestStage.PREFILL and self.state.views[wid].role is WorkerRole.PREFILL:
-                req.stage = RequestStage.HANDOFF
+                placement.prefilled(req)
             req.events.put_nowait(StreamEvent(token_id=event.token_id, text=delta, logprobs=event.logprobs))

@@ -1,2 +1,2 @@
 """The HTTP face of one fleet: the FastAPI app, OpenAI-compatible routes, /fleet/* routes, admin auth and
-status JSON. Imports no torch. May import fleet and below."""
+the typed /fleet/* contract (`schemas`). Imports no torch. May import fleet and below."""

@@ -12,6 +12,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.fleet.errors import FleetError
 from fleetctl.engine.server.errors import APIError, api_error, invalid_request, too_large
 from fleetctl.engine.server.fleet_routes import fleet_router
 from fleetctl.engine.server.guard import BodyTooLarge, FleetGuard
@@ -28,7 +29,7 @@ def create_app(fleet: Fleet, admin_token: str | None, bound_host: str = "127.0.0
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             await fleet.start()
-        except RuntimeError as exc:  # kept for `serve` to report in one line (uvicorn only logs it)
+        except FleetError as exc:  # kept for `serve` to report in one line (uvicorn only logs it)
             app.state.startup_error = str(exc)
             raise
         yield
@@ -47,7 +48,7 @@ def create_app(fleet: Fleet, admin_token: str | None, bound_host: str = "127.0.0
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if fleet.state.closing:
+        if fleet.closing:
             return JSONResponse({"status": "shutting down"}, 503)
         ok = all(fleet.has_role(role) for role in fleet.config.roles)
         return JSONResponse({"status": "ok" if ok else "degraded"}, 200 if ok else 503)

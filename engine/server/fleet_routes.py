@@ -8,16 +8,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, Field
 
-from fleetctl.engine.fleet.checkpoint_catalog import catalog
 from fleetctl.engine.fleet.controller import Fleet
-from fleetctl.engine.fleet.operation import Operation, OperationError
-from fleetctl.engine.fleet.operations import DEFAULT_HOLD_S
+from fleetctl.engine.fleet.errors import OperationRefused
+from fleetctl.engine.fleet.ops.checkpoint import DEFAULT_HOLD_S
+from fleetctl.engine.fleet.ops.checkpoint_catalog import catalog
+from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.server.errors import APIError
 from fleetctl.engine.server.plan_routes import plan_router
+from fleetctl.engine.server.schemas import (
+    CheckpointList,
+    FleetHistory,
+    FleetStatus,
+    OperationInfo,
+    RecentRequests,
+    WorkerList,
+    WorkerSessions,
+    operation_info,
+)
 from fleetctl.engine.server.status import fleet_status, workers_status
 from fleetctl.store.db import open_db
 from fleetctl.store.history import HistoryError, history
@@ -57,93 +67,100 @@ class StopBody(BaseModel):
     force: bool = False
 
 
-def _operation_error(exc: OperationError) -> APIError:
+def refused(exc: OperationRefused) -> APIError:
     kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
     return APIError(exc.status, str(exc), kind)
+
+
+def accepted(op: Operation, response: Response) -> OperationInfo:
+    """202: the operation started; poll its Location."""
+    response.headers["Location"] = f"/fleet/operations/{op.id}"
+    return operation_info(op)
 
 
 def fleet_router(fleet: Fleet) -> APIRouter:
     router = APIRouter(prefix="/fleet")
 
-    def start(operation: Callable[[], Operation]) -> JSONResponse:
+    def start(operation: Callable[[], Operation], response: Response) -> OperationInfo:
         try:
             op = operation()
-        except OperationError as exc:
-            raise _operation_error(exc) from None
-        return JSONResponse(op.as_json(), 202, headers={"Location": f"/fleet/operations/{op.id}"})
+        except OperationRefused as exc:
+            raise refused(exc) from None
+        return accepted(op, response)
 
     @router.get("/status")
-    async def status() -> dict:
-        return fleet_status(fleet)
+    async def status() -> FleetStatus:
+        return FleetStatus.model_validate(fleet_status(fleet))
 
     @router.get("/workers")
-    async def workers() -> dict:
-        return {"workers": workers_status(fleet)}
+    async def workers() -> WorkerList:
+        return WorkerList.model_validate({"workers": workers_status(fleet)})
 
     @router.get("/workers/{worker_id}/sessions")
-    async def sessions(worker_id: str) -> dict:
+    async def sessions(worker_id: str) -> WorkerSessions:
         if worker_id not in fleet.views:
             raise APIError(404, f"unknown worker {worker_id!r}", "not_found_error")
-        return {"worker": worker_id, "sessions": fleet.sessions(worker_id)}
+        return WorkerSessions.model_validate({"worker": worker_id, "sessions": fleet.sessions(worker_id)})
 
-    @router.post("/workers")
-    async def start_worker(body: StartBody) -> JSONResponse:
-        return start(lambda: fleet.lifecycle.start(body.role, body.device))
+    @router.post("/workers", status_code=202)
+    async def start_worker(body: StartBody, response: Response) -> OperationInfo:
+        return start(lambda: fleet.start_worker(body.role, body.device), response)
 
-    @router.post("/workers/{worker_id}/drain")
-    async def drain(worker_id: str, body: DrainBody | None = None) -> JSONResponse:
-        return start(lambda: fleet.lifecycle.drain(worker_id, body.move if body else False))
+    @router.post("/workers/{worker_id}/drain", status_code=202)
+    async def drain(worker_id: str, response: Response, body: DrainBody | None = None) -> OperationInfo:
+        return start(lambda: fleet.drain_worker(worker_id, body.move if body else False), response)
 
-    @router.post("/workers/{worker_id}/resume")
-    async def resume(worker_id: str) -> JSONResponse:
-        return start(lambda: fleet.lifecycle.resume(worker_id))
+    @router.post("/workers/{worker_id}/resume", status_code=202)
+    async def resume(worker_id: str, response: Response) -> OperationInfo:
+        return start(lambda: fleet.resume_worker(worker_id), response)
 
-    @router.post("/workers/{worker_id}/stop")
-    async def stop(worker_id: str, body: StopBody | None = None) -> JSONResponse:
+    @router.post("/workers/{worker_id}/stop", status_code=202)
+    async def stop(worker_id: str, response: Response, body: StopBody | None = None) -> OperationInfo:
         force = body.force if body else False
-        return start(lambda: fleet.lifecycle.stop(worker_id, force))
+        return start(lambda: fleet.stop_worker(worker_id, force), response)
 
-    @router.post("/workers/{worker_id}/checkpoint")
-    async def checkpoint(worker_id: str, body: CheckpointBody | None = None) -> JSONResponse:
+    @router.post("/workers/{worker_id}/checkpoint", status_code=202)
+    async def checkpoint(worker_id: str, response: Response, body: CheckpointBody | None = None) -> OperationInfo:
         hold = body.hold_s if body else DEFAULT_HOLD_S
-        return start(lambda: fleet.checkpoints.checkpoint(worker_id, hold))
+        return start(lambda: fleet.checkpoint(worker_id, hold), response)
 
-    @router.post("/workers/{worker_id}/migrate")
-    async def migrate(worker_id: str, body: MigrateBody) -> JSONResponse:
-        return start(lambda: fleet.checkpoints.migrate(worker_id, body.to, body.via == "checkpoint"))
+    @router.post("/workers/{worker_id}/migrate", status_code=202)
+    async def migrate(worker_id: str, body: MigrateBody, response: Response) -> OperationInfo:
+        return start(lambda: fleet.migrate(worker_id, body.to, body.via == "checkpoint"), response)
 
-    @router.post("/restore")
-    async def restore(body: RestoreBody) -> JSONResponse:
+    @router.post("/restore", status_code=202)
+    async def restore(body: RestoreBody, response: Response) -> OperationInfo:
         try:
-            op = await fleet.checkpoints.restore(body.checkpoint, body.device, body.force)
-        except OperationError as exc:
-            raise _operation_error(exc) from None
-        return start(lambda: op)
+            op = await fleet.restore(body.checkpoint, body.device, body.force)
+        except OperationRefused as exc:
+            raise refused(exc) from None
+        return accepted(op, response)
 
     @router.get("/checkpoints")
-    async def checkpoints() -> dict:
-        return {"checkpoints": await asyncio.to_thread(catalog)}  # verifies (hashes) every checkpoint
+    async def checkpoints() -> CheckpointList:
+        rows = await asyncio.to_thread(catalog)  # verifies (hashes) every checkpoint
+        return CheckpointList.model_validate({"checkpoints": rows})
 
     @router.get("/operations/{op_id}")
-    async def get_operation(op_id: str) -> dict:
+    async def get_operation(op_id: str) -> OperationInfo:
         try:
-            return fleet.operations.get(op_id).as_json()
-        except OperationError as exc:
-            raise _operation_error(exc) from None
+            return operation_info(fleet.operation(op_id))
+        except OperationRefused as exc:
+            raise refused(exc) from None
 
     @router.get("/requests")
-    async def recent_requests(limit: int = Query(default=100, ge=0, le=10_000)) -> dict:
+    async def recent_requests(limit: int = Query(default=100, ge=0, le=10_000)) -> RecentRequests:
         """Timing breakdowns of the most recently finished requests (newest last)."""
         records = list(fleet.stats.records)
-        return {"requests": records[-limit:] if limit else []}
+        return RecentRequests.model_validate({"requests": records[-limit:] if limit else []})
 
-    @router.post("/requests/{request_id}/move")
-    async def move(request_id: str, body: MoveBody) -> JSONResponse:
-        return start(lambda: fleet.moves.move(request_id, body.to))
+    @router.post("/requests/{request_id}/move", status_code=202)
+    async def move(request_id: str, body: MoveBody, response: Response) -> OperationInfo:
+        return start(lambda: fleet.move_session(request_id, body.to), response)
 
     @router.get("/history")
     async def store_history(since: float = Query(default=300.0, gt=0, le=MAX_HISTORY_S),
-                            bucket: float = Query(default=5.0, ge=1)) -> dict:
+                            bucket: float = Query(default=5.0, ge=1)) -> FleetHistory:
         """Series, traffic and events of the last `since` seconds from the metrics store (`store.history`)."""
         path = fleet.config.store_path
         if path is None:
@@ -152,7 +169,7 @@ def fleet_router(fleet: Fleet) -> APIRouter:
             raise APIError(400, f"bucket ({bucket:g} s) must not be longer than since ({since:g} s)",
                            "invalid_request_error")
         try:
-            return await asyncio.to_thread(_read_history, path, since, bucket)
+            return FleetHistory.model_validate(await asyncio.to_thread(_read_history, path, since, bucket))
         except HistoryError as exc:
             raise APIError(400, str(exc), "invalid_request_error") from None
 

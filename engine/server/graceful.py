@@ -40,7 +40,7 @@ class GracefulServer(uvicorn.Server):
         self._draining = self._loop.create_task(self._drain())
 
     async def _drain(self) -> None:
-        in_flight = len(self.fleet.state.requests)
+        in_flight = self.fleet.in_flight
         log.warning("shutting down: %d request(s) in flight get up to %g s to finish (signal again to stop now)",
                     in_flight, self.grace_s)
         await self.fleet.drain(self.grace_s)

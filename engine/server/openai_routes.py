@@ -13,8 +13,8 @@ from fastapi.responses import StreamingResponse
 
 from fleetctl.engine.core.prompt import PromptError
 from fleetctl.engine.core.sequence import SamplingError
-from fleetctl.engine.fleet.admission import FleetBusy, NoWorkers, RequestIdInUse
 from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.fleet.errors import FleetBusy, NoWorkers, RequestIdInUse
 from fleetctl.engine.fleet.request import StreamEvent
 from fleetctl.engine.model.tokenizer import TokenizerError
 from fleetctl.engine.server import openai_protocol as oai

@@ -4,19 +4,18 @@ lists the moves, or 202 and an operation to poll)."""
 
 import asyncio
 
-from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel
 
 from fleetctl.domain import WorkerState
 from fleetctl.engine.fleet.controller import Fleet
-from fleetctl.engine.fleet.operation import OperationError
-from fleetctl.engine.fleet.rebalance import Rebalancer
+from fleetctl.engine.fleet.errors import OperationRefused
 from fleetctl.engine.planner.durations import parse_window
 from fleetctl.engine.planner.plan import USER_ERRORS, PlanRequest, plan_from_store
 from fleetctl.engine.planner.simulator import EngineLimits
 from fleetctl.engine.planner.slo import Slo
 from fleetctl.engine.server.errors import APIError
+from fleetctl.engine.server.schemas import FleetPlan, OperationInfo, RebalancePreview, operation_info
 from fleetctl.store.plan_inputs import LiveWorker
 
 
@@ -28,11 +27,10 @@ class RebalanceBody(BaseModel):
 
 def plan_router(fleet: Fleet) -> APIRouter:
     router = APIRouter()
-    rebalancer = Rebalancer(fleet.operations, fleet.lifecycle)
 
     @router.get("/plan")
     async def plan(since: str = Query(default="10m"), slo_ttft: str = Query(default="2s"),
-                   slo_tpot: str = Query(default="200ms"), devices: str | None = Query(default=None)) -> dict:
+                   slo_tpot: str = Query(default="200ms"), devices: str | None = Query(default=None)) -> FleetPlan:
         """The plan over the last `since` of the store for this fleet's live workers (or `devices`)."""
         path = fleet.config.store_path
         if path is None:
@@ -46,16 +44,19 @@ def plan_router(fleet: Fleet) -> APIRouter:
             result = await asyncio.to_thread(plan_from_store, path, parse_window(since), request, workers)
         except USER_ERRORS as exc:
             raise APIError(400, str(exc), "invalid_request_error") from None
-        return result.as_json()
+        return FleetPlan.model_validate(result.as_json())
 
-    @router.post("/rebalance")
-    async def rebalance(body: RebalanceBody) -> JSONResponse:
+    @router.post("/rebalance", responses={202: {"model": OperationInfo, "description": "the rebalance started"}})
+    async def rebalance(body: RebalanceBody, response: Response) -> RebalancePreview | OperationInfo:
+        """A dry run (200: the role changes it would make) unless `apply` (202: the operation to poll)."""
         try:
             if not body.apply:
-                return JSONResponse(rebalancer.preview(body.split, body.force))
-            op = rebalancer.start(body.split, body.force)
-        except OperationError as exc:
+                return fleet.rebalance_preview(body.split, body.force)
+            op = fleet.rebalance(body.split, body.force)
+        except OperationRefused as exc:
             raise APIError(exc.status, str(exc), "invalid_request_error") from None
-        return JSONResponse(op.as_json(), 202, headers={"Location": f"/fleet/operations/{op.id}"})
+        response.status_code = 202
+        response.headers["Location"] = f"/fleet/operations/{op.id}"
+        return operation_info(op)
 
     return router

@@ -11,9 +11,9 @@ from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.handoff import HandoffRouting
 from fleetctl.engine.fleet.request import RequestStage, TrackedRequest
-from fleetctl.engine.fleet.router import WorkerView
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.fleet.stats import FleetStats
+from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.worker import protocol as m
 
 

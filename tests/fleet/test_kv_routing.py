@@ -3,7 +3,8 @@ and the router weighing cached overlap against load, with real hash chains."""
 
 from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.block_hash import PrefixDigest, chain_hashes
-from fleetctl.engine.fleet.router import Router, RouterConfig, WorkerView
+from fleetctl.engine.fleet.router import Router, RouterConfig
+from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.worker.prefix_summary import SUMMARY_INTERVAL_S, PrefixIndex, PrefixSummary
 
 ROOT = b"r" * 16

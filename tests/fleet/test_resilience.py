@@ -16,10 +16,10 @@ from support.fleet_checks import ends, nothing_leaked, prompts, shm, until
 
 from fleetctl.domain import EventKind, WorkerState
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.fleet.admission import NoWorkers
 from fleetctl.engine.fleet.config import Supervision
 from fleetctl.engine.fleet.controller import Fleet
-from fleetctl.engine.fleet.operation import OpKind
+from fleetctl.engine.fleet.errors import NoWorkers
+from fleetctl.engine.fleet.ops.record import OpKind
 from fleetctl.engine.worker import protocol as m
 
 PARAMS = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)

@@ -4,7 +4,8 @@ import pytest
 
 from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.block_allocator import BLOCK_SIZE
-from fleetctl.engine.fleet.router import Router, RouterConfig, WorkerView
+from fleetctl.engine.fleet.router import Router, RouterConfig
+from fleetctl.engine.fleet.worker_view import WorkerView
 
 
 def view(

@@ -4,8 +4,8 @@ MFU and MBU stay within [0, 1] for any honest step reports; the window's memory 
 import pytest
 
 from fleetctl.domain import Phase, WorkerRole, WorkerState
-from fleetctl.engine.fleet.router import WorkerView
 from fleetctl.engine.fleet.stats import BUSY_WINDOW_S, FleetStats
+from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.worker.protocol import StepReport
 
 PEAK_FLOPS, PEAK_BYTES = 1e12, 1e10

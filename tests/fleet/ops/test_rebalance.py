@@ -16,10 +16,10 @@ from support.synthetic_fleet import workload, write_store
 
 from fleetctl.domain import WorkerState
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.fleet.autoplan import Autoplanner
 from fleetctl.engine.fleet.controller import Fleet
-from fleetctl.engine.fleet.operation import OperationError, OpState
-from fleetctl.engine.fleet.rebalance import Rebalancer
+from fleetctl.engine.fleet.errors import OperationRefused
+from fleetctl.engine.fleet.ops.autoplan import Autoplanner
+from fleetctl.engine.fleet.ops.record import OpState
 from fleetctl.engine.planner.autoplan_policy import Decision
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.store.db import open_db
@@ -32,7 +32,7 @@ def roles(fleet: Fleet) -> dict[str, tuple[str, str]]:
 
 
 def refused(call: Callable[[], object], status: int, message: str) -> None:
-    with pytest.raises(OperationError, match=message) as error:
+    with pytest.raises(OperationRefused, match=message) as error:
         call()
     assert error.value.status == status
 
@@ -40,10 +40,10 @@ def refused(call: Callable[[], object], status: int, message: str) -> None:
 @pytest.mark.parametrize("force", [False, True])
 def test_rebalance_under_load_loses_no_session(tiny_model_dir: Path, tmp_path: Path, force: bool) -> None:
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
-        rebalancer = Rebalancer(fleet.operations, fleet.lifecycle)
+        rebalancer = fleet.rebalancer
         reqs = [fleet.submit(p, LONG) for p in prompts(8)]
         await until(lambda: all(len(fleet.views[w].requests) >= 2 for w in ("decode-0", "decode-1")))
-        preview = rebalancer.preview("2:1", force)
+        preview = rebalancer.preview("2:1", force).model_dump()
         assert preview["current"] == "1:2" and preview["split"] == "2:1"
         assert [(m["worker"], m["from"], m["to"]) for m in preview["moves"]] in (
             [("decode-0", "decode", "prefill")], [("decode-1", "decode", "prefill")])
@@ -57,7 +57,7 @@ def test_rebalance_under_load_loses_no_session(tiny_model_dir: Path, tmp_path: P
             await asyncio.sleep(0.005)
         assert op.state is OpState.DONE, op.error
         assert any(s.startswith(f"1/1 {moved['worker']} on {moved['device']} -> prefill: stop") for s in stages)
-        [done] = op.result["moves"]
+        [done] = op.result.model_dump()["moves"]
         assert done["new_worker"] == "prefill-1" and done["device"] == moved["device"]
         if force:
             assert done["sessions_moved"] >= 1
@@ -73,7 +73,7 @@ def test_rebalance_under_load_loses_no_session(tiny_model_dir: Path, tmp_path: P
 
 def test_rebalance_refusals_change_nothing(tiny_model_dir: Path, tmp_path: Path) -> None:
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
-        rebalancer = Rebalancer(fleet.operations, fleet.lifecycle)
+        rebalancer = fleet.rebalancer
         before = roles(fleet)
         refused(lambda: rebalancer.preview("2-1", False), 400, r"bad split '2-1': use PREFILL:DECODE, e.g. 2:1")
         refused(lambda: rebalancer.preview("0:3", False), 400, "leaves a role empty")
@@ -81,7 +81,7 @@ def test_rebalance_refusals_change_nothing(tiny_model_dir: Path, tmp_path: Path)
                 r"split 3:1 needs more devices than the fleet's 3 \(cpu:0, cpu:1, cpu:2\): a split uses them all")
         refused(lambda: rebalancer.start("1:1", False), 400, "split 1:1 leaves devices idle of the fleet's 3")
         refused(lambda: rebalancer.start("1:2", False), 409, "the fleet is already at split 1:2")
-        assert rebalancer.preview("1:2", False)["moves"] == []
+        assert rebalancer.preview("1:2", False).moves == []
         # with force, the moved worker's sessions must fit in its peer's free blocks (none here, until it reports)
         reqs = [fleet.submit(p, LONG) for p in prompts(4)]
         await until(lambda: all(len(fleet.views[w].requests) >= 1 for w in ("decode-0", "decode-1")))
@@ -103,7 +103,7 @@ def test_rebalance_refusals_change_nothing(tiny_model_dir: Path, tmp_path: Path)
 
 def test_a_colocated_fleet_is_not_rebalanced(tiny_model_dir: Path, tmp_path: Path) -> None:
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
-        refused(lambda: Rebalancer(fleet.operations, fleet.lifecycle).start("1:1", False), 409,
+        refused(lambda: fleet.rebalancer.start("1:1", False), 409,
                 "this fleet is colocated")
 
     run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path)), scenario, colocated=2, devices=("cpu:0", "cpu:1"))
@@ -111,7 +111,7 @@ def test_a_colocated_fleet_is_not_rebalanced(tiny_model_dir: Path, tmp_path: Pat
 
 def test_a_failed_step_ends_the_rebalance_and_says_where_the_fleet_is(tiny_model_dir: Path, tmp_path: Path) -> None:
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
-        op = await finished(Rebalancer(fleet.operations, fleet.lifecycle).start("2:1", False))
+        op = await finished(fleet.rebalancer.start("2:1", False))
         assert op.state is OpState.FAILED
         assert op.error == ("start of prefill-1 failed: the new prefill-1 process on cpu:1 exited during startup "
                             "(the fleet is at 1:1 after 0 of 1 move(s))")
@@ -127,7 +127,7 @@ def test_autoplan_applies_the_split_after_two_windows_and_records_each_decision(
     write_store(store, workload("rag", 60, 1.5), t0=time.time() - 600)
 
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
-        autoplan = Autoplanner(fleet.state, Rebalancer(fleet.operations, fleet.lifecycle),
+        autoplan = Autoplanner(fleet.state, fleet.rebalancer,
                                AutoplanSettings(interval_s=900.0, min_gain_pct=10.0))
         first = await autoplan.step()
         assert first.decision is Decision.WAIT and first.reason.startswith("2:1 would gain ")

@@ -1,4 +1,4 @@
-"""Pool changes, each an operation (`operation.py`): start a worker of a role on a free device, drain one
+"""Pool changes, each an operation (`runner.py`): start a worker of a role on a free device, drain one
 (it takes no new prompt or handoff, and the operation ends when it holds no session), resume a drained
 one, and stop one — drained first, or with `force` its sessions recomputed on its peers at once — its
 process shut down and reaped.
@@ -12,11 +12,15 @@ import time
 
 from fleetctl.domain import EventKind, WorkerRole, WorkerState
 from fleetctl.engine.core.block_allocator import blocks_for
-from fleetctl.engine.fleet.move_all import move_all
-from fleetctl.engine.fleet.operation import Operation, OperationCancelled, OperationError, OperationRunner, OpKind
+from fleetctl.engine.fleet.errors import MoveFailed, OperationCancelled, OperationFailed, OperationRefused
+from fleetctl.engine.fleet.ops.evacuate import evacuate
+from fleetctl.engine.fleet.ops.record import Operation, OpKind
+from fleetctl.engine.fleet.ops.results import DrainResult, MoveResult, ResumeResult, StartResult, StopResult
+from fleetctl.engine.fleet.ops.runner import OperationRunner
+from fleetctl.engine.fleet.ops.session_move import RESERVE_SLACK_TOKENS, SessionMoves
+from fleetctl.engine.fleet.ops.stages import DrainStage, StartStage, StopStage
 from fleetctl.engine.fleet.request import TrackedRequest
-from fleetctl.engine.fleet.router import WorkerView
-from fleetctl.engine.fleet.session_move import RESERVE_SLACK_TOKENS, MoveFailed, SessionMoves
+from fleetctl.engine.fleet.worker_view import WorkerView
 
 DRAIN_POLL_S = 0.05
 
@@ -42,8 +46,8 @@ class WorkerLifecycle:
         view = self.runner.running_worker(worker_id)
         self._check_not_last(view, "drain")
         if move and view.role is WorkerRole.PREFILL:
-            raise OperationError(409, f"{worker_id} is a prefill worker: its sessions do not decode there, so "
-                                      f"none moves; drain it without --move")
+            raise OperationRefused(409, f"{worker_id} is a prefill worker: its sessions do not decode there, so "
+                                        f"none moves; drain it without --move")
         view.state = WorkerState.DRAINING  # routes nothing new to it from here on
         op = Operation(OpKind.DRAIN, worker_id)
         self._draining[op.id] = False
@@ -53,9 +57,9 @@ class WorkerLifecycle:
         view = self.runner.known_worker(worker_id)
         busy = self.runner.busy_with(worker_id)
         if busy is not None and busy.id not in self._draining:
-            raise OperationError(409, f"another operation is running on {worker_id} ({busy.kind.value} {busy.id})")
+            raise OperationRefused(409, f"another operation is running on {worker_id} ({busy.kind.value} {busy.id})")
         if view.state is not WorkerState.DRAINING:
-            raise OperationError(409, f"{worker_id} is {view.state.value}, not draining")
+            raise OperationRefused(409, f"{worker_id} is {view.state.value}, not draining")
         if busy is not None:
             self._draining[busy.id] = True
         view.state = WorkerState.RUNNING
@@ -66,7 +70,7 @@ class WorkerLifecycle:
     def stop(self, worker_id: str, force: bool = False) -> Operation:
         view = self.runner.idle_worker(worker_id)
         if view.state not in (WorkerState.RUNNING, WorkerState.DRAINING):
-            raise OperationError(409, f"{worker_id} is {view.state.value}, not running")
+            raise OperationRefused(409, f"{worker_id} is {view.state.value}, not running")
         if view.state is WorkerState.RUNNING:
             self._check_not_last(view, "stop")
         view.state = WorkerState.DRAINING
@@ -79,12 +83,13 @@ class WorkerLifecycle:
         try:
             worker_role = WorkerRole(role)
         except ValueError:
-            raise OperationError(400, f"unknown role {role!r}: use {', '.join(r.value for r in WorkerRole)}") from None
+            roles = ", ".join(r.value for r in WorkerRole)
+            raise OperationRefused(400, f"unknown role {role!r}: use {roles}") from None
         config = self.state.config
         if worker_role not in config.roles:
             layout = ("colocated: it runs mixed workers only" if config.colocated
                       else "disaggregated: it runs prefill and decode workers")
-            raise OperationError(400, f"this fleet is {layout}, not {worker_role.value} workers")
+            raise OperationRefused(400, f"this fleet is {layout}, not {worker_role.value} workers")
         return worker_role
 
     def _next_id(self, role: WorkerRole) -> str:
@@ -104,8 +109,8 @@ class WorkerLifecycle:
                else f"the fleet would be left without a {view.role.value} worker")
         resumable = [v.worker_id for v in peers if self._resumable(v)]
         fix = f"resume {resumable[0]}" if resumable else f"start another {view.role.value} worker"
-        raise OperationError(409, f"cannot {verb} {view.worker_id}: it is the last running {view.role.value} worker "
-                                  f"and {why}; {fix} first")
+        raise OperationRefused(409, f"cannot {verb} {view.worker_id}: it is the last running {view.role.value} worker "
+                                    f"and {why}; {fix} first")
 
     def _resumable(self, view: WorkerView) -> bool:
         """Draining, drained, or draining inside a stop: what `resume` accepts."""
@@ -114,30 +119,29 @@ class WorkerLifecycle:
 
     # ---- the operations ------------------------------------------------------------------------
 
-    async def _start(self, op: Operation, role: WorkerRole, device: str) -> dict:
+    async def _start(self, op: Operation, role: WorkerRole, device: str) -> StartResult:
         started = time.time()
-        link = await self.runner.start_process(op, role, device, "starting process")
+        link = await self.runner.start_process(op, role, device, StartStage.STARTING_PROCESS)
         self.host.take_over(op.worker_id, link, link.ready)
-        return {"worker": op.worker_id, "role": role.value, "device": device, "pid": link.pid,
-                "seconds": round(time.time() - started, 3)}
+        return StartResult(worker=op.worker_id, role=role.value, device=device, pid=link.pid,
+                           seconds=round(time.time() - started, 3))
 
-    async def _drain(self, op: Operation, view: WorkerView, held: int, move: bool) -> dict:
+    async def _drain(self, op: Operation, view: WorkerView, held: int, move: bool) -> DrainResult:
         """`held`: the sessions the worker held when it stopped taking new ones."""
         started = time.time()
-        moved: list[dict] = []
+        moved: list[MoveResult] = []
         if move:
             # called off by a resume (raised below), or timed out: what did not move finishes where it is
             with contextlib.suppress(MoveFailed):
-                moved = await move_all(self.moves, view.worker_id, lambda req: self._peer_for(req, view),
-                                       lambda stage: setattr(op, "stage", stage),
+                moved = await evacuate(self.moves, view.worker_id, lambda req: self._peer_for(req, view),
+                                       lambda detail: op.at(DrainStage.MOVING_SESSIONS, detail),
                                        lambda: "resumed" if self._draining[op.id] else None)
-        await self._drain_sessions(op, view)
-        seconds = round(time.time() - started, 3)
-        details = {"sessions_finished": held - len(moved), "seconds": seconds}
-        if move:
-            details["sessions_moved"] = len(moved)
+        await self._drain_sessions(op, view, DrainStage.DRAINING)
+        result = DrainResult(worker=view.worker_id, sessions_finished=held - len(moved),
+                             seconds=round(time.time() - started, 3), sessions_moved=len(moved) if move else None)
+        details = result.model_dump(exclude={"kind", "worker"})
         self.state.record_event(EventKind.DRAIN, view.worker_id, details)
-        return {"worker": view.worker_id, **details}
+        return result
 
     def _peer_for(self, req: TrackedRequest, view: WorkerView) -> str | None:
         """The running peer of `view`'s role with room for `req`, holding the fewest sessions."""
@@ -147,34 +151,34 @@ class WorkerLifecycle:
         best = min(peers, key=lambda v: (len(v.requests), -v.free_blocks, v.worker_id), default=None)
         return best.worker_id if best else None
 
-    async def _resume(self, op: Operation, called_off: Operation | None) -> dict:
+    async def _resume(self, op: Operation, called_off: Operation | None) -> ResumeResult:
         cancelled = called_off.id if called_off else None
         self.state.record_event(EventKind.RESUME, op.worker_id, {"cancelled_operation": cancelled})
-        return {"worker": op.worker_id, "cancelled_operation": cancelled}
+        return ResumeResult(worker=op.worker_id, cancelled_operation=cancelled)
 
-    async def _stop(self, op: Operation, view: WorkerView, held: int, force: bool) -> dict:
+    async def _stop(self, op: Operation, view: WorkerView, held: int, force: bool) -> StopResult:
         started = time.time()
         if force:
             if view.state is not WorkerState.DRAINING:
-                raise RuntimeError(f"{view.worker_id} {view.state.value} before it could be stopped")
+                raise OperationFailed(f"{view.worker_id} {view.state.value} before it could be stopped")
             finished, moved = held - len(view.requests), len(view.requests)
-            op.stage = f"moving {moved} session(s) to peers"
+            op.at(StopStage.RECOMPUTING, f"{moved} session(s)")
             view.state = WorkerState.STOPPED
             # it removes the KV it published as it exits: its pending handoffs are recomputed too
             self.host.recompute_held(view.worker_id, kv_kept=False)
         else:
-            await self._drain_sessions(op, view)
+            await self._drain_sessions(op, view, StopStage.DRAINING)
             finished, moved = held, 0
             view.state = WorkerState.STOPPED
-        op.stage = "stopping"
+        op.at(StopStage.STOPPING)
         await self.runner.shut_down(self.state.links[view.worker_id])
         if self.state.recorder:
             self.state.recorder.worker_stopped(view, WorkerState.STOPPED, {
                 "sessions_finished": finished, "sessions_moved": moved, "force": force})
-        return {"worker": view.worker_id, "sessions_finished": finished, "sessions_moved": moved,
-                "seconds": round(time.time() - started, 3)}
+        return StopResult(worker=view.worker_id, sessions_finished=finished, sessions_moved=moved,
+                          seconds=round(time.time() - started, 3))
 
-    async def _drain_sessions(self, op: Operation, view: WorkerView) -> None:
+    async def _drain_sessions(self, op: Operation, view: WorkerView, stage: DrainStage | StopStage) -> None:
         """Wait until the (draining) worker holds no session. Raises OperationCancelled when a resume
         calls the drain off (the operation's id was entered in `_draining` when it was accepted)."""
         try:
@@ -183,11 +187,11 @@ class WorkerLifecycle:
                     raise OperationCancelled(f"{view.worker_id} was resumed with {len(view.requests)} "
                                              f"session(s) left to drain")
                 if view.state is not WorkerState.DRAINING:
-                    raise RuntimeError(f"{view.worker_id} {view.state.value} while draining; its sessions were "
+                    raise OperationFailed(f"{view.worker_id} {view.state.value} while draining; its sessions were "
                                        f"recomputed on peers")
                 if not view.requests:
                     return
-                op.stage = f"draining: {len(view.requests)} session(s) left"
+                op.at(stage, f"{len(view.requests)} session(s) left")
                 await asyncio.sleep(DRAIN_POLL_S)
         finally:
             del self._draining[op.id]

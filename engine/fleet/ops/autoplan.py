@@ -5,8 +5,8 @@ not, is a `plan` event in the store with its reason and numbers."""
 import asyncio
 
 from fleetctl.domain import EventKind, WorkerState
-from fleetctl.engine.fleet.operation import OperationError
-from fleetctl.engine.fleet.rebalance import Rebalancer
+from fleetctl.engine.fleet.errors import OperationRefused
+from fleetctl.engine.fleet.ops.rebalance import Rebalancer
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.planner.autoplan_policy import AutoplanPolicy, Decision, Verdict
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
@@ -57,7 +57,7 @@ class Autoplanner:
             assert verdict.target is not None
             try:
                 details["operation"] = self.rebalancer.start(verdict.target, force=False).id
-            except OperationError as exc:
+            except OperationRefused as exc:
                 verdict = self.policy.skip(f"rebalance to {verdict.target.label} refused: {exc}")
         self.state.record_event(EventKind.PLAN, None, {"decision": verdict.decision.value, "reason": verdict.reason,
                                                        **details})

@@ -1,16 +1,13 @@
-"""A long operation on the fleet's workers as an operator follows it (`/fleet/operations/{id}`), and what
-every kind shares: one operation per worker at a time, the device a new process starts on reserved
-until the operation ends, waiting on worker messages, and starting a worker process (a new worker, or
-the standby of a restore or a migration). The kinds themselves live in `operations` (checkpoint,
-restore, migrate) and `lifecycle` (start, drain, resume, stop)."""
+"""What every kind of operation shares: running it as a task (its expected failures — FleetError,
+CheckpointError, TimeoutError — end it with their message; anything else is a bug, logged with its
+traceback and reported as an internal error), one operation per worker at a time, the device a new process
+starts on reserved until the operation ends, waiting on worker messages (`Awaited`), and starting a worker
+process (a new worker, or the standby of a restore or a migration). The kinds live beside it in `ops/`."""
 
 import asyncio
 import dataclasses
 import logging
-import time
-import uuid
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Coroutine
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -18,9 +15,14 @@ from fleetctl.domain import DeviceKind, WorkerRole, WorkerState
 from fleetctl.engine.checkpoint.format import CheckpointError
 from fleetctl.engine.core.device_names import DeviceError, check_device
 from fleetctl.engine.fleet.config import pinned_cores
-from fleetctl.engine.fleet.router import WorkerView
+from fleetctl.engine.fleet.errors import FleetError, OperationCancelled, OperationFailed, OperationRefused
+from fleetctl.engine.fleet.ops.moves_in_flight import MovesInFlight
+from fleetctl.engine.fleet.ops.record import Operation, OpState
+from fleetctl.engine.fleet.ops.results import OperationResult
+from fleetctl.engine.fleet.ops.stages import loading_model
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.fleet.worker_link import WorkerLink
+from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.spec import WorkerSpec
 
@@ -32,56 +34,13 @@ KEEP_FINISHED = 200  # finished operations kept for /fleet/operations/{id}; olde
 LIVE = (WorkerState.RUNNING, WorkerState.STARTING, WorkerState.DRAINING)
 
 
-class OpKind(StrEnum):
-    CHECKPOINT = "checkpoint"
-    RESTORE = "restore"
-    MIGRATE = "migrate"
-    MOVE = "move"  # one session moved live to another worker of its role (`fleet/session_move.py`)
-    START = "start"
-    DRAIN = "drain"
-    RESUME = "resume"
-    STOP = "stop"
-    RESTART = "restart"  # the supervisor brings a worker that died back (supervisor.py)
-    REBALANCE = "rebalance"  # several workers change role, one after another (`fleet/rebalance.py`)
+class Awaited(StrEnum):
+    """What an operation waits for from a worker process (`OperationRunner.expect` / `resolve`)."""
 
-
-class OpState(StrEnum):
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"  # called off by a later operation (a drain cut short by resume)
-
-
-class OperationError(Exception):
-    """A request for an operation that cannot start; `status` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class OperationCancelled(Exception):
-    """Raised inside an operation that a later one called off; the message says by what."""
-
-
-@dataclass
-class Operation:
-    kind: OpKind
-    worker_id: str
-    device: str | None = None  # where the operation starts a process: reserved while it runs
-    id: str = field(default_factory=lambda: f"op-{uuid.uuid4().hex[:12]}")
-    state: OpState = OpState.RUNNING
-    stage: str = "queued"
-    started: float = field(default_factory=time.time)
-    result: dict | None = None
-    error: str | None = None
-    writer_pid: int | None = None
-    destination_pid: int | None = None
-
-    def as_json(self) -> dict:
-        return {"id": self.id, "kind": self.kind.value, "worker": self.worker_id, "device": self.device,
-                "state": self.state.value, "stage": self.stage, "started": self.started, "result": self.result,
-                "error": self.error, "writer_pid": self.writer_pid, "destination_pid": self.destination_pid}
+    READY = "ready"  # a process it started loaded the model (WorkerReady, or RestoreFailed if it exited)
+    RESTORED = "restored"  # a standby loaded a checkpoint (Restored / RestoreFailed)
+    CHECKPOINT = "checkpoint"  # a worker wrote its checkpoint (CheckpointDone / CheckpointFailed)
+    FIRST_TOKEN = "first-token"  # a restored worker served its sessions again
 
 
 class WorkerHost(Protocol):
@@ -105,19 +64,19 @@ class WorkerHost(Protocol):
 
 
 class OperationRunner:
-    def __init__(self, state: FleetState, host: WorkerHost) -> None:
+    def __init__(self, state: FleetState, host: WorkerHost, moves: MovesInFlight) -> None:
         self.state = state
         self.host = host
+        self.moves = moves  # the live session moves under way: a worker they involve is not idle
         self.ops: dict[str, Operation] = {}
         self._busy: dict[str, str] = {}  # worker id -> running operation id
-        self._waiters: dict[tuple[object, str], asyncio.Future] = {}
-        self.moving_on: Callable[[str], int] = lambda worker_id: 0  # live session moves involving a worker
+        self._waiters: dict[tuple[object, Awaited], asyncio.Future] = {}
 
     # ---- checks every kind makes before it starts (4xx, nothing changed) -------------------------
 
     def get(self, op_id: str) -> Operation:
         if op_id not in self.ops:
-            raise OperationError(404, f"no operation {op_id!r}")
+            raise OperationRefused(404, f"no operation {op_id!r}")
         return self.ops[op_id]
 
     def busy_with(self, worker_id: str) -> Operation | None:
@@ -128,7 +87,7 @@ class OperationRunner:
     def known_worker(self, worker_id: str) -> WorkerView:
         view = self.state.views.get(worker_id)
         if view is None:
-            raise OperationError(404, f"unknown worker {worker_id!r}")
+            raise OperationRefused(404, f"unknown worker {worker_id!r}")
         return view
 
     def idle_worker(self, worker_id: str) -> WorkerView:
@@ -136,16 +95,16 @@ class OperationRunner:
         view = self.known_worker(worker_id)
         busy = self.busy_with(worker_id)
         if busy is not None:
-            raise OperationError(409, f"another operation is running on {worker_id} ({busy.kind.value} {busy.id})")
-        if moving := self.moving_on(worker_id):
-            raise OperationError(409, f"{moving} session(s) are moving live to or from {worker_id}; try again when "
-                                      f"they have moved")
+            raise OperationRefused(409, f"another operation is running on {worker_id} ({busy.kind.value} {busy.id})")
+        if moving := self.moves.involving(worker_id):
+            raise OperationRefused(409, f"{moving} session(s) are moving live to or from {worker_id}; try again when "
+                                        f"they have moved")
         return view
 
     def running_worker(self, worker_id: str) -> WorkerView:
         view = self.idle_worker(worker_id)
         if view.state is not WorkerState.RUNNING:
-            raise OperationError(409, f"{worker_id} is {view.state.value}, not running")
+            raise OperationRefused(409, f"{worker_id} is {view.state.value}, not running")
         return view
 
     def check_device(self, device: str, exclude: str | None) -> None:
@@ -155,17 +114,17 @@ class OperationRunner:
             check_device(device, indexed=True)
             self.host.check_device(device)
         except DeviceError as exc:
-            raise OperationError(400, str(exc)) from None
+            raise OperationRefused(400, str(exc)) from None
         for view in self.state.views.values():
             if view.device == device and view.state in LIVE and view.worker_id != exclude:
-                raise OperationError(409, f"{device} already hosts {view.worker_id}")
+                raise OperationRefused(409, f"{device} already hosts {view.worker_id}")
         for op in self.ops.values():
             if op.state is OpState.RUNNING and op.device == device:
-                raise OperationError(409, f"{device} is the target of another operation ({op.kind.value} {op.id})")
+                raise OperationRefused(409, f"{device} is the target of another operation ({op.kind.value} {op.id})")
 
     # ---- running -------------------------------------------------------------------------------
 
-    def launch(self, op: Operation, work: Coroutine[Any, Any, dict], exclusive: bool = True) -> Operation:
+    def launch(self, op: Operation, work: Coroutine[Any, Any, OperationResult], exclusive: bool = True) -> Operation:
         """Run `work` as `op`; `exclusive`: no other operation may act on its worker meanwhile (a session
         move is not: several sessions may leave one worker at once)."""
         self.ops[op.id] = op
@@ -176,13 +135,13 @@ class OperationRunner:
         async def run() -> None:
             try:
                 op.result = await work
-                op.state, op.stage = OpState.DONE, "done"
+                op.state, op.step, op.stage = OpState.DONE, "done", "done"
             except OperationCancelled as exc:
                 op.state, op.error = OpState.CANCELLED, str(exc)
-            except (OperationError, CheckpointError, RuntimeError, TimeoutError) as exc:
+            except (FleetError, CheckpointError, TimeoutError) as exc:  # expected: the operation failed, and says why
                 op.state, op.error = OpState.FAILED, str(exc)
-            except Exception as exc:  # a bug: the operation must still end, and say why
-                log.exception("operation %s failed", op.id)
+            except Exception as exc:  # a bug (a RuntimeError included): the operation still ends, and says why
+                log.exception("operation %s (%s of %s) failed", op.id, op.kind.value, op.worker_id)
                 op.state, op.error = OpState.FAILED, f"internal error: {exc!r}"
             finally:
                 self.state.arriving.pop(op.id, None)
@@ -206,19 +165,19 @@ class OperationRunner:
         for op_id in finished[: max(0, len(finished) - KEEP_FINISHED)]:
             del self.ops[op_id]
 
-    def expect(self, key: object, event: str) -> asyncio.Future:
+    def expect(self, key: object, event: Awaited) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
         self._waiters[(key, event)] = future
         return future
 
-    def wait(self, key: object, event: str, timeout: float = START_TIMEOUT_S) -> Coroutine[Any, Any, Any]:
+    def wait(self, key: object, event: Awaited, timeout: float = START_TIMEOUT_S) -> Coroutine[Any, Any, Any]:
         return asyncio.wait_for(self.expect(key, event), timeout)
 
-    def pending(self, key: object, event: str) -> asyncio.Future | None:
+    def pending(self, key: object, event: Awaited) -> asyncio.Future | None:
         """The future `expect` made, still resolvable (resolve removes it)."""
         return self._waiters.get((key, event))
 
-    def resolve(self, key: object, event: str, value: object) -> None:
+    def resolve(self, key: object, event: Awaited, value: object) -> None:
         future = self._waiters.pop((key, event), None)
         if future is not None and not future.done():
             future.set_result(value)
@@ -229,36 +188,38 @@ class OperationRunner:
         """Start-up messages from a process an operation started, before it takes over its id."""
         if isinstance(msg, m.WorkerLoading):
             op = self.busy_with(link.worker_id)
-            if op is not None:
-                op.stage = "loading model"
+            stage = loading_model(op.kind) if op is not None else None
+            if op is not None and stage is not None:
+                op.at(stage)
         elif isinstance(msg, m.WorkerReady):
-            self.resolve(link, "ready", msg)
+            self.resolve(link, Awaited.READY, msg)
         elif isinstance(msg, m.WorkerFailed):
             link.last_error = msg.reason
 
     def on_foreign_exit(self, link: WorkerLink) -> None:
         why = f": {link.last_error}" if link.last_error else ""
         gone = m.RestoreFailed(f"the new {link.worker_id} process exited{why}")
-        self.resolve(link, "ready", gone)
-        self.resolve(link, "restored", gone)
+        self.resolve(link, Awaited.READY, gone)
+        self.resolve(link, Awaited.RESTORED, gone)
 
-    async def start_process(self, op: Operation, role: WorkerRole, device: str, stage: str,
+    async def start_process(self, op: Operation, role: WorkerRole, device: str, stage: StrEnum,
                             worker_id: str | None = None) -> WorkerLink:
         """A new process for `op.worker_id` on `device` (with `op.worker_id`'s spec, under `worker_id` when
         given), model loaded, not yet routed to (it takes over its id when the operation says so)."""
         spec = self.spec_for(op.worker_id, role, device)
         link = self.host.launch(dataclasses.replace(spec, worker_id=worker_id or op.worker_id))
-        op.destination_pid, op.stage = link.pid, stage
+        op.destination_pid = link.pid
+        op.at(stage)
         self.state.arriving[op.id] = role  # requests for the role may wait for it
         try:
-            ready = await self.wait(link, "ready")
+            ready = await self.wait(link, Awaited.READY)
         except TimeoutError:
             ready = None
         if not isinstance(ready, m.WorkerReady):
             link.kill()
             await asyncio.to_thread(link.join, SHUTDOWN_TIMEOUT_S)
             why = "did not start in time" if ready is None else "exited during startup"
-            raise RuntimeError(f"the new {op.worker_id} process on {device} {why}")
+            raise OperationFailed(f"the new {op.worker_id} process on {device} {why}")
         link.ready = ready
         return link
 

@@ -15,7 +15,8 @@ from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.config import pinned_cores
 from fleetctl.engine.fleet.controller import Fleet
-from fleetctl.engine.fleet.operation import Operation, OperationError, OpState
+from fleetctl.engine.fleet.errors import OperationRefused
+from fleetctl.engine.fleet.ops.record import Operation, OpState
 from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.worker import protocol as m
 from fleetctl.store.db import open_db
@@ -24,7 +25,7 @@ LONG = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
 
 
 def refused(call: Callable[[], Operation], status: int, message: str) -> None:
-    with pytest.raises(OperationError, match=message) as error:
+    with pytest.raises(OperationRefused, match=message) as error:
         call()
     assert error.value.status == status
 
@@ -40,9 +41,9 @@ def test_start_launches_a_worker_like_its_peers_and_routes_to_it(tiny_model_dir:
         assert op.state is OpState.DONE, op.error
         assert "loading model" in stages
         new, peer = launcher.workers["decode-2"], launcher.workers["decode-0"]
-        assert op.result == {"worker": "decode-2", "role": "decode", "device": "cpu:3", "pid": new.pid,
-                             "seconds": op.result["seconds"]}
-        assert op.result["seconds"] >= 0.3
+        assert op.result.model_dump() == {"worker": "decode-2", "role": "decode", "device": "cpu:3", "pid": new.pid,
+                             "seconds": op.result.seconds}
+        assert op.result.seconds >= 0.3
         view = fleet.views["decode-2"]
         assert (view.state, view.role, view.device, view.pid) == (WorkerState.RUNNING, WorkerRole.DECODE, "cpu:3",
                                                                   new.pid)
@@ -80,7 +81,7 @@ def test_a_colocated_fleet_starts_mixed_workers_only(tiny_model_dir: Path, tmp_p
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
         refused(lambda: fleet.lifecycle.start("decode", "cpu:2"), 400, "colocated.*not decode workers")
         op = await finished(fleet.lifecycle.start("mixed", "cpu:2"))
-        assert op.state is OpState.DONE and op.result["worker"] == "mixed-2"
+        assert op.state is OpState.DONE and op.result.worker == "mixed-2"
         reqs = [fleet.submit(p, LONG) for p in prompts(3)]
         await all_complete(fleet, reqs)
         assert {r.prefill_worker for r in reqs} == {"mixed-0", "mixed-1", "mixed-2"}
@@ -112,13 +113,13 @@ def test_drain_finishes_what_the_worker_holds_and_routes_it_nothing_new(tiny_mod
         await until(lambda: op.stage.startswith("draining: "))
         await all_complete(fleet, early + later)
         assert (await finished(op)).state is OpState.DONE
-        assert op.result == {"worker": "decode-0", "sessions_finished": held, "seconds": op.result["seconds"]}
+        assert op.result.model_dump() == {"worker": "decode-0", "sessions_finished": held, "seconds": op.result.seconds}
         assert all(r.decode_worker == "decode-1" for r in later) and not any(r.recomputes for r in early + later)
         assert drained.state is WorkerState.DRAINING and not launcher.workers["decode-0"].conn.closed  # kept running
 
         resumed = fleet.lifecycle.resume("decode-0")
         assert drained.state is WorkerState.RUNNING
-        assert (await finished(resumed)).result == {"worker": "decode-0", "cancelled_operation": None}
+        assert (await finished(resumed)).result.model_dump() == {"worker": "decode-0", "cancelled_operation": None}
         again = [fleet.submit(p, LONG) for p in prompts(2, offset=90)]
         await all_complete(fleet, again)
         assert "decode-0" in {r.decode_worker for r in again}
@@ -137,7 +138,7 @@ def test_resume_calls_off_a_drain_in_progress(tiny_model_dir: Path, tmp_path: Pa
         resume = fleet.lifecycle.resume("decode-0")
         assert (await finished(drain)).state is OpState.CANCELLED
         assert "decode-0 was resumed with" in drain.error and "left to drain" in drain.error
-        assert (await finished(resume)).result == {"worker": "decode-0", "cancelled_operation": drain.id}
+        assert (await finished(resume)).result.model_dump() == {"worker": "decode-0", "cancelled_operation": drain.id}
         assert fleet.views["decode-0"].state is WorkerState.RUNNING
         await all_complete(fleet, reqs)
 
@@ -153,8 +154,8 @@ def test_stop_drains_then_shuts_the_worker_down(tiny_model_dir: Path, tmp_path: 
         later = [fleet.submit(p, LONG) for p in prompts(4, offset=50)]
         await all_complete(fleet, early + later)
         assert (await finished(op)).state is OpState.DONE, op.error
-        assert op.result == {"worker": "decode-0", "sessions_finished": held, "sessions_moved": 0,
-                             "seconds": op.result["seconds"]}
+        assert op.result.model_dump() == {"worker": "decode-0", "sessions_finished": held, "sessions_moved": 0,
+                             "seconds": op.result.seconds}
         assert not any(r.recomputes for r in early + later) and all(r.decode_worker == "decode-1" for r in later)
         assert fleet.views["decode-0"].state is WorkerState.STOPPED
         fake = launcher.workers["decode-0"]
@@ -173,8 +174,8 @@ def test_force_stop_moves_sessions_to_peers_at_once(tiny_model_dir: Path, tmp_pa
         held = set(stopped.requests)
         op = await finished(fleet.lifecycle.stop("decode-0", force=True))
         assert op.state is OpState.DONE, op.error
-        assert op.result["sessions_moved"] + op.result["sessions_finished"] == len(held)
-        assert op.result["sessions_moved"] >= 1
+        assert op.result.sessions_moved + op.result.sessions_finished == len(held)
+        assert op.result.sessions_moved >= 1
         assert not any(r.done for r in reqs)  # it did not wait for them
         assert stopped.state is WorkerState.STOPPED and launcher.workers["decode-0"].conn.closed
         await all_complete(fleet, reqs)
@@ -202,7 +203,7 @@ def test_force_stop_of_a_prefill_worker_recomputes_its_published_handoffs(tiny_m
         reqs = [fleet.submit(p, short) for p in prompts(90)]
         await until(lambda: len(waiting_on_prefill_0(fleet)) >= 2)
         op = await finished(fleet.lifecycle.stop("prefill-0", force=True))
-        assert op.state is OpState.DONE and op.result["sessions_moved"] >= 2
+        assert op.state is OpState.DONE and op.result.sessions_moved >= 2
         assert not waiting_on_prefill_0(fleet)
         await all_complete(fleet, reqs)
         assert not list(buffers.iterdir())
@@ -235,7 +236,7 @@ def test_refusals_say_why_and_change_nothing(tiny_model_dir: Path, tmp_path: Pat
         busy = f"another operation is running on decode-0 \\(drain {drain.id}\\)"
         refused_unchanged(lambda: lifecycle.drain("decode-0"), 409, busy)
         refused_unchanged(lambda: lifecycle.stop("decode-0", force=True), 409, busy)
-        refused_unchanged(lambda: fleet.checkpoints.checkpoint("decode-0"), 409, busy)
+        refused_unchanged(lambda: fleet.checkpoint("decode-0"), 409, busy)
         in_flight = "last running decode worker and [0-9]+ request\\(s\\) are in flight; resume decode-0 first"
         refused_unchanged(lambda: lifecycle.drain("decode-1"), 409, in_flight)
         refused_unchanged(lambda: lifecycle.stop("decode-1", force=True), 409, in_flight)
@@ -246,7 +247,7 @@ def test_refusals_say_why_and_change_nothing(tiny_model_dir: Path, tmp_path: Pat
         refused_unchanged(lambda: lifecycle.drain("decode-0"), 409, "decode-0 is draining, not running")
 
         stop = await finished(lifecycle.stop("decode-0"))  # a drained worker stops at once
-        assert stop.state is OpState.DONE and stop.result["sessions_finished"] == 0
+        assert stop.state is OpState.DONE and stop.result.sessions_finished == 0
         refused_unchanged(lambda: lifecycle.stop("decode-0"), 409, "decode-0 is stopped, not running")
         refused_unchanged(lambda: lifecycle.drain("decode-0"), 409, "decode-0 is stopped, not running")
         refused_unchanged(lambda: lifecycle.resume("decode-0"), 409, "decode-0 is stopped, not draining")

@@ -17,11 +17,16 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from fleetctl.domain import EventKind, WorkerRole, WorkerState
 from fleetctl.engine.core.block_allocator import blocks_for
-from fleetctl.engine.fleet.operation import Operation, OperationError, OperationRunner, OpKind
+from fleetctl.engine.fleet import placement
+from fleetctl.engine.fleet.errors import MoveFailed, OperationRefused
+from fleetctl.engine.fleet.ops.moves_in_flight import SessionMove
+from fleetctl.engine.fleet.ops.record import Operation, OpKind
+from fleetctl.engine.fleet.ops.results import MoveResult
+from fleetctl.engine.fleet.ops.runner import OperationRunner
+from fleetctl.engine.fleet.ops.stages import MoveStage
 from fleetctl.engine.fleet.request import RequestStage, TrackedRequest
 from fleetctl.engine.worker import protocol as m
 
@@ -33,41 +38,14 @@ FIRST_TOKEN_TIMEOUT_S = 60.0
 Reply = m.BlocksReserved | m.BlocksSent | m.BlocksReceived | m.MoveRefused
 
 
-class MoveFailed(RuntimeError):
-    """The move was called off; the message says why and where the session went on."""
-
-
-@dataclass
-class SessionMove:
-    move_id: str
-    req: TrackedRequest
-    source: str
-    dest: str
-    stages: list[dict] = field(default_factory=list)
-    stopped_at: float | None = None  # the source took the session out of its batch (time.time())
-    final_sent: bool = False
-    final_outlives_source: bool = False  # the final stage's KV is in shared memory (or there was none)
-    committed: bool = False  # the stream follows the session on the destination
-    taken: bool = False  # the destination said it has the session
-    last_source_token: float | None = None
-    first_dest_token: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    waiting: tuple[str, asyncio.Future] | None = None  # the worker asked, and its answer
-    handle: m.KVHandle | None = None  # the latest stage's buffer: the destination may still read it
-
-    def add_stage(self, name: str, blocks: int, nbytes: int, seconds: float) -> None:
-        self.stages.append({"stage": name, "blocks": blocks, "bytes": nbytes, "seconds": round(seconds, 5)})
-
-
 class SessionMoves:
     def __init__(self, runner: OperationRunner, recompute: Callable[[TrackedRequest, WorkerRole], None]) -> None:
         self.runner = runner
         self.state = runner.state
         self.host = runner.host
         self.recompute = recompute  # continue a request from its tokens on a worker of its role
-        self.moves: dict[str, SessionMove] = {}  # move id -> move in progress
-        self.moving: dict[str, str] = {}  # request id -> its move's id
+        self.in_flight = runner.moves
         self._first_tokens: dict[str, SessionMove] = {}  # request id -> a committed move awaiting its first token
-        runner.moving_on = lambda wid: sum(1 for move in self.moves.values() if wid in (move.source, move.dest))
 
     # ---- the operation: POST /fleet/requests/{id}/move ------------------------------------------
 
@@ -75,8 +53,8 @@ class SessionMoves:
         req, source = self.check(request_id, to)
         op = Operation(OpKind.MOVE, source)
 
-        async def run() -> dict:
-            return await self.move_session(req, source, to, lambda stage: setattr(op, "stage", stage))
+        async def run() -> MoveResult:
+            return await self.move_session(req, source, to, op)
 
         return self.runner.launch(op, run(), exclusive=False)
 
@@ -84,37 +62,38 @@ class SessionMoves:
         """The request and the worker it decodes on, when it may move to `to` now (4xx otherwise)."""
         req = self.state.requests.get(request_id)
         if req is None or req.done:
-            raise OperationError(404, f"no request {request_id!r} in flight")
+            raise OperationRefused(404, f"no request {request_id!r} in flight")
         dest = self.runner.known_worker(to)
         source = movable_from(req)
         if source is None:
-            raise OperationError(409, f"{request_id} is {req.stage.value}, not decoding: only a decoding session moves")
+            raise OperationRefused(409, f"{request_id} is {req.stage.value}, not decoding: only a decoding session "
+                                        f"moves")
         if source == to:
-            raise OperationError(409, f"{request_id} already decodes on {to}")
+            raise OperationRefused(409, f"{request_id} already decodes on {to}")
         role = self.state.views[source].role
         if dest.role is not role:
-            raise OperationError(409, f"{to} is a {dest.role.value} worker; {request_id} decodes on a {role.value} "
-                                      f"worker and moves only to another one")
+            raise OperationRefused(409, f"{to} is a {dest.role.value} worker; {request_id} decodes on a {role.value} "
+                                        f"worker and moves only to another one")
         if dest.state is not WorkerState.RUNNING:
-            raise OperationError(409, f"{to} is {dest.state.value}, not running")
-        if request_id in self.moving:
-            raise OperationError(409, f"{request_id} is moving already")
+            raise OperationRefused(409, f"{to} is {dest.state.value}, not running")
+        if request_id in self.in_flight.by_request:
+            raise OperationRefused(409, f"{request_id} is moving already")
         for wid in (source, to):
             busy = self.runner.busy_with(wid)
             if busy is not None and busy.kind is not OpKind.DRAIN:
-                raise OperationError(409, f"another operation is running on {wid} ({busy.kind.value} {busy.id})")
+                raise OperationRefused(409, f"another operation is running on {wid} ({busy.kind.value} {busy.id})")
         return req, source
 
     # ---- the protocol --------------------------------------------------------------------------
 
     async def move_session(self, req: TrackedRequest, source: str, dest: str,
-                           progress: Callable[[str], None] = lambda stage: None) -> dict:
-        """Move `req` from `source` to `dest`; returns the move's stages, bytes and downtime, or raises
-        MoveFailed once the session decodes on (or is recomputed) elsewhere."""
+                           op: Operation | None = None) -> MoveResult:
+        """Move `req` from `source` to `dest` (showing its stages in `op`, if given); returns the move's
+        stages, bytes and downtime, or raises MoveFailed once the session decodes on (or is recomputed) elsewhere."""
         move = SessionMove(f"{req.request_id}~{uuid.uuid4().hex[:8]}", req, source, dest)
-        self.moves[move.move_id], self.moving[req.request_id] = move, move.move_id
+        self.in_flight.add(move)
         try:
-            progress("reserving blocks")
+            _at(op, MoveStage.RESERVING_BLOCKS)
             start = time.perf_counter()
             tokens = len(req.prompt_token_ids) + len(req.output_token_ids)
             reserve = blocks_for(tokens + RESERVE_SLACK_TOKENS, self.state.views[dest].block_size)
@@ -122,13 +101,13 @@ class SessionMoves:
             move.add_stage("reserve", reserve, 0, time.perf_counter() - start)
             first = 0
             for stage in range(1, MAX_PRECOPY_STAGES + 1):
-                progress(f"pre-copy {stage}")
+                _at(op, MoveStage.PRE_COPY, str(stage))
                 sent, received, seconds = await self._copy(move, first, final=False)
                 move.add_stage(f"pre-copy {stage}", sent.num_blocks, received.nbytes if received else 0, seconds)
                 first += sent.num_blocks
                 if sent.num_blocks <= 1:
                     break  # what is left fits the final stage
-            progress("final stage")
+            _at(op, MoveStage.FINAL_STAGE)
             sent, received, seconds = await self._copy(move, first, final=True)
             move.add_stage("final", sent.num_blocks, received.nbytes if received else 0, seconds)
             if not move.committed:
@@ -139,11 +118,11 @@ class SessionMoves:
             self._record(move, str(exc))
             raise MoveFailed(f"move of {req.request_id} to {dest} called off: {exc}; {self._where(move)}") from None
         self._settle(move)
-        progress("first token")
+        _at(op, MoveStage.FIRST_TOKEN)
         downtime = await self._downtime(move)
         resumed = move.first_dest_token.result() if move.first_dest_token.done() else None
-        result = {"request": req.request_id, "from": source, "to": dest, "stages": move.stages,
-                  "bytes": sum(s["bytes"] for s in move.stages), "downtime_s": downtime, "resumed_at": resumed}
+        result = MoveResult(request=req.request_id, from_=source, to=dest, stages=move.stages,
+                            bytes=sum(s.bytes for s in move.stages), downtime_s=downtime, resumed_at=resumed)
         self._record(move, None, downtime)
         return result
 
@@ -189,10 +168,6 @@ class SessionMoves:
             move.handle.unlink()
             move.handle = None
 
-    def buffers(self) -> set[str]:
-        """Where the moves under way keep KV a destination may still read (not to be swept)."""
-        return {move.handle.location for move in self.moves.values() if move.handle is not None}
-
     def _settle(self, move: SessionMove) -> None:
         """Tell both sides how the move ended; nothing of it is left behind."""
         for wid in (move.source, move.dest):
@@ -200,17 +175,14 @@ class SessionMoves:
             if link is not None and view is not None and not view.gone:
                 link.send(m.EndMove(move.move_id, move.committed))
         self._unlink(move)
-        del self.moves[move.move_id]
-        if self.moving.get(move.req.request_id) == move.move_id:
-            del self.moving[move.req.request_id]
+        self.in_flight.remove(move)
         self.host.routing_changed()
 
     def _orphaned(self, move: SessionMove) -> None:
         """The stream was re-pointed to a destination that then refused the session (its source had died):
         recomputed from its tokens. A destination that died has its sessions recomputed by recovery."""
         if move.committed and not move.taken and not move.req.done and not self.state.views[move.dest].gone:
-            move.req.decode_worker = None
-            self.state.views[move.dest].requests.discard(move.req.request_id)
+            placement.release(move.req, self.state.views[move.dest])
             self.recompute(move.req, self.state.views[move.dest].role)
 
     async def _downtime(self, move: SessionMove) -> float | None:
@@ -239,14 +211,15 @@ class SessionMoves:
         return f"it goes on {'on ' + holder if holder else 'from its tokens'} (recomputed)"
 
     def _record(self, move: SessionMove, error: str | None, downtime: float | None = None) -> None:
-        details = {"request": move.req.request_id, "from": move.source, "to": move.dest, "stages": move.stages,
-                   "bytes": sum(s["bytes"] for s in move.stages), "downtime_s": downtime}
+        details = {"request": move.req.request_id, "from": move.source, "to": move.dest,
+                   "stages": [s.model_dump() for s in move.stages], "bytes": sum(s.bytes for s in move.stages),
+                   "downtime_s": downtime}
         self.state.record_event(EventKind.MOVE, move.source, details | ({"error": error} if error else {}))
 
     # ---- messages and exits (event loop) ----------------------------------------------------------
 
     def on_message(self, wid: str, msg: Reply) -> None:
-        move = self.moves.get(msg.move_id)
+        move = self.in_flight.by_id.get(msg.move_id)
         if move is None:
             return
         if isinstance(msg, m.BlocksReserved):
@@ -276,24 +249,19 @@ class SessionMoves:
         if req.done or req.holder() != move.source:  # ended, or recomputed elsewhere meanwhile
             self.state.send(move.dest, m.Abort(req.request_id))
             return
-        if req.decode_worker == move.source:
-            req.decode_worker = move.dest
-        else:
-            req.prefill_worker = move.dest  # a mixed worker's session
-        views[move.source].requests.discard(req.request_id)
-        views[move.dest].requests.add(req.request_id)
+        placement.move(req, views[move.source], views[move.dest])
         move.committed = True
         self._first_tokens[req.request_id] = move
 
     def on_step(self, wid: str, report: m.StepReport) -> None:
         """Token times of the sessions moving (their downtime)."""
-        if not self.moving and not self._first_tokens:
+        if not self.in_flight.by_request and not self._first_tokens:
             return
         now = time.time()
         for event in report.tokens:
-            move_id = self.moving.get(event.request_id)
-            if move_id is not None and self.moves[move_id].source == wid:
-                self.moves[move_id].last_source_token = now
+            move_id = self.in_flight.by_request.get(event.request_id)
+            if move_id is not None and self.in_flight.by_id[move_id].source == wid:
+                self.in_flight.by_id[move_id].last_source_token = now
             waiting = self._first_tokens.get(event.request_id)
             if waiting is not None and waiting.dest == wid and not waiting.first_dest_token.done():
                 waiting.first_dest_token.set_result(now)
@@ -301,7 +269,7 @@ class SessionMoves:
     def on_worker_exit(self, wid: str) -> None:
         """Before recovery: a move waiting on `wid` is called off; a source that died after its final stage
         reached shared memory leaves the session to the destination (not to a recompute)."""
-        for move in list(self.moves.values()):
+        for move in list(self.in_flight.by_id.values()):
             if move.source == wid and move.final_sent and move.final_outlives_source:
                 self._commit(move)  # re-pointed now, so recovery leaves it; a refusal recomputes it
             if move.waiting is not None and move.waiting[0] == wid and not move.waiting[1].done():
@@ -315,3 +283,8 @@ def movable_from(req: TrackedRequest) -> str | None:
     if req.stage is RequestStage.PREFILL and req.output_token_ids and req.decode_worker is None:
         return req.prefill_worker  # on a mixed worker (a prefill worker's session is HANDOFF by now)
     return None
+
+
+def _at(op: Operation | None, stage: MoveStage, detail: str = "") -> None:
+    if op is not None:
+        op.at(stage, detail)

@@ -1,8 +1,8 @@
 """Worker migrate, live (decode and mixed workers): a standby is started on the target device under a
 temporary id (`<worker>-next`, routed to like any worker of the role once loaded), the source takes no new
-work, every session it holds moves to the standby live (`move_all`), and the standby takes over the
+work, every session it holds moves to the standby live (`evacuate`), and the standby takes over the
 worker id (`Rename`); the source exits. A prefill worker holds no decoding session (its sessions wait for
-their handoff), so it migrates through a checkpoint (`operations.py`).
+their handoff), so it migrates through a checkpoint (`migrate.py`).
 
 If the standby fails to start nothing has changed. If a move cannot complete (the standby died, or
 refuses sessions until the timeout), the migration is called off: the source takes work again, the
@@ -13,9 +13,14 @@ import dataclasses
 import time
 
 from fleetctl.domain import EventKind, WorkerState
-from fleetctl.engine.fleet.move_all import move_all
-from fleetctl.engine.fleet.operation import Operation, OperationRunner
-from fleetctl.engine.fleet.session_move import MoveFailed, SessionMoves
+from fleetctl.engine.fleet import placement
+from fleetctl.engine.fleet.errors import MoveFailed, OperationFailed
+from fleetctl.engine.fleet.ops.evacuate import evacuate
+from fleetctl.engine.fleet.ops.record import Operation
+from fleetctl.engine.fleet.ops.results import LiveMigrateResult, SessionMoved
+from fleetctl.engine.fleet.ops.runner import OperationRunner
+from fleetctl.engine.fleet.ops.session_move import SessionMoves
+from fleetctl.engine.fleet.ops.stages import LiveMigrateStage
 from fleetctl.engine.worker import protocol as m
 
 CALL_OFF_TIMEOUT_S = 60.0
@@ -28,15 +33,16 @@ class LiveMigration:
         self.host = runner.host
         self.moves = moves
 
-    async def migrate(self, op: Operation, to: str) -> dict:
+    async def migrate(self, op: Operation, to: str) -> LiveMigrateResult:
         wid = op.worker_id
         source = self.state.views[wid]
         source_link, source_device = self.state.links[wid], source.device
         standby_id = f"{wid}-next"
         try:
-            link = await self.runner.start_process(op, source.role, to, "starting destination", standby_id)
-        except RuntimeError as exc:
-            raise RuntimeError(f"{exc}; {wid} keeps serving on {source_device}, nothing was lost") from None
+            link = await self.runner.start_process(op, source.role, to, LiveMigrateStage.STARTING_DESTINATION,
+                                                   standby_id)
+        except OperationFailed as exc:
+            raise OperationFailed(f"{exc}; {wid} keeps serving on {source_device}, nothing was lost") from None
         self.runner.hold(standby_id, op)
         try:
             self.host.take_over(standby_id, link, link.ready)
@@ -45,26 +51,26 @@ class LiveMigration:
             started = time.time()
             standby = self.state.views[standby_id]
             try:
-                moved = await move_all(self.moves, wid, lambda req: standby_id,
-                                       lambda stage: setattr(op, "stage", stage),
+                moved = await evacuate(self.moves, wid, lambda req: standby_id,
+                                       lambda detail: op.at(LiveMigrateStage.MOVING_SESSIONS, detail),
                                        lambda: f"the destination {standby.state.value}" if standby.gone else None)
             except MoveFailed as exc:
                 await self._call_off(op, wid, standby_id)
-                raise RuntimeError(f"migration of {wid} to {to} called off: {exc}; {wid} serves on "
+                raise OperationFailed(f"migration of {wid} to {to} called off: {exc}; {wid} serves on "
                                    f"{source_device}, nothing was lost") from None
-            op.stage = "switching over"
+            op.at(LiveMigrateStage.SWITCHING_OVER)
             self._take_id(wid, standby_id)
         finally:
             self.runner.unhold(standby_id, op)
         await self.runner.shut_down(source_link)
-        downtimes = [mv["downtime_s"] for mv in moved if mv["downtime_s"] is not None]
-        result = {"worker": wid, "from": source_device, "to": to, "mode": "live", "reason": None,
-                  "sessions": len(moved), "bytes": sum(mv["bytes"] for mv in moved),
-                  "downtime_s": max(downtimes, default=0.0), "checkpoint": None,
-                  "moves": [{key: mv[key] for key in ("request", "downtime_s", "resumed_at")} for mv in moved],
-                  "seconds": round(time.time() - started, 4)}
+        downtimes = [mv.downtime_s for mv in moved if mv.downtime_s is not None]
+        result = LiveMigrateResult(
+            worker=wid, from_=source_device, to=to, sessions=len(moved), bytes=sum(mv.bytes for mv in moved),
+            downtime_s=max(downtimes, default=0.0), seconds=round(time.time() - started, 4),
+            moves=[SessionMoved(request=mv.request, downtime_s=mv.downtime_s, resumed_at=mv.resumed_at)
+                   for mv in moved])
         self.state.stats.migrations.labels(mode="live").inc()
-        details = {k: v for k, v in result.items() if k not in ("worker", "moves")}
+        details = result.model_dump(exclude={"kind", "worker", "moves"})
         self.state.record_event(EventKind.MIGRATE, wid, details)
         return result
 
@@ -78,11 +84,7 @@ class LiveMigration:
         link.worker_id = view.worker_id = wid
         state.links[wid], state.views[wid] = link, view
         state.specs[wid] = dataclasses.replace(spec, worker_id=wid)
-        for req in state.requests.values():
-            if req.decode_worker == standby_id:
-                req.decode_worker = wid
-            if req.prefill_worker == standby_id:
-                req.prefill_worker = wid
+        placement.rename(list(state.requests.values()), standby_id, wid)
         link.send(m.Rename(wid))
         if state.recorder:
             state.recorder.worker_started(view)
@@ -93,10 +95,10 @@ class LiveMigration:
         source, standby = state.views[wid], state.views[standby_id]
         source.state = WorkerState.RUNNING
         self.host.routing_changed()
-        op.stage = "calling off: moving sessions back"
+        op.at(LiveMigrateStage.CALLING_OFF, "moving sessions back")
         if not standby.gone:
             try:
-                await move_all(self.moves, standby_id, lambda req: wid, lambda stage: None,
+                await evacuate(self.moves, standby_id, lambda req: wid, lambda detail: None,
                                lambda: "the standby is gone" if standby.gone else None, CALL_OFF_TIMEOUT_S)
             except MoveFailed:
                 standby.state = WorkerState.STOPPED

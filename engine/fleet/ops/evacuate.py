@@ -1,5 +1,5 @@
-"""Moving every session off a worker live (`session_move`), for a migration (to its standby) and for
-`drain --move` (to its peers): each decoding session is moved, concurrently; one not decoding yet (a
+"""Evacuating a worker: moving every session off it live (`session_move`), for a migration (to its
+standby) and for `drain --move` (to its peers): each decoding session is moved, concurrently; one not decoding yet (a
 prompt still prefilling on a mixed worker, a handoff still being adopted) is moved once it decodes, and one
 whose move was called off (it decodes on where it was) is tried again."""
 
@@ -7,23 +7,26 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from fleetctl.engine.fleet.errors import MoveFailed
+from fleetctl.engine.fleet.ops.results import MoveResult
+from fleetctl.engine.fleet.ops.session_move import SessionMoves, movable_from
 from fleetctl.engine.fleet.request import TrackedRequest
-from fleetctl.engine.fleet.session_move import MoveFailed, SessionMoves, movable_from
 
 POLL_S = 0.02
 RETRY_AFTER_S = 0.5  # a session whose move was called off is tried again after this
-MOVE_ALL_TIMEOUT_S = 300.0
+EVACUATE_TIMEOUT_S = 300.0
 
 
-async def move_all(moves: SessionMoves, source: str, pick: Callable[[TrackedRequest], str | None],
+async def evacuate(moves: SessionMoves, source: str, pick: Callable[[TrackedRequest], str | None],
                    progress: Callable[[str], None], called_off: Callable[[], str | None] = lambda: None,
-                   timeout_s: float = MOVE_ALL_TIMEOUT_S) -> list[dict]:
+                   timeout_s: float = EVACUATE_TIMEOUT_S) -> list[MoveResult]:
     """Move the sessions `source` holds to the workers `pick` names (None: not now) until it holds none;
-    returns each move's result. Raises MoveFailed when `called_off` gives a reason or `timeout_s` passes,
-    once the moves under way have ended (what moved stays moved)."""
+    returns each move's result; `progress` is told how many moved and how many are left. Raises MoveFailed
+    when `called_off` gives a reason or `timeout_s` passes, once the moves under way have ended (what moved
+    stays moved)."""
     state = moves.state
     view = state.views[source]
-    moved: list[dict] = []
+    moved: list[MoveResult] = []
     tasks: dict[str, asyncio.Task] = {}
     failed_at: dict[str, float] = {}
     last_error = ""
@@ -41,13 +44,13 @@ async def move_all(moves: SessionMoves, source: str, pick: Callable[[TrackedRequ
         if reason:
             await asyncio.gather(*tasks.values(), return_exceptions=True)
             raise MoveFailed(reason)
-        for rid in sorted(view.requests - tasks.keys() - moves.moving.keys()):
+        for rid in sorted(view.requests - tasks.keys() - moves.in_flight.by_request.keys()):
             if time.monotonic() - failed_at.get(rid, -RETRY_AFTER_S) < RETRY_AFTER_S:
                 continue
             req = state.requests.get(rid)
             dest = pick(req) if req is not None and movable_from(req) == source else None
             if req is not None and dest is not None:
                 tasks[rid] = asyncio.create_task(moves.move_session(req, source, dest))
-        progress(f"moving sessions: {len(moved)} moved, {len(view.requests)} left")
+        progress(f"{len(moved)} moved, {len(view.requests)} left")
         await asyncio.sleep(POLL_S)
     return moved

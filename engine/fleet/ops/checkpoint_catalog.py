@@ -15,7 +15,7 @@ from fleetctl.engine.checkpoint.format import (
     read_checkpoint,
     used_at,
 )
-from fleetctl.engine.fleet.operation import OperationError
+from fleetctl.engine.fleet.errors import OperationRefused
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.paths import checkpoint_root
 
@@ -26,18 +26,18 @@ def resolve_checkpoint(given: str) -> Path:
     """A checkpoint name or path, which must lie inside $FLEET_HOME/checkpoints."""
     root = checkpoint_root().resolve()
     if not given or not given.isprintable():
-        raise OperationError(400, f"checkpoint {given!r} is not a name or a path")
+        raise OperationRefused(400, f"checkpoint {given!r} is not a name or a path")
     if ".." in Path(given).parts:
-        raise OperationError(400, f"checkpoint path {given!r} may not contain '..'")
+        raise OperationRefused(400, f"checkpoint path {given!r} may not contain '..'")
     try:
         path = (Path(given) if Path(given).is_absolute() else root / given).resolve()
         found = path.is_dir()
     except (OSError, ValueError) as exc:  # a name too long for the file system, say
-        raise OperationError(400, f"checkpoint {given!r}: {exc}") from None
+        raise OperationRefused(400, f"checkpoint {given!r}: {exc}") from None
     if root not in path.parents:
-        raise OperationError(400, f"checkpoint {given!r} is outside {root}")
+        raise OperationRefused(400, f"checkpoint {given!r} is outside {root}")
     if not found:
-        raise OperationError(404, f"no checkpoint {given!r} in {root}")
+        raise OperationRefused(404, f"no checkpoint {given!r} in {root}")
     return path
 
 

@@ -1,0 +1,178 @@
+"""`rebalance`: move a disaggregated fleet to another prefill:decode split on the same devices, one worker
+at a time, without losing a session. Each worker that changes role has its sessions leave it (see
+`Evacuation`), is stopped, and a worker of the other role is started on its device (with a fresh id,
+as `start` gives). Each step is an operation of `lifecycle`; the rebalance is one operation over them
+that an operator polls like the others.
+
+Refused (4xx, nothing changed): a split that does not parse, has an empty role, or does not use the
+fleet's devices exactly; a colocated fleet; a fleet already at that split; another operation running or
+a worker starting or draining; and with `force`, a worker whose sessions would not fit on its peers.
+Converting only from the role in excess keeps both roles non-empty at every step."""
+
+import asyncio
+import time
+from enum import StrEnum
+from typing import TypeVar
+
+from fleetctl.domain import EventKind, WorkerRole, WorkerState
+from fleetctl.engine.core.block_allocator import blocks_for
+from fleetctl.engine.fleet.errors import FleetError, OperationFailed, OperationRefused
+from fleetctl.engine.fleet.ops.lifecycle import WorkerLifecycle
+from fleetctl.engine.fleet.ops.record import Operation, OpKind, OpState
+from fleetctl.engine.fleet.ops.results import (
+    DrainResult,
+    OperationResult,
+    RebalancePreview,
+    RebalanceResult,
+    RoleChange,
+    RoleChanged,
+    StartResult,
+    StopResult,
+)
+from fleetctl.engine.fleet.ops.runner import OperationRunner
+from fleetctl.engine.fleet.ops.stages import RebalanceStage
+from fleetctl.engine.fleet.worker_view import WorkerView
+from fleetctl.engine.planner.split import Split, SplitError, parse_split
+
+POLL_S = 0.05
+R = TypeVar("R", bound=OperationResult)
+FLEET = "fleet"  # the operation's `worker`: a rebalance acts on the whole fleet
+
+
+class Evacuation(StrEnum):
+    """How a worker's sessions leave it before it changes role."""
+
+    # the default: a decode worker's sessions move live to its peers between two steps (`drain --move`;
+    # what cannot move finishes in place); a prefill worker's (KV awaiting a handoff) finish where they are
+    MOVE = "move"
+    FINISH = "finish"  # drain: they finish where they are; it takes no new work meanwhile
+    RECOMPUTE = "recompute"  # `force`: recomputed at once on its peers from their tokens
+
+
+class Rebalancer:
+    def __init__(self, runner: OperationRunner, lifecycle: WorkerLifecycle) -> None:
+        self.runner = runner
+        self.state = runner.state
+        self.lifecycle = lifecycle
+
+    def running_operation(self) -> Operation | None:
+        return next((op for op in self.runner.ops.values() if op.state is OpState.RUNNING), None)
+
+    def counts(self) -> dict[WorkerRole, int]:
+        """Running workers per role."""
+        running = [v.role for v in self.state.views.values() if v.state is WorkerState.RUNNING]
+        return {role: running.count(role) for role in (WorkerRole.PREFILL, WorkerRole.DECODE)}
+
+    def current(self) -> str:
+        counts = self.counts()
+        return f"{counts[WorkerRole.PREFILL]}:{counts[WorkerRole.DECODE]}"
+
+    def preview(self, split: str, force: bool) -> RebalancePreview:
+        """The dry run: what `start` would do."""
+        target = self._parse(split)
+        return RebalancePreview(split=target.label, current=self.current(), force=force,
+                                evacuation=_evacuation(force).value, moves=self.role_changes(target, force))
+
+    def start(self, split: str | Split, force: bool) -> Operation:
+        target = self._parse(split) if isinstance(split, str) else split
+        changes = self.role_changes(target, force)
+        if not changes:
+            raise OperationRefused(409, f"the fleet is already at split {target.label}")
+        op = Operation(OpKind.REBALANCE, FLEET)
+        return self.runner.launch(op, self._run(op, target, changes, _evacuation(force)))
+
+    @staticmethod
+    def _parse(split: str) -> Split:
+        try:
+            return parse_split(split)
+        except SplitError as exc:
+            raise OperationRefused(400, str(exc)) from None
+
+    def role_changes(self, target: Split, force: bool) -> list[RoleChange]:
+        """The workers that change role, those holding the fewest sessions first; raises OperationRefused."""
+        if self.state.config.colocated:
+            raise OperationRefused(409, "this fleet is colocated (mixed workers): rebalance moves prefill:decode "
+                                        "splits; restart it with --prefill P --decode D")
+        busy = self.running_operation()
+        if busy is not None:
+            raise OperationRefused(409, f"another operation is running ({busy.kind.value} {busy.id} on "
+                                        f"{busy.worker_id}): wait for it to end")
+        live = [v for v in self.state.views.values() if v.state in (WorkerState.RUNNING, WorkerState.STARTING,
+                                                                    WorkerState.DRAINING)]
+        unsettled = [f"{v.worker_id} is {v.state.value}" for v in live if v.state is not WorkerState.RUNNING]
+        if unsettled:
+            raise OperationRefused(409, f"{', '.join(unsettled)}: rebalance when every worker runs (resume or stop it)")
+        if target.devices != len(live):
+            need = "needs more devices than" if target.devices > len(live) else "leaves devices idle of"
+            raise OperationRefused(400, f"split {target.label} {need} the fleet's {len(live)} "
+                                        f"({', '.join(sorted(v.device for v in live))}): a split uses them all")
+        prefill = self.counts()[WorkerRole.PREFILL]
+        excess, to_role, count = ((WorkerRole.PREFILL, WorkerRole.DECODE, prefill - target.prefill)
+                                  if prefill > target.prefill
+                                  else (WorkerRole.DECODE, WorkerRole.PREFILL, target.prefill - prefill))
+        chosen = sorted((v for v in live if v.role is excess), key=lambda v: (len(v.requests), v.worker_id))[:count]
+        if force:
+            self._check_room(chosen, [v for v in live if v.role is excess and v not in chosen])
+        return [RoleChange(worker=v.worker_id, device=v.device, from_=excess.value, to=to_role.value,
+                           sessions=len(v.requests)) for v in chosen]
+
+    def _check_room(self, leaving: list[WorkerView], staying: list[WorkerView]) -> None:
+        """Sessions recomputed on peers must fit in the peers' free KV blocks (decode workers hold KV for the
+        whole answer; a prefill worker's prompts just queue for its peers)."""
+        if not leaving or leaving[0].role is not WorkerRole.DECODE:
+            return
+        needed = sum(blocks_for(len(req.prompt_token_ids) + len(req.output_token_ids), v.block_size)
+                     for v in leaving for rid in v.requests if (req := self.state.requests.get(rid)) is not None)
+        free = sum(v.free_blocks for v in staying)
+        if needed > free:
+            sessions = sum(len(v.requests) for v in leaving)
+            names = ", ".join(v.worker_id for v in leaving)
+            raise OperationRefused(409, f"recomputing {sessions} session(s) of {names} "
+                                        f"needs {needed} KV blocks and their peers have {free} free: rebalance without "
+                                        f"--force (sessions finish in place) or when the load is lower")
+
+    async def _run(self, op: Operation, target: Split, changes: list[RoleChange], how: Evacuation) -> RebalanceResult:
+        started, origin, done = time.time(), self.current(), []
+        try:
+            for n, change in enumerate(changes, 1):
+                step = f"{n}/{len(changes)} {change.worker} on {change.device} -> {change.to}"
+                finished, moved = 0, 0
+                if how is Evacuation.MOVE and change.from_ == WorkerRole.DECODE.value:
+                    drained = await self._follow(op, step, self.lifecycle.drain(change.worker, move=True), DrainResult)
+                    finished, moved = drained.sessions_finished, drained.sessions_moved or 0
+                stopping = self.lifecycle.stop(change.worker, force=how is Evacuation.RECOMPUTE)
+                stopped = await self._follow(op, step, stopping, StopResult)
+                new = await self._follow(op, step, self.lifecycle.start(change.to, change.device), StartResult)
+                done.append(RoleChanged(**change.model_dump(by_alias=False), new_worker=new.worker,
+                                        sessions_finished=stopped.sessions_finished + finished,
+                                        sessions_moved=stopped.sessions_moved + moved,
+                                        seconds=round(stopped.seconds + new.seconds, 3)))
+        except FleetError as exc:
+            reached = self.current()
+            self.state.record_event(EventKind.REBALANCE, None, {"from": origin, "to": target.label,
+                                                                "moves": [c.model_dump() for c in done],
+                                                                "error": str(exc)})
+            raise OperationFailed(f"{exc} (the fleet is at {reached} after {len(done)} of {len(changes)} "
+                                  f"move(s))") from None
+        result = RebalanceResult(split=target.label, from_=origin, evacuation=how.value, moves=done,
+                                 seconds=round(time.time() - started, 3))
+        self.state.record_event(EventKind.REBALANCE, None, {"from": origin, "to": target.label,
+                                                            "moves": [c.model_dump() for c in done],
+                                                            "evacuation": how.value, "seconds": result.seconds})
+        return result
+
+    @staticmethod
+    async def _follow(op: Operation, step: str, inner: Operation, kind: type[R]) -> R:
+        """Wait for one step's operation, showing its stage in the rebalance's; its result, or OperationFailed."""
+        while inner.state is OpState.RUNNING:
+            op.at(RebalanceStage.CHANGING_ROLES)
+            op.stage = f"{step}: {inner.kind.value} {inner.worker_id}: {inner.stage}"  # the step, in people's words
+            await asyncio.sleep(POLL_S)
+        if inner.state is not OpState.DONE:
+            raise OperationFailed(f"{inner.kind.value} of {inner.worker_id} {inner.state.value}: {inner.error}")
+        assert isinstance(inner.result, kind)
+        return inner.result
+
+
+def _evacuation(force: bool) -> Evacuation:
+    return Evacuation.RECOMPUTE if force else Evacuation.MOVE

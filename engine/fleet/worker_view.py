@@ -1,0 +1,56 @@
+"""The controller's record of one worker: what it is (id, role, device, node), its state, its capacity
+and load as last reported, the requests it holds, and what its prefix cache holds. Every part of the
+controller reads it; the router decides from it, the message handlers update it."""
+
+from dataclasses import dataclass, field
+
+from fleetctl.domain import WorkerRole, WorkerState
+from fleetctl.engine.core.block_allocator import BLOCK_SIZE
+from fleetctl.engine.worker.prefix_summary import PrefixIndex
+
+
+@dataclass
+class WorkerView:
+    """The controller's picture of one worker, from its reports."""
+
+    worker_id: str
+    role: WorkerRole
+    device: str
+    state: WorkerState = WorkerState.STARTING
+    node: str = ""  # the Ray node its process runs on ("" on this machine)
+    node_lost: bool = False  # its process ended because the Ray cluster lost that node
+    pid: int | None = None
+    num_kv_blocks: int = 0
+    block_size: int = BLOCK_SIZE
+    free_blocks: int = 0
+    running: int = 0
+    waiting: int = 0
+    requests: set[str] = field(default_factory=set)  # request ids this worker holds
+    device_name: str = ""
+    peak_flops: float = 0.0
+    peak_bytes_per_s: float = 0.0
+    last_error: str = ""  # why the worker's last process exited, in its own words
+    last_heard: float = 0.0  # time.monotonic() of its last message (the watchdog's clock)
+    prefix: PrefixIndex = field(default_factory=PrefixIndex)  # what its prefix cache holds, as last reported
+    prefilling: dict[str, int] = field(default_factory=dict)  # request id -> tokens routed here to prefill
+
+    def prefill_backlog(self) -> int:
+        """Tokens routed here to prefill that it still holds: the work ahead of a new prompt. Entries of
+        requests it no longer holds are dropped here, whatever path they left by."""
+        for rid in [rid for rid in self.prefilling if rid not in self.requests]:
+            del self.prefilling[rid]
+        return sum(self.prefilling.values())
+
+    @property
+    def accepting(self) -> bool:
+        return self.state is WorkerState.RUNNING
+
+    @property
+    def gone(self) -> bool:
+        """Its process exited or is shutting down: nothing more is sent to it, and the KV it published
+        is the controller's to clean up."""
+        return self.state in (WorkerState.FAILED, WorkerState.STOPPED)
+
+    @property
+    def kv_usage(self) -> float:
+        return 1 - self.free_blocks / self.num_kv_blocks if self.num_kv_blocks else 0.0

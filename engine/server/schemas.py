@@ -1,0 +1,272 @@
+"""The `/fleet/*` contract: a pydantic model for every response, so `/openapi.json` describes responses
+as well as bodies and the CLI and the console parse the same types. Torch-free. The operations' results
+and stages are the fleet's own (`engine/fleet/ops/results.py`, `ops/stages.py`), used here as they are;
+`describe` says any operation, done or not, in one sentence for people.
+
+Response models built from the fleet's and the store's dicts allow extra fields: a field added there is
+passed on, never dropped (fields are added, never renamed)."""
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from fleetctl.engine.fleet.ops.record import Operation, OpKind, OpState
+from fleetctl.engine.fleet.ops.results import (
+    CheckpointResult,
+    DrainResult,
+    LiveMigrateResult,
+    MoveResult,
+    MoveStageDone,
+    OperationResult,
+    RebalancePreview,
+    RebalanceResult,
+    RestartResult,
+    RestoreResult,
+    ResumeResult,
+    RoleChange,
+    RoleChanged,
+    SessionMoved,
+    StartResult,
+    StopResult,
+)
+from fleetctl.engine.fleet.ops.stages import STAGES, progress
+
+__all__ = [
+    "STAGES", "CheckpointResult", "DrainResult", "LiveMigrateResult", "MoveResult", "MoveStageDone",
+    "OperationResult", "RebalancePreview", "RebalanceResult", "RestartResult", "RestoreResult", "ResumeResult",
+    "RoleChange", "RoleChanged", "SessionMoved", "StartResult", "StopResult", "describe", "operation_info",
+]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class WorkerInfo(_Open):
+    id: str
+    role: str
+    device: str
+    node: str | None  # a Ray fleet's node (None: this machine)
+    node_lost: bool
+    state: str
+    pid: int | None
+    sessions: int
+    kv_usage: float
+    kv_blocks: int
+    free_blocks: int
+    busy: float
+    mfu: float
+    mbu: float
+    tokens_per_s: float
+    prefix_hit_ratio: float
+
+
+class PoolInfo(_Open):
+    workers: int
+    busy: float
+    mfu: float
+    mbu: float
+    queue: int
+    prefix_hit_ratio: float
+
+
+class FleetStatus(_Open):
+    model: str
+    url: str
+    pid: int
+    window_s: float
+    workers: list[WorkerInfo]
+    pools: dict[str, PoolInfo]  # by role
+    local_prefills: int
+
+
+class WorkerList(_Open):
+    workers: list[WorkerInfo]
+
+
+class SessionInfo(_Open):
+    id: str
+    stage: str
+    prompt_tokens: int
+    output_tokens: int
+    age_s: float
+
+
+class WorkerSessions(_Open):
+    worker: str
+    sessions: list[SessionInfo]
+
+
+class CheckpointEntry(_Open):
+    checkpoint: str
+    name: str
+    used_at: str | None
+    valid: bool
+    error: str | None = None  # an invalid one: why
+    worker: str | None = None
+    role: str | None = None
+    sessions: int | None = None
+    created: str | None = None
+    bytes: int | None = None
+
+
+class CheckpointList(_Open):
+    checkpoints: list[CheckpointEntry]
+
+
+class OperationInfo(BaseModel):
+    """`/fleet/operations/{id}`, and the 202 body of every operation started."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    kind: OpKind
+    worker: str
+    device: str | None
+    state: OpState
+    step: str  # one of its kind's stages (STAGES)
+    stage: str  # the step with its detail, for people
+    progress: float | None  # how far through its kind's stages (1.0 once it ended)
+    started: float
+    result: OperationResult | None
+    error: str | None
+    writer_pid: int | None
+    destination_pid: int | None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _result_of_its_kind(cls, data: Any) -> Any:
+        """Parsed JSON: the result's model is the operation's kind's (and for a migration, its mode's)."""
+        if isinstance(data, dict) and isinstance(data.get("result"), dict):
+            return data | {"result": data["result"] | {"kind": data.get("kind")}}
+        return data
+
+
+def operation_info(op: Operation) -> OperationInfo:
+    return OperationInfo(id=op.id, kind=op.kind, worker=op.worker_id, device=op.device, state=op.state,
+                         step=op.step, stage=op.stage,
+                         progress=1.0 if op.state is not OpState.RUNNING else progress(op.kind, op.step),
+                         started=op.started, result=op.result, error=op.error, writer_pid=op.writer_pid,
+                         destination_pid=op.destination_pid)
+
+
+def describe(op: OperationInfo) -> str:
+    """One sentence for people: what a done operation did, why one failed or was called off, or where one
+    still running is."""
+    if op.state is OpState.FAILED:
+        return f"{op.kind.value} of {op.worker} failed: {op.error}"
+    if op.state is OpState.CANCELLED:
+        return f"{op.kind.value} of {op.worker} called off: {op.error}"
+    if op.state is OpState.RUNNING or op.result is None:
+        return f"{op.kind.value} of {op.worker}: {op.stage}"
+    return op.result.describe()
+
+
+class RequestRecord(_Open):
+    """A finished request's timing breakdown (`TrackedRequest.record`)."""
+
+    request_id: str
+    arrival: float
+    queue_s: float
+    prefill_s: float
+    ttft_s: float
+    handoff_s: float
+    handoff_bytes: int
+    handoff_wall_s: float
+    first_decode_s: float
+    decode_s: float
+    e2e_s: float
+    prompt_tokens: int
+    output_tokens: int
+    prefill_worker: str | None
+    decode_worker: str | None
+    outcome: str
+    recomputes: int
+    prefill_cached_tokens: int
+    prefill_computed_tokens: int
+    local_prefill: bool
+
+
+class RecentRequests(_Open):
+    requests: list[RequestRecord]
+
+
+class HistoryPoint(_Open):
+    ts: float
+    busy: float
+    mfu: float
+    mbu: float
+    tokens_per_s: float
+
+
+class Percentiles(_Open):
+    p50: float | None
+    p99: float | None
+
+
+class Traffic(_Open):
+    requests: int
+    requests_per_s: float
+    ttft_s: Percentiles
+    tpot_s: Percentiles
+    prefill_share: float
+    decode_share: float
+    handoff_bytes_per_s: float
+    handoff_share_of_e2e: float
+
+
+class EventRecord(_Open):
+    ts: float
+    kind: str
+    worker: str | None
+    details: dict[str, Any]
+
+
+class FleetHistory(_Open):
+    now: float
+    window_s: float
+    bucket_s: float
+    pools: dict[str, list[HistoryPoint]]  # by role
+    workers: dict[str, list[HistoryPoint]]  # by worker id
+    traffic: Traffic
+    events: list[EventRecord]  # newest last
+
+
+class SplitInfo(_Open):
+    prefill: int
+    decode: int
+    mixed: int
+    layout: str
+
+
+class PlanCandidate(SplitInfo):
+    goodput: float | str  # requests meeting both SLOs per second
+    ttft_p90_s: float
+    tpot_p90_s: float | None
+    good_requests: int
+    requests: int
+    e2e_mean_s: float
+
+
+class PlanSlo(_Open):
+    ttft_s: float
+    tpot_s: float
+
+
+class FleetPlan(_Open):
+    """`plan --json`: `recommended`, `current`, `candidates`, `reason`, and more."""
+
+    recommended: SplitInfo
+    current: SplitInfo | None
+    candidates: list[PlanCandidate]  # best first
+    reason: str
+    best_split: SplitInfo | None
+    gain_pct: float | str | None
+    window_s: float
+    source: str
+    requests: int
+    slo: PlanSlo
+    devices: list[str]
+    what_if: dict[str, Any] | None
+    fit: dict[str, Any]
+    notes: list[str]
