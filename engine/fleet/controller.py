@@ -86,7 +86,7 @@ class Fleet:
         self.lifecycle = WorkerLifecycle(self.operations, self.moves)
         self.rebalancer = Rebalancer(self.operations, self.lifecycle)
         self.supervisor = Supervisor(self.operations, self.dispatcher.fail_stranded)
-        self.watchdog = Watchdog(self.state)
+        self.watchdog = Watchdog(self.state.views, self.state.links, config.supervision.heartbeat_timeout_s)
         self.inbox = WorkerInbox(
             self.state, tokens=self.tokens, handoffs=self.handoffs, recovery=self.recovery,
             operations=self.operations, restores=self.restores, moves=self.moves, checkpoints=self.checkpoints,
@@ -234,12 +234,7 @@ class Fleet:
                           self.inbox.on_link_exit)
 
     def take_over(self, wid: str, link: WorkerLink, ready: m.WorkerReady) -> None:
-        spec = link.launched.spec
-        self.state.links[wid], self.state.specs[wid] = link, spec
-        view = self.views.get(wid)
-        if view is None:
-            view = self.views[wid] = WorkerView(wid, spec.role, spec.device)
-        view.device, view.node, view.node_lost = spec.device, link.launched.node, False
+        self.state.take_over(wid, link)
         self.inbox.deliver(wid, ready)
 
     def routing_changed(self) -> None:
