@@ -106,6 +106,8 @@ class Fleet:
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Launch every configured worker and wait for all to be ready: the fleet starts whole or raises
+        FleetStartFailed, so the server never listens with a configured worker missing."""
         self._loop = asyncio.get_running_loop()
         if swept := sweep_dead_fleets(self.config.shm_dir):
             log.info("removed %d KV handoff buffer(s) left by fleets that were killed", swept)
@@ -157,6 +159,8 @@ class Fleet:
             self.dispatcher.abandon(req, f"the fleet shut down before this request finished ({grace_s:g} s grace)")
 
     async def stop(self) -> None:
+        """Shut every worker down and fail what is still in flight; workers exiting now are stopped, not failed
+        (nothing restarts them), and the store's rows say so."""
         self.state.stopping = True
         for task in self._tasks:
             task.cancel()
