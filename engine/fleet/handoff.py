@@ -27,9 +27,9 @@ class HandoffRouting:
                 continue
             tokens = len(req.prompt_token_ids) + len(req.output_token_ids)
             view = self.dispatcher.router.pick_decode_worker(self.dispatcher.candidates(req), tokens, req.failed_on,
-                                                   cached_tokens(req), req.sibling_decode_workers())
+                                                             cached_tokens(req), req.sibling_decode_workers())
             if view is None:
-                state.pending_handoffs.append(req)
+                self.wait_for_decode(req)
                 continue
             view.free_blocks -= blocks_for(tokens, view.block_size)  # reserved until the worker reports again
             placement.hand_over(req, view)

@@ -17,7 +17,7 @@ WATCHED = (WorkerState.RUNNING, WorkerState.DRAINING)
 
 class Watchdog:
     def __init__(self, views: dict[str, WorkerView], links: dict[str, WorkerLink], timeout_s: float) -> None:
-        self.views = views  # the fleet's own tables (FleetState), read only: a worker added later is watched too
+        self.views = views  # FleetState's tables, not copies: a worker added later is watched too
         self.links = links
         self.timeout_s = timeout_s
 
