@@ -1,9 +1,11 @@
-"""The fleet controller: starts workers, admits requests and streams their tokens back, and routes
-every worker message to the part that handles it — dispatch (prompts, endings), token streams, handoff
-routing, recovery, the watchdog and the supervisor (hung and dead workers), operations (`ops/`: checkpoint,
-restore, migrate, session moves, the pool changes start / drain / resume / stop, rebalance). It is the one
-face the server sees: the routes call its methods, never its parts. It holds no tensors and imports no
-torch; it runs on one asyncio loop, with a reader and a writer thread per worker pipe."""
+"""The fleet controller, `Fleet`: it assembles the fleet's parts — dispatch (prompts, endings), token
+streams, handoff routing, recovery, the watchdog and the supervisor (hung and dead workers), operations
+(`ops/`: checkpoint, restore, migrate, session moves, the pool changes start / drain / resume / stop,
+rebalance) and the inbox that routes each worker message to one of them (`worker_inbox`) — starts and stops
+the fleet, and admits requests and streams their tokens back. It is the one face the server sees: the routes
+call its methods, never its parts; each façade method is one line into the part that does the work. It holds
+no tensors and imports no torch; it runs on one asyncio loop, with a reader and a writer thread per worker
+pipe."""
 
 import asyncio
 import logging
@@ -32,7 +34,7 @@ from fleetctl.engine.fleet.ops.rebalance import Rebalancer
 from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.fleet.ops.restore import Restores
 from fleetctl.engine.fleet.ops.results import RebalancePreview
-from fleetctl.engine.fleet.ops.runner import Awaited, OperationRunner
+from fleetctl.engine.fleet.ops.runner import OperationRunner
 from fleetctl.engine.fleet.ops.session_move import SessionMoves
 from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.recovery import Recovery
@@ -42,6 +44,7 @@ from fleetctl.engine.fleet.stats import FleetStats
 from fleetctl.engine.fleet.supervisor import Supervisor
 from fleetctl.engine.fleet.tokens import TokenStreams
 from fleetctl.engine.fleet.watchdog import Watchdog
+from fleetctl.engine.fleet.worker_inbox import WorkerInbox
 from fleetctl.engine.fleet.worker_link import WorkerLink
 from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.model.config import ModelConfig
@@ -83,7 +86,11 @@ class Fleet:
         self.lifecycle = WorkerLifecycle(self.operations, self.moves)
         self.rebalancer = Rebalancer(self.operations, self.lifecycle)
         self.supervisor = Supervisor(self.operations, self.dispatcher.fail_stranded)
-        self.watchdog = Watchdog(self.state)
+        self.watchdog = Watchdog(self.state.views, self.state.links, config.supervision.heartbeat_timeout_s)
+        self.inbox = WorkerInbox(
+            self.state, tokens=self.tokens, handoffs=self.handoffs, recovery=self.recovery,
+            operations=self.operations, restores=self.restores, moves=self.moves, checkpoints=self.checkpoints,
+            supervisor=self.supervisor, watchdog=self.watchdog, routing_changed=self.routing_changed)
         self._launcher = launcher or LocalLauncher()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
@@ -99,6 +106,8 @@ class Fleet:
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Launch every configured worker and wait for all to be ready: the fleet starts whole or raises
+        FleetStartFailed, so the server never listens with a configured worker missing."""
         self._loop = asyncio.get_running_loop()
         if swept := sweep_dead_fleets(self.config.shm_dir):
             log.info("removed %d KV handoff buffer(s) left by fleets that were killed", swept)
@@ -150,6 +159,8 @@ class Fleet:
             self.dispatcher.abandon(req, f"the fleet shut down before this request finished ({grace_s:g} s grace)")
 
     async def stop(self) -> None:
+        """Shut every worker down and fail what is still in flight; workers exiting now are stopped, not failed
+        (nothing restarts them), and the store's rows say so."""
         self.state.stopping = True
         for task in self._tasks:
             task.cancel()
@@ -223,16 +234,12 @@ class Fleet:
 
     def launch(self, spec: WorkerSpec) -> WorkerLink:
         assert self._loop is not None, "the fleet is not started"
-        return WorkerLink(self._launcher.launch(spec), self._loop, self._on_link_message, self._on_link_exit)
+        return WorkerLink(self._launcher.launch(spec), self._loop, self.inbox.on_link_message,
+                          self.inbox.on_link_exit)
 
     def take_over(self, wid: str, link: WorkerLink, ready: m.WorkerReady) -> None:
-        spec = link.launched.spec
-        self.state.links[wid], self.state.specs[wid] = link, spec
-        view = self.views.get(wid)
-        if view is None:
-            view = self.views[wid] = WorkerView(wid, spec.role, spec.device)
-        view.device, view.node, view.node_lost = spec.device, link.launched.node, False
-        self._on_message(wid, ready)
+        self.state.take_over(wid, link)
+        self.inbox.deliver(wid, ready)
 
     def routing_changed(self) -> None:
         self.handoffs.dispatch()
@@ -297,84 +304,3 @@ class Fleet:
 
     def queue_length(self, role: WorkerRole) -> int:
         return self.dispatcher.queue_length(role)
-
-    # ---- messages from workers (event loop) -------------------------------------------------
-
-    def _on_link_message(self, link: WorkerLink, msg: object) -> None:
-        if self.state.links.get(link.worker_id) is link:
-            self.watchdog.heard(link.worker_id)
-            self._on_message(link.worker_id, msg)
-        elif isinstance(msg, m.Restored | m.RestoreFailed):
-            self.restores.on_restore_message(link, msg)
-        else:
-            self.operations.on_foreign_message(link, msg)
-
-    def _on_link_exit(self, link: WorkerLink) -> None:
-        wid = link.worker_id
-        if self.state.links.get(wid) is not link:
-            self.operations.on_foreign_exit(link)
-            return
-        if link.exit_cause is not None:  # its placement's word (Ray: the actor died, or its node was lost)
-            view = self.views[wid]
-            view.last_error, view.node_lost = view.last_error or link.exit_cause.reason, link.exit_cause.node_lost
-        self.operations.resolve(wid, Awaited.CHECKPOINT, m.CheckpointFailed("the worker exited"))
-        self.moves.on_worker_exit(wid)  # before recovery: a session past its final stage goes on at its destination
-        if self.recovery.on_worker_exit(wid):
-            self.supervisor.on_failure(wid)  # first: requests for its role may wait for the restart
-            self.recovery.recompute_held(wid, failed=True)
-            self._sweep_buffers_of(self.views[wid].pid)
-        self.routing_changed()
-
-    def _sweep_buffers_of(self, pid: int | None) -> None:
-        """A dead worker's KV buffers that no request will read (published, but never announced)."""
-        wanted = {req.handle.location for req in self.state.requests.values() if req.handle is not None}
-        wanted |= self.operations.moves.buffers()
-        sweep(self.config.shm_dir, lambda buffer: buffer.fleet_pid == os.getpid() and buffer.producer_pid == pid
-              and str(buffer.path) not in wanted)
-
-    def _on_message(self, wid: str, msg: object) -> None:
-        view = self.views[wid]
-        match msg:
-            case m.Heartbeat():
-                pass  # heard (the watchdog's clock), nothing else
-            case m.WorkerReady():
-                view.state, view.pid, view.last_error = WorkerState.RUNNING, msg.pid, ""
-                view.num_kv_blocks, view.block_size = msg.num_kv_blocks, msg.block_size
-                view.free_blocks = msg.num_kv_blocks
-                view.prefix.clear()  # a new process: its cache starts empty, its changes start with a reset
-                view.device_name, view.peak_flops, view.peak_bytes_per_s = (
-                    msg.device_name, msg.peak_flops, msg.peak_bytes_per_s)
-                self.watchdog.heard(wid)
-                if self.state.recorder:
-                    self.state.recorder.worker_started(view)
-                self.routing_changed()  # a new decode worker takes pending handoffs too
-            case m.StepReport():
-                view.free_blocks, view.running, view.waiting = msg.free_blocks, msg.running, msg.waiting
-                if msg.prefix is not None:
-                    view.prefix.apply(msg.prefix)
-                self.stats.on_step(view, msg)
-                if self.state.recorder:
-                    self.state.recorder.on_step(view, msg)
-                if msg.tokens:
-                    self.restores.on_progress(wid)
-                    self.moves.on_step(wid, msg)
-                self.tokens.on_step(wid, msg)
-                self.handoffs.dispatch()
-            case m.Prefilled():
-                self.restores.on_progress(wid)  # a restored prefill worker re-publishes, without tokens
-                self.handoffs.on_prefilled(wid, msg)
-            case m.Adopted():
-                self.handoffs.on_adopted(wid, msg)
-            case m.AdoptFailed():
-                self.handoffs.on_adopt_failed(wid, msg)
-            case m.RequestFailed():
-                self.recovery.on_request_failed(wid, msg)
-            case m.Capacity():
-                view.free_blocks = msg.free_blocks
-                self.routing_changed()
-            case m.WorkerFailed():
-                view.last_error = msg.reason
-            case m.BlocksReserved() | m.BlocksSent() | m.BlocksReceived() | m.MoveRefused():
-                self.moves.on_message(wid, msg)
-            case m.CheckpointStarted() | m.CheckpointDone() | m.CheckpointFailed():
-                self.checkpoints.on_worker_message(wid, msg)

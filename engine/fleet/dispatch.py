@@ -10,7 +10,7 @@ from fleetctl.domain import WorkerRole
 from fleetctl.engine.core.block_hash import chain_hashes
 from fleetctl.engine.fleet import placement
 from fleetctl.engine.fleet.request import RequestStage, StreamEvent, TrackedRequest
-from fleetctl.engine.fleet.router import CachedTokens
+from fleetctl.engine.fleet.router import CachedTokens, Router
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.worker import protocol as m
@@ -19,6 +19,7 @@ from fleetctl.engine.worker import protocol as m
 class Dispatcher:
     def __init__(self, state: FleetState) -> None:
         self.state = state
+        self.router = Router()  # the routing decisions; handoff routing asks it too
 
     def dispatch_queued(self) -> None:
         """Send queued prompts to workers with room, in order; a suspect that must wait for its own worker
@@ -49,13 +50,13 @@ class Dispatcher:
         views, cached, tokens = self.candidates(req), cached_tokens(req), _num_tokens(req)
         threshold = state.config.local_prefill_tokens
         if threshold and not state.config.colocated:
-            local = state.router.pick_decode_worker(views, tokens, cached=cached)
+            local = self.router.pick_decode_worker(views, tokens, cached=cached)
             if local is not None and cached(local) and tokens - cached(local) <= threshold:
                 req.local_prefill = True
                 state.stats.on_local_prefill()
                 self._run_on_decode(req, local, cached)
                 return True
-        view = state.router.pick_prefill_worker(views, state.config.prompt_role, num_tokens=tokens, cached=cached,
+        view = self.router.pick_prefill_worker(views, state.config.prompt_role, num_tokens=tokens, cached=cached,
                                                 near=req.sibling_prefill_workers())
         if view is None:
             return False
@@ -83,9 +84,9 @@ class Dispatcher:
         req.recomputes += 1
         cached = cached_tokens(req)
         if role is WorkerRole.DECODE:
-            view = state.router.pick_decode_worker(self.candidates(req), 0, req.failed_on, cached)
+            view = self.router.pick_decode_worker(self.candidates(req), 0, req.failed_on, cached)
         else:
-            view = state.router.pick_prefill_worker(self.candidates(req), role, req.failed_on, _num_tokens(req),
+            view = self.router.pick_prefill_worker(self.candidates(req), role, req.failed_on, _num_tokens(req),
                                                     cached)
         if view is None:
             if not state.serves(role):

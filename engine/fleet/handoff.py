@@ -26,10 +26,10 @@ class HandoffRouting:
             if req.done or req.handle is None or req.decode_worker is not None:
                 continue
             tokens = len(req.prompt_token_ids) + len(req.output_token_ids)
-            view = state.router.pick_decode_worker(self.dispatcher.candidates(req), tokens, req.failed_on,
-                                                   cached_tokens(req), req.sibling_decode_workers())
+            view = self.dispatcher.router.pick_decode_worker(self.dispatcher.candidates(req), tokens, req.failed_on,
+                                                             cached_tokens(req), req.sibling_decode_workers())
             if view is None:
-                state.pending_handoffs.append(req)
+                self.wait_for_decode(req)
                 continue
             view.free_blocks -= blocks_for(tokens, view.block_size)  # reserved until the worker reports again
             placement.hand_over(req, view)
@@ -48,8 +48,12 @@ class HandoffRouting:
             return
         req.handle = msg.handle
         req.times.handoff_seconds += msg.publish_seconds
-        self.state.pending_handoffs.append(req)
+        self.wait_for_decode(req)
         self.dispatch()
+
+    def wait_for_decode(self, req: TrackedRequest) -> None:
+        """`req`'s KV is published and no decode worker holds it: each `dispatch` offers it one."""
+        self.state.pending_handoffs.append(req)
 
     def on_adopted(self, wid: str, msg: m.Adopted) -> None:
         req = self.state.requests.get(msg.request_id)
@@ -78,7 +82,7 @@ class HandoffRouting:
         placement.release(req, view)
         if msg.retryable and not self._kv_removed_by_its_producer(req):
             view.free_blocks = 0  # full until it reports again
-            self.state.pending_handoffs.append(req)
+            self.wait_for_decode(req)
         else:
             self.dispatcher.release_prefill_copy(req)
             self.dispatcher.recompute(req, WorkerRole.DECODE)

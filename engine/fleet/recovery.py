@@ -108,7 +108,7 @@ class Recovery:
         if req.decode_worker == wid:  # decoding here, or its handoff was on the way here
             placement.release(req, self.state.views[wid])
             if req.stage is RequestStage.HANDOFF and req.handle is not None:
-                self.state.pending_handoffs.append(req)
+                self.handoffs.wait_for_decode(req)
             else:
                 self.dispatcher.recompute(req, WorkerRole.DECODE)
         elif req.prefill_worker == wid and req.stage is RequestStage.PREFILL:

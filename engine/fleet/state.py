@@ -1,7 +1,24 @@
-"""What the controller's parts share: the workers as the controller sees them, the requests it
-follows, the two queues, and where live numbers go. Plain state and the few questions every part asks
-of it; the parts that act on it (dispatch, handoff, recovery, operations) each receive it."""
+"""What the controller's parts share: the worker table as the controller sees it, the requests it follows,
+the two queues, where live numbers go, and the few questions every part asks of them (`serves`,
+`has_role`). Plain state, handed to the parts that act on requests and workers (dispatch, handoff,
+recovery, operations); a part that needs less gets less (the watchdog: the views and links, the router:
+owned by dispatch).
 
+Who writes what (everyone may read):
+- `config`: nobody after the assembly (`Fleet`).
+- `specs`, `views`, `links` (the worker table, keyed by worker id): `Fleet` (the workers it starts,
+  `take_over` when a process becomes a worker id) and the live migration (`rename_worker`,
+  `forget_worker` for its standby) — nothing else adds, renames or drops an id. A view's fields: the
+  worker's reports (`worker_inbox`), the requests it holds (`placement` only), its state (the part acting
+  on the worker: recovery, the operations).
+- `requests`: `Fleet.submit_samples` adds, `Dispatcher` removes (every ending goes through it).
+- `queued`: `Fleet.submit_samples` appends, `Dispatcher` takes (and puts back recomputed prompts).
+- `pending_handoffs`: `HandoffRouting` (`wait_for_decode`); `Dispatcher.cancel` drops a cancelled one.
+- `restarting`: the `Supervisor`. `arriving`: the `OperationRunner` (`bringing`).
+- `closing`: `Fleet.drain`; `stopping`: `Fleet.stop`.
+- `stats`, `recorder`: made by `Fleet`; every part reports into them."""
+
+import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -23,7 +40,6 @@ class FleetState:
     views: dict[str, WorkerView]
     stats: FleetStats
     recorder: FleetRecorder | None
-    router: Router = field(default_factory=Router)
     links: dict[str, WorkerLink] = field(default_factory=dict)  # the current process of each worker id
     requests: dict[str, TrackedRequest] = field(default_factory=dict)  # accepted and not yet ended
     queued: deque[TrackedRequest] = field(default_factory=deque)  # waiting for a prefill (or mixed) worker
@@ -32,7 +48,31 @@ class FleetState:
     # operation id -> role of the worker it brings: the process it starts, or the one it pauses for a checkpoint
     arriving: dict[str, WorkerRole] = field(default_factory=dict)
     closing: bool = False  # shutting down: no new request is admitted
-    stopping: bool = False
+    stopping: bool = False  # the fleet is stopping: a worker exiting now stopped (not failed, not restarted)
+
+    def take_over(self, worker_id: str, link: WorkerLink) -> None:
+        """`link`'s process becomes `worker_id`, with the spec it was launched with (a new id gets its view)."""
+        spec = link.launched.spec
+        self.links[worker_id], self.specs[worker_id] = link, spec
+        view = self.views.get(worker_id)
+        if view is None:
+            view = self.views[worker_id] = WorkerView(worker_id, spec.role, spec.device)
+        view.device, view.node, view.node_lost = spec.device, link.launched.node, False
+
+    def rename_worker(self, old: str, new: str) -> tuple[WorkerLink, WorkerView]:
+        """The worker `old` is known as `new` from now on: its link, view and spec (a migration's standby
+        taking over the worker it replaces)."""
+        link, view = self.links.pop(old), self.views.pop(old)
+        spec = self.specs.pop(old)
+        link.worker_id = view.worker_id = new
+        self.links[new], self.views[new] = link, view
+        self.specs[new] = dataclasses.replace(spec, worker_id=new)
+        return link, view
+
+    def forget_worker(self, worker_id: str) -> None:
+        """`worker_id` is gone for good (a called-off migration's standby)."""
+        for table in (self.links, self.views, self.specs):
+            table.pop(worker_id, None)
 
     def send(self, worker_id: str, msg: object) -> None:
         self.links[worker_id].send(msg)

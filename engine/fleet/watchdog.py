@@ -8,26 +8,28 @@ import logging
 import time
 
 from fleetctl.domain import WorkerState
-from fleetctl.engine.fleet.state import FleetState
+from fleetctl.engine.fleet.worker_link import WorkerLink
+from fleetctl.engine.fleet.worker_view import WorkerView
 
 log = logging.getLogger(__name__)
 WATCHED = (WorkerState.RUNNING, WorkerState.DRAINING)
 
 
 class Watchdog:
-    def __init__(self, state: FleetState) -> None:
-        self.state = state
-        self.timeout_s = state.config.supervision.heartbeat_timeout_s
+    def __init__(self, views: dict[str, WorkerView], links: dict[str, WorkerLink], timeout_s: float) -> None:
+        self.views = views  # FleetState's tables, not copies: a worker added later is watched too
+        self.links = links
+        self.timeout_s = timeout_s
 
     def heard(self, worker_id: str) -> None:
-        self.state.views[worker_id].last_heard = time.monotonic()
+        self.views[worker_id].last_heard = time.monotonic()
 
     def check(self) -> list[str]:
         """Kill every watched worker silent for longer than the timeout; returns their ids."""
         now = time.monotonic()
         killed = []
-        for view in self.state.views.values():
-            link = self.state.links.get(view.worker_id)
+        for view in self.views.values():
+            link = self.links.get(view.worker_id)
             silent = now - view.last_heard
             if view.state not in WATCHED or link is None or link.closed or silent <= self.timeout_s:
                 continue

@@ -156,7 +156,7 @@ def test_cancelling_frees_the_work_wherever_it_is(tiny_model_dir: Path, tmp_path
     long = SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True)
 
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
-        fleet.state.router.config = type(fleet.state.router.config)(max_requests_per_worker=2)
+        fleet.dispatcher.router.config = type(fleet.dispatcher.router.config)(max_requests_per_worker=2)
         running = [fleet.submit(p, long) for p in prompts(2)]
         queued = fleet.submit([9, 9, 9], long)
         assert queued in fleet.state.queued

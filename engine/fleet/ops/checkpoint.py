@@ -62,7 +62,7 @@ class Checkpoints:
         view.state = WorkerState.DRAINING  # routes nothing new to it
         # requests for its role may wait while it pauses (until the operation ends): it comes back, held for a
         # restore or running again if the checkpoint fails; it may be the last worker of its role
-        self.state.arriving[op.id] = view.role
+        self.runner.bringing(op, view.role)
         name = checkpoint_name(worker_id, checkpoint_root())
         timeout = self.state.config.supervision.checkpoint_timeout_s
         waiting = self.runner.wait(worker_id, Awaited.CHECKPOINT, timeout)

@@ -9,7 +9,6 @@ refuses sessions until the timeout), the migration is called off: the source tak
 sessions on the standby move back (or are recomputed on the source from their tokens) and the standby
 is shut down."""
 
-import dataclasses
 import time
 
 from fleetctl.domain import EventKind, WorkerState
@@ -79,11 +78,7 @@ class LiveMigration:
         state = self.state
         if state.recorder:  # the store knows the standby under its temporary id until now
             state.recorder.worker_stopped(state.views[standby_id], WorkerState.STOPPED, {"took_over": wid})
-        link, view = state.links.pop(standby_id), state.views.pop(standby_id)
-        spec = state.specs.pop(standby_id)
-        link.worker_id = view.worker_id = wid
-        state.links[wid], state.views[wid] = link, view
-        state.specs[wid] = dataclasses.replace(spec, worker_id=wid)
+        link, view = state.rename_worker(standby_id, wid)
         placement.rename(list(state.requests.values()), standby_id, wid)
         link.send(m.Rename(wid))
         if state.recorder:
@@ -107,6 +102,5 @@ class LiveMigration:
             await self.runner.shut_down(state.links[standby_id])
             if state.recorder:
                 state.recorder.worker_stopped(standby, standby.state, {"migration_called_off": op.id})
-        for table in (state.links, state.views, state.specs):
-            table.pop(standby_id, None)
+        state.forget_worker(standby_id)
         self.host.routing_changed()

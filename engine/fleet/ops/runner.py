@@ -152,6 +152,11 @@ class OperationRunner:
         asyncio.get_running_loop().create_task(run())
         return op
 
+    def bringing(self, op: Operation, role: WorkerRole) -> None:
+        """`op` brings a worker of `role` (a process it starts, or one it pauses for a checkpoint): requests for
+        the role may wait for it until `op` ends (FleetState.serves)."""
+        self.state.arriving[op.id] = role
+
     def hold(self, worker_id: str, op: Operation) -> None:
         """`op` acts on `worker_id` too (a migration's standby): no other operation may meanwhile."""
         self._busy[worker_id] = op.id
@@ -210,7 +215,7 @@ class OperationRunner:
         link = self.host.launch(dataclasses.replace(spec, worker_id=worker_id or op.worker_id))
         op.destination_pid = link.pid
         op.at(stage)
-        self.state.arriving[op.id] = role  # requests for the role may wait for it
+        self.bringing(op, role)
         try:
             ready = await self.wait(link, Awaited.READY)
         except TimeoutError:
