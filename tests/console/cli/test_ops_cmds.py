@@ -98,7 +98,7 @@ def test_timeouts_and_called_off_drains_fail_with_the_reason(url: str) -> None:
     for thread in streams:
         thread.join(60)
     assert stopped.exit_code == 1
-    assert re.fullmatch(r"fleetctl: error: stop of decode-1 cancelled: decode-1 was resumed with \d+ session\(s\) "
+    assert re.fullmatch(r"fleetctl: error: stop of decode-1 called off: decode-1 was resumed with \d+ session\(s\) "
                         r"left to drain\n", stopped.stderr), stopped.stderr
     assert worker(url, "decode-1")["state"] == "running"
 
@@ -107,7 +107,7 @@ def test_checkpoint_checkpoints_and_a_refused_replay(url: str) -> None:
     saved = fleetctl("checkpoint", "decode-1", "--hold", "300", "--url", url, "--json")
     assert saved.exit_code == 0, saved.stderr
     result = json.loads(saved.stdout)
-    assert set(result) == {"worker", "checkpoint", "sessions", "bytes", "seconds"}
+    assert set(result) == {"worker", "path", "checkpoint", "sessions", "bytes", "seconds"}
     name = Path(result["checkpoint"]).name
     listed = json.loads(fleetctl("checkpoints", "--url", url, "--json").stdout)["checkpoints"]
     [row] = [row for row in listed if row["name"] == name]

@@ -125,8 +125,8 @@ def test_rebalance_dry_run_apply_and_refusal(url: str) -> None:
     assert [(m["worker"], m["new_worker"]) for m in result["moves"]] == [("decode-0", "prefill-1")]
     back = fleetctl("rebalance", "--split", "1:2", "--apply", "--force", "--url", url)
     assert back.exit_code == 0, back.stderr
-    assert re.fullmatch(r"2:1 -> 1:2 in \d+\.\d s\n  prefill-\d on cpu:\d -> decode-2: 0 session\(s\) finished, "
-                        r"0 moved to peers, \d+\.\d s\n", back.stdout), back.stdout
+    assert re.fullmatch(r"fleet 2:1 → 1:2: 1 worker\(s\) changed role \(recompute\); 0 session\(s\) moved, 0 finished, "
+                        r"\d+\.\d s\n", back.stdout), back.stdout
     same = fleetctl("rebalance", "--split", "1:2", "--url", url)
     assert same.stdout == "the fleet is already at 1:2: nothing to move\n"
     refused = fleetctl("rebalance", "--split", "4:1", "--apply", "--url", url)
