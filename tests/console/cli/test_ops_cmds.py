@@ -10,32 +10,18 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
-from support.fake_workers import FakeLauncher
+from support.fake_fleet_server import fake_fleet_url
 from support.fleet_harness import wait_until
 from typer.testing import CliRunner, Result
 
 from fleetctl.console.cli.app import app
-from fleetctl.engine.fleet.config import FleetConfig
-from fleetctl.engine.fleet.controller import Fleet
-from fleetctl.engine.server.admin_auth import load_or_create_admin_token, read_admin_token
-from fleetctl.engine.server.app import create_app
+from fleetctl.engine.server.admin_auth import read_admin_token
 
 
 @pytest.fixture
 def url(tiny_model_dir: Path, tmp_path: Path) -> Iterator[str]:
-    (tmp_path / "shm").mkdir()
-    config = FleetConfig(tiny_model_dir, prefill=1, decode=2, devices=("cpu:0", "cpu:1", "cpu:2"),
-                         shm_dir=tmp_path / "shm")
-    fleet = Fleet(config, launcher=FakeLauncher(tmp_path / "shm"))
-    app = create_app(fleet, load_or_create_admin_token())  # the CLI reads the same token file
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    assert wait_until(lambda: server.started, 30)
-    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    server.should_exit = True
-    thread.join(30)
+    with fake_fleet_url(tiny_model_dir, tmp_path) as served:
+        yield served
 
 
 def fleetctl(*args: str) -> Result:
