@@ -1,13 +1,35 @@
 """The one client of a running fleet's `/fleet/*` API: `FleetClient` for the CLI and the demo, `AsyncFleetClient`
-for the console. Both choose the URL and the admin token the same way and decode every failure in one place into
-a typed error (`FleetUnreachable`, `FleetRefused` with its HTTP status), so that no caller reads a message."""
+for the console. Both choose the URL and the admin token the same way, decode every failure in one place into
+a typed error (`FleetUnreachable`, `FleetRefused` with its HTTP status, `FleetAnswerInvalid` for an answer that
+is not the contract's), and return the contract's models (`engine/server/schemas.py`), parsed in one place
+(`_parse`). The schemas (pydantic) are imported on the first call, so that `fleetctl --help` does not pay for
+them."""
+
+from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import httpx
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from fleetctl.engine.server.schemas import (
+        CheckpointList,
+        FleetHistory,
+        FleetPlan,
+        FleetStatus,
+        OperationInfo,
+        RebalancePreview,
+        WorkerList,
+        WorkerSessions,
+    )
+
 DEFAULT_URL = "http://127.0.0.1:8700"
 Params = dict[str, str | float]
+Answer = TypeVar("Answer", bound="BaseModel")
 
 
 class FleetClientError(RuntimeError):
@@ -32,6 +54,15 @@ class FleetRefused(FleetClientError):
         self.message = message
 
 
+class FleetAnswerInvalid(FleetClientError):
+    """The fleet answered a success that is not the contract's model (another version, or not a fleet)."""
+
+    def __init__(self, method: str, path: str, model: str, problem: str) -> None:
+        super().__init__(f"{method} {path}: the answer is not a valid {model}: {problem}")
+        self.model = model
+        self.problem = problem
+
+
 def fleet_url(url: str | None = None) -> str:
     """--url, else $FLEET_URL, else the default; `host:port` gets its `http://`."""
     chosen = url or os.environ.get("FLEET_URL") or DEFAULT_URL
@@ -46,7 +77,7 @@ def _auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {chosen}"} if chosen else {}
 
 
-def _answer(response: httpx.Response, method: str, path: str) -> dict:
+def _answer(response: httpx.Response, method: str, path: str) -> Any:
     """The JSON body of a success; the fleet's error message (or the start of its body) as FleetRefused."""
     if response.is_error:
         try:
@@ -54,7 +85,93 @@ def _answer(response: httpx.Response, method: str, path: str) -> dict:
         except (ValueError, KeyError, TypeError):
             message = response.text.strip()[:200]
         raise FleetRefused(method, path, response.status_code, message)
-    return response.json()
+    try:
+        return response.json()
+    except ValueError:
+        raise FleetAnswerInvalid(method, path, "JSON body", response.text.strip()[:80] or "empty") from None
+
+
+@dataclass(frozen=True)
+class _Call(Generic[Answer]):
+    """One `/fleet/*` request and the model its answer is."""
+
+    method: str
+    path: str
+    model: type[Answer]
+    params: Params | None = None
+    body: dict[str, object] | None = None
+
+
+def _parse(call: _Call[Answer], body: Any) -> Answer:
+    from pydantic import ValidationError
+
+    try:
+        return call.model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the body"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise FleetAnswerInvalid(call.method, call.path, call.model.__name__,
+                                 f"{where}: {first['msg']}{more}") from None
+
+
+class _Calls:
+    """Every typed call, declared once for both clients."""
+
+    @staticmethod
+    def status() -> _Call[FleetStatus]:
+        from fleetctl.engine.server.schemas import FleetStatus
+
+        return _Call("GET", "/fleet/status", FleetStatus)
+
+    @staticmethod
+    def workers() -> _Call[WorkerList]:
+        from fleetctl.engine.server.schemas import WorkerList
+
+        return _Call("GET", "/fleet/workers", WorkerList)
+
+    @staticmethod
+    def sessions(worker: str) -> _Call[WorkerSessions]:
+        from fleetctl.engine.server.schemas import WorkerSessions
+
+        return _Call("GET", f"/fleet/workers/{worker}/sessions", WorkerSessions)
+
+    @staticmethod
+    def checkpoints() -> _Call[CheckpointList]:
+        from fleetctl.engine.server.schemas import CheckpointList
+
+        return _Call("GET", "/fleet/checkpoints", CheckpointList)
+
+    @staticmethod
+    def operation(op_id: str) -> _Call[OperationInfo]:
+        from fleetctl.engine.server.schemas import OperationInfo
+
+        return _Call("GET", f"/fleet/operations/{op_id}", OperationInfo)
+
+    @staticmethod
+    def start(path: str, body: dict[str, object]) -> _Call[OperationInfo]:
+        from fleetctl.engine.server.schemas import OperationInfo
+
+        return _Call("POST", path, OperationInfo, body=body)
+
+    @staticmethod
+    def plan(params: Params) -> _Call[FleetPlan]:
+        from fleetctl.engine.server.schemas import FleetPlan
+
+        return _Call("GET", "/fleet/plan", FleetPlan, params=params)
+
+    @staticmethod
+    def rebalance_preview(split: str, force: bool) -> _Call[RebalancePreview]:
+        from fleetctl.engine.server.schemas import RebalancePreview
+
+        return _Call("POST", "/fleet/rebalance", RebalancePreview, body={"split": split, "apply": False,
+                                                                        "force": force})
+
+    @staticmethod
+    def history(params: Params) -> _Call[FleetHistory]:
+        from fleetctl.engine.server.schemas import FleetHistory
+
+        return _Call("GET", "/fleet/history", FleetHistory, params=params)
 
 
 class FleetClient:
@@ -62,18 +179,47 @@ class FleetClient:
         self.url = fleet_url(url)
         self._http = httpx.Client(base_url=self.url, timeout=timeout, headers=_auth_headers(token))
 
-    def get(self, path: str, params: Params | None = None) -> dict:
-        return self._request("GET", path, params=params)
+    def status(self) -> FleetStatus:
+        return self._call(_Calls.status())
 
-    def post(self, path: str, body: dict | None = None) -> dict:
-        return self._request("POST", path, json=body or {})
+    def workers(self) -> WorkerList:
+        return self._call(_Calls.workers())
 
-    def _request(self, method: str, path: str, **kwargs: object) -> dict:
+    def sessions(self, worker: str) -> WorkerSessions:
+        return self._call(_Calls.sessions(worker))
+
+    def checkpoints(self) -> CheckpointList:
+        return self._call(_Calls.checkpoints())
+
+    def operation(self, op_id: str) -> OperationInfo:
+        return self._call(_Calls.operation(op_id))
+
+    def start(self, path: str, body: dict[str, object]) -> OperationInfo:
+        """POST an operation (its 202)."""
+        return self._call(_Calls.start(path, body))
+
+    def plan(self, params: Params) -> FleetPlan:
+        return self._call(_Calls.plan(params))
+
+    def rebalance_preview(self, split: str, force: bool = False) -> RebalancePreview:
+        return self._call(_Calls.rebalance_preview(split, force))
+
+    def history(self, params: Params) -> FleetHistory:
+        return self._call(_Calls.history(params))
+
+    def get(self, path: str) -> Any:
+        """The JSON of a route outside the `/fleet/*` contract (`/health`, `/v1/models`)."""
+        return _answer(self._send("GET", path), "GET", path)
+
+    def _call(self, call: _Call[Answer]) -> Answer:
+        response = self._send(call.method, call.path, params=call.params, json=call.body)
+        return _parse(call, _answer(response, call.method, call.path))
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
-            response = self._http.request(method, path, **kwargs)
+            return self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise FleetUnreachable(self.url, exc.__class__.__name__) from None
-        return _answer(response, method, path)
 
 
 class AsyncFleetClient:
@@ -81,18 +227,40 @@ class AsyncFleetClient:
         self.url = fleet_url(url)
         self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, headers=_auth_headers(token))
 
-    async def get(self, path: str, params: Params | None = None) -> dict:
-        return await self._request("GET", path, params=params)
+    async def status(self) -> FleetStatus:
+        return await self._call(_Calls.status())
 
-    async def post(self, path: str, body: dict | None = None) -> dict:
-        return await self._request("POST", path, json=body or {})
+    async def workers(self) -> WorkerList:
+        return await self._call(_Calls.workers())
 
-    async def _request(self, method: str, path: str, **kwargs: object) -> dict:
+    async def sessions(self, worker: str) -> WorkerSessions:
+        return await self._call(_Calls.sessions(worker))
+
+    async def checkpoints(self) -> CheckpointList:
+        return await self._call(_Calls.checkpoints())
+
+    async def operation(self, op_id: str) -> OperationInfo:
+        return await self._call(_Calls.operation(op_id))
+
+    async def start(self, path: str, body: dict[str, object]) -> OperationInfo:
+        """POST an operation (its 202)."""
+        return await self._call(_Calls.start(path, body))
+
+    async def plan(self, params: Params) -> FleetPlan:
+        return await self._call(_Calls.plan(params))
+
+    async def rebalance_preview(self, split: str, force: bool = False) -> RebalancePreview:
+        return await self._call(_Calls.rebalance_preview(split, force))
+
+    async def history(self, params: Params) -> FleetHistory:
+        return await self._call(_Calls.history(params))
+
+    async def _call(self, call: _Call[Answer]) -> Answer:
         try:
-            response = await self._http.request(method, path, **kwargs)
+            response = await self._http.request(call.method, call.path, params=call.params, json=call.body)
         except httpx.HTTPError as exc:
             raise FleetUnreachable(self.url, exc.__class__.__name__) from None
-        return _answer(response, method, path)
+        return _parse(call, _answer(response, call.method, call.path))
 
     async def close(self) -> None:
         await self._http.aclose()

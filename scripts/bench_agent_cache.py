@@ -46,7 +46,7 @@ def run_fleet(model: Path, layout: list[str], store: Path, trace_args: tuple, ca
         context = FleetClient(url).get("/v1/models")["data"][0]["max_model_len"]
         name, trace = load_trace("agent", *trace_args, context=context)
         result = asyncio.run(run_bench(url, trace, name, slo_ttft=10.0, slo_tpot=1.0))
-        status = FleetClient(url).get("/fleet/status")
+        status = FleetClient(url).status()
     db = open_db(store)
     try:
         phases = classify(db, WINDOW_S)
@@ -62,7 +62,7 @@ def run_fleet(model: Path, layout: list[str], store: Path, trace_args: tuple, ca
         "ttft_first_turn_s": result["ttft_first_turn_s"],
         "ttft_later_turns_s": result["ttft_later_turns_s"],
         "prefix_hit_ratio": round(phases.prefix_hit_ratio, 4),
-        "pool_hit_ratio": {role: pool["prefix_hit_ratio"] for role, pool in status["pools"].items()},
+        "pool_hit_ratio": {role: pool.prefix_hit_ratio for role, pool in status.pools.items()},
         "prefill_cached_tokens": phases.prefill_cached_tokens,
         "prefill_computed_tokens": phases.prefill_computed_tokens,
         "local_prefills": phases.local_prefills,

@@ -1,16 +1,24 @@
 """What every command shares: the common options, where the metrics store is, one clear line on stderr and a
 non-zero exit for every error a user can cause (the engine's, a fleet's that does not answer or refuses), and
-progress on a terminal: a bar per stage of a long step, a status line while a fleet operation runs to its end."""
+progress on a terminal: a bar per stage of a long step, a status line while a fleet operation runs to its end,
+and what an operation prints when it ends (`operation_output`)."""
 
+from __future__ import annotations
+
+import json
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from fleetctl.console.client import FleetClient, FleetClientError, FleetUnreachable
+
+if TYPE_CHECKING:
+    from fleetctl.engine.server.schemas import OperationInfo
 
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
@@ -75,23 +83,36 @@ def fleet_errors() -> Iterator[None]:
         raise fail(str(exc)) from None
 
 
-def follow_operation(client: FleetClient, op: dict, timeout: float) -> dict:
+def follow_operation(client: FleetClient, op: OperationInfo, timeout: float) -> OperationInfo:
     """Poll /fleet/operations/{id} until it ends or `timeout` passes (a status line on a terminal); returns its
     last state."""
     deadline = time.monotonic() + timeout
     if sys.stderr.isatty():
         from rich.console import Console
 
-        with Console(stderr=True).status(f"{op['kind']} {op['worker']}: {op['stage']}") as status:
-            while op["state"] == "running" and time.monotonic() < deadline:
+        with Console(stderr=True).status(f"{op.kind} {op.worker}: {op.stage}") as status:
+            while op.state == "running" and time.monotonic() < deadline:
                 time.sleep(0.1)
-                op = client.get(f"/fleet/operations/{op['id']}")
-                status.update(f"{op['kind']} {op['worker']}: {op['stage']}")
+                op = client.operation(op.id)
+                status.update(f"{op.kind} {op.worker}: {op.stage}")
         return op
-    while op["state"] == "running" and time.monotonic() < deadline:
+    while op.state == "running" and time.monotonic() < deadline:
         time.sleep(0.1)
-        op = client.get(f"/fleet/operations/{op['id']}")
+        op = client.operation(op.id)
     return op
+
+
+def operation_output(op: OperationInfo, as_json: bool, timeout: float) -> str:
+    """What a followed operation prints: its result's JSON (`--json`) or the one sentence `schemas.describe` says
+    of it (the console's dialog says the same); `fail(...)` with that sentence when it failed or was called off,
+    or with its id when it still runs after `timeout`."""
+    from fleetctl.engine.server.schemas import describe
+
+    if op.state == "running":
+        raise fail(f"{op.kind} of {op.worker} still running after {timeout:.0f}s (operation {op.id})")
+    if op.state != "done" or op.result is None:  # failed, or cancelled by a later operation
+        raise fail(describe(op))
+    return json.dumps(op.result.model_dump(mode="json")) if as_json else describe(op)
 
 
 @contextmanager

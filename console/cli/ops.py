@@ -1,57 +1,28 @@
 """`fleetctl checkpoint`, `restore`, `migrate`, `move` and the pool changes `start`, `drain`, `resume`, `stop`:
-start a fleet operation, follow it to the end (a status line on a TTY), print its result. And
-`fleetctl checkpoints`, the list a restore picks from."""
+start a fleet operation, follow it to the end (a status line on a TTY), print its result (`schemas.describe`'s
+sentence, or its model's JSON). And `fleetctl checkpoints`, the list a restore picks from."""
 
 import json
 
 import typer
 
-from fleetctl.console.cli.common import JSON_OPTION, TIMEOUT_OPTION, URL_OPTION, fail, fleet_errors, follow_operation
+from fleetctl.console.cli.common import (
+    JSON_OPTION,
+    TIMEOUT_OPTION,
+    URL_OPTION,
+    fleet_errors,
+    follow_operation,
+    operation_output,
+)
 from fleetctl.console.client import FleetClient
 from fleetctl.domain import WorkerRole
 
 
-def _run(path: str, body: dict, url: str | None, as_json: bool, timeout: float) -> None:
+def _run(path: str, body: dict[str, object], url: str | None, as_json: bool, timeout: float) -> None:
     with fleet_errors():
         client = FleetClient(url, timeout=30.0)
-        op = follow_operation(client, client.post(path, body), timeout)
-    if op["state"] == "running":
-        raise fail(f"{op['kind']} of {op['worker']} still running after {timeout:.0f}s (operation {op['id']})")
-    if op["state"] != "done":  # failed, or cancelled by a later operation
-        raise fail(f"{op['kind']} of {op['worker']} {op['state']}: {op['error']}")
-    result = op["result"]
-    print(json.dumps(result) if as_json else _summary(op["kind"], result))
-
-
-def _summary(kind: str, result: dict) -> str:
-    """An operation's result in one or two lines for a person."""
-    worker = result["worker"]
-    if kind == "checkpoint":
-        return (f"{result['checkpoint']}\n{worker}: {result['sessions']} session(s), {result['bytes']} bytes, "
-                f"{result['seconds']:.3f} s")
-    if kind == "start":
-        return f"{worker} started on {result['device']} (pid {result['pid']}) in {result['seconds']:.1f} s"
-    if kind == "drain":
-        moved = f", {result['sessions_moved']} moved to peers" if result.get("sessions_moved") else ""
-        return (f"{worker} drained: {result['sessions_finished']} session(s) finished{moved} in "
-                f"{result['seconds']:.1f} s; "
-                f"it takes no new work (`fleetctl resume {worker}` or `fleetctl stop {worker}`)")
-    if kind == "move":
-        downtime = "-" if result["downtime_s"] is None else f"{result['downtime_s'] * 1000:.1f} ms"
-        return (f"{result['request']}: {result['from']} -> {result['to']} live in {len(result['stages'])} stage(s), "
-                f"{result['bytes']} bytes, downtime {downtime}")
-    if kind == "resume":
-        called_off = f" (operation {result['cancelled_operation']} called off)" if result["cancelled_operation"] else ""
-        return f"{worker} takes new work again{called_off}"
-    if kind == "stop":
-        return (f"{worker} stopped: {result['sessions_finished']} session(s) finished, {result['sessions_moved']} "
-                f"moved to peers, {result['seconds']:.1f} s")
-    mode = result["mode"] + (f": {result['reason']}" if result["reason"] else "")
-    if kind == "migrate" and result["mode"] == "live":
-        return (f"{worker} {result['from']} -> {result['to']}: live; {result['sessions']} session(s) moved, "
-                f"{result['bytes']} bytes, longest session downtime {result['downtime_s'] * 1000:.1f} ms")
-    return (f"{worker} {result['from'] or '-'} -> {result['to']}: {mode}; {result['sessions']} session(s) moved, "
-            f"{result['bytes']} bytes, downtime {result['downtime_s']:.3f} s")
+        op = follow_operation(client, client.start(path, body), timeout)
+    print(operation_output(op, as_json, timeout))
 
 
 def checkpoint(
@@ -84,17 +55,17 @@ def restore(
 def checkpoints(url: str = URL_OPTION, as_json: bool = JSON_OPTION) -> None:
     """The checkpoints a restore can pick from, oldest first, each verified; `used` says when it was restored."""
     with fleet_errors():
-        rows = FleetClient(url, timeout=120.0).get("/fleet/checkpoints")["checkpoints"]
+        listed = FleetClient(url, timeout=120.0).checkpoints()
     if as_json:
-        print(json.dumps({"checkpoints": rows}))
+        print(json.dumps(listed.model_dump(mode="json")))
         return
     print(f"{'checkpoint':<44} {'worker':<10} {'role':<8} {'sessions':>8} {'bytes':>12} {'created':<21} used")
-    for row in rows:
-        if not row["valid"]:
-            print(f"{row['name']:<44} invalid: {row['error']}")
+    for row in listed.checkpoints:
+        if not row.valid:
+            print(f"{row.name:<44} invalid: {row.error}")
             continue
-        print(f"{row['name']:<44} {row['worker']:<10} {row['role']:<8} {row['sessions']:>8} {row['bytes']:>12,} "
-              f"{row['created']:<21} {row['used_at'] or '-'}")
+        print(f"{row.name:<44} {row.worker:<10} {row.role:<8} {row.sessions:>8} {row.bytes:>12,} "
+              f"{row.created:<21} {row.used_at or '-'}")
 
 
 def migrate(

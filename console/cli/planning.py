@@ -1,8 +1,12 @@
 """`fleetctl plan` and `fleetctl classify` (from the metrics store: no fleet needs to run) and `fleetctl rebalance`
-(against a running fleet: a dry run that lists the moves, or `--apply` followed like `migrate`)."""
+(against a running fleet: a dry run that lists the moves, or `--apply` followed like `migrate` and said in
+`schemas.describe`'s sentence)."""
+
+from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -14,9 +18,13 @@ from fleetctl.console.cli.common import (
     fail,
     fleet_errors,
     follow_operation,
+    operation_output,
     store_path,
 )
 from fleetctl.console.client import FleetClient
+
+if TYPE_CHECKING:
+    from fleetctl.engine.server.schemas import FleetPlan, RebalancePreview
 
 
 def plan(
@@ -36,6 +44,7 @@ def plan(
     from fleetctl.engine.planner.simulator import SimRequest
     from fleetctl.engine.planner.slo import Slo
     from fleetctl.engine.planner.trace_file import read_mooncake
+    from fleetctl.engine.server.schemas import FleetPlan
 
     try:
         replay = None if trace is None else tuple(
@@ -44,44 +53,43 @@ def plan(
         result = plan_from_store(store_path(store), parse_window(since), request)
     except USER_ERRORS as exc:
         raise fail(str(exc)) from None
-    if as_json:
-        print(json.dumps(result.as_json()))
-        return
-    print(render_plan(result.as_json()))
+    planned = FleetPlan.model_validate(result.as_json())
+    print(json.dumps(planned.model_dump(mode="json")) if as_json else render_plan(planned))
 
 
-def _equation(fit: dict, unit: str) -> str:
+def _equation(fit: dict[str, Any], unit: str) -> str:
     terms = [f"{value:.3g} s" if term == "1" else f"{value:.3g} s·{term}"
              for term, value in fit["coefficients"].items() if value > 0]
     return f"{fit['points']} {unit}, error {fit['error']:.1%}: {' + '.join(terms) or '0 s'}"
 
 
-def render_plan(data: dict) -> str:
-    """`plan --json`'s object for a person: what it rests on, the candidates, the choice and why."""
+def render_plan(plan: FleetPlan) -> str:
+    """A plan for a person: what it rests on, the candidates, the choice and why."""
     from fleetctl.engine.planner.durations import format_window
     from fleetctl.engine.planner.slo import Slo
 
-    source = "the trace" if data["source"] == "trace" else f"the store's last {format_window(data['window_s'])}"
-    what_if = data["what_if"]
-    devices = f"{what_if['count']}x {what_if['gpu']} (what-if)" if what_if else ", ".join(data["devices"])
-    fit = data["fit"]
-    slo = Slo(data["slo"]["ttft_s"], data["slo"]["tpot_s"]).describe()
-    lines = [f"plan for {devices}: {data['requests']} requests from {source}; SLOs {slo}",
+    source = "the trace" if plan.source == "trace" else f"the store's last {format_window(plan.window_s)}"
+    what_if = plan.what_if
+    devices = f"{what_if['count']}x {what_if['gpu']} (what-if)" if what_if else ", ".join(plan.devices)
+    fit = plan.fit
+    slo = Slo(plan.slo.ttft_s, plan.slo.tpot_s).describe()
+    lines = [f"plan for {devices}: {plan.requests} requests from {source}; SLOs {slo}",
              f"fit ({fit['device_kind']}) prefill step = {_equation(fit['prefill'], 'steps')}",
              f"fit ({fit['device_kind']}) decode step = {_equation(fit['decode'], 'decodes')}"]
     if fit["handoff"]:
         lines.append(f"fit ({fit['device_kind']}) handoff = {_equation(fit['handoff'], 'handoffs')}; "
                      f"{fit['handoff_bytes_per_token']:g} bytes per prompt token")
-    lines += [f"note: {note}" for note in data["notes"]]
+    lines += [f"note: {note}" for note in plan.notes]
     lines.append(f"{'layout':<14} {'goodput/s':>9} {'good':>9} {'TTFT p90':>9} {'TPOT p90':>9}  ")
-    current = data["current"]
-    for c in data["candidates"]:
-        label = f"colocated {c['mixed']}" if c["mixed"] else f"{c['prefill']}:{c['decode']}"
-        mark = " (current)" if current and all(c[k] == current[k] for k in ("prefill", "decode", "mixed")) else ""
-        tpot = "-" if c["tpot_p90_s"] is None else f"{c['tpot_p90_s']:.3f}s"
-        lines.append(f"{label:<14} {c['goodput']:>9.3f} {c['good_requests']:>4}/{c['requests']:<4} "
-                     f"{c['ttft_p90_s']:>8.3f}s {tpot:>9}{mark}")
-    lines.append(f"recommended: {data['reason']}")
+    current = plan.current
+    for c in plan.candidates:
+        label = f"colocated {c.mixed}" if c.mixed else f"{c.prefill}:{c.decode}"
+        mark = " (current)" if current and (c.prefill, c.decode, c.mixed) == (
+            current.prefill, current.decode, current.mixed) else ""
+        tpot = "-" if c.tpot_p90_s is None else f"{c.tpot_p90_s:.3f}s"
+        lines.append(f"{label:<14} {c.goodput:>9.3f} {c.good_requests:>4}/{c.requests:<4} "
+                     f"{c.ttft_p90_s:>8.3f}s {tpot:>9}{mark}")
+    lines.append(f"recommended: {plan.reason}")
     return "\n".join(lines)
 
 
@@ -95,40 +103,27 @@ def rebalance(
     timeout: float = TIMEOUT_OPTION,
 ) -> None:
     """Move the fleet to another prefill:decode split without losing a session (dry run unless --apply)."""
-    body = {"split": split, "apply": apply, "force": force}
     with fleet_errors():
         client = FleetClient(url, timeout=30.0)
-        answer = client.post("/fleet/rebalance", body)
-        if apply:
-            answer = follow_operation(client, answer, timeout)
-    if not apply:
-        print(json.dumps(answer) if as_json else _dry_run(answer))
-        return
-    if answer["state"] == "running":
-        raise fail(f"rebalance to {split} still running after {timeout:.0f}s (operation {answer['id']})")
-    if answer["state"] != "done":
-        raise fail(f"rebalance to {split} {answer['state']}: {answer['error']}")
-    result = answer["result"]
-    print(json.dumps(result) if as_json else _applied(result))
+        if not apply:
+            preview = client.rebalance_preview(split, force)
+            print(json.dumps(preview.model_dump(mode="json")) if as_json else _dry_run(preview))
+            return
+        started = client.start("/fleet/rebalance", {"split": split, "apply": True, "force": force})
+        op = follow_operation(client, started, timeout)
+    print(operation_output(op, as_json, timeout))
 
 
-def _dry_run(data: dict) -> str:
-    if not data["moves"]:
-        return f"the fleet is already at {data['split']}: nothing to move"
+def _dry_run(preview: RebalancePreview) -> str:
+    if not preview.moves:
+        return f"the fleet is already at {preview.split}: nothing to move"
     how = {"recompute": "are recomputed on peers at once",
            "move": "move live to peers of their role (a prefill worker's finish where they are)",
-           "finish": "finish where they are (no new work meanwhile)"}[data["evacuation"]]
-    lines = [f"{data['current']} -> {data['split']}: {len(data['moves'])} worker(s) change role; their sessions {how}"]
-    lines += [f"  {m['worker']} on {m['device']}: {m['from']} -> {m['to']} ({m['sessions']} session(s))"
-              for m in data["moves"]]
+           "finish": "finish where they are (no new work meanwhile)"}[preview.evacuation]
+    lines = [f"{preview.current} -> {preview.split}: {len(preview.moves)} worker(s) change role; "
+             f"their sessions {how}"]
+    lines += [f"  {m.worker} on {m.device}: {m.from_} -> {m.to} ({m.sessions} session(s))" for m in preview.moves]
     lines.append("dry run: add --apply to do it")
-    return "\n".join(lines)
-
-
-def _applied(result: dict) -> str:
-    lines = [f"{result['from']} -> {result['split']} in {result['seconds']:.1f} s"]
-    lines += [f"  {m['worker']} on {m['device']} -> {m['new_worker']}: {m['sessions_finished']} session(s) finished, "
-              f"{m['sessions_moved']} moved to peers, {m['seconds']:.1f} s" for m in result["moves"]]
     return "\n".join(lines)
 
 

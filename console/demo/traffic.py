@@ -45,7 +45,7 @@ def plan_traffic(url: str, phase_seconds: float, seed: int = 0) -> tuple[str, Tr
     tokens its tokenizer makes of the prompt words (one short probe completion). Returns (model, config); raises
     FleetClientError when the fleet's API does not answer, TrafficError when the rest does not."""
     try:
-        status = FleetClient(url).get("/fleet/status")
+        status = FleetClient(url).status()
         with httpx.Client(base_url=url, timeout=60.0) as http:
             card = http.get("/v1/models").raise_for_status().json()["data"][0]
             probe = http.post("/v1/completions", json={
@@ -55,12 +55,12 @@ def plan_traffic(url: str, phase_seconds: float, seed: int = 0) -> tuple[str, Tr
         raise TrafficError(f"the fleet at {url} did not answer the demo's probe ({exc})") from None
     if "max_model_len" not in card:
         raise TrafficError(f"the fleet at {url} does not report its context length (max_model_len in /v1/models)")
-    pools = status["pools"]
-    mixed = pools.get(WorkerRole.MIXED.value, {}).get("workers", 0)
+    workers = {role: pool.workers for role, pool in status.pools.items()}
+    mixed = workers.get(WorkerRole.MIXED.value, 0)
     config = TrafficConfig(
         context_len=card["max_model_len"],
-        prompt_workers=pools.get(WorkerRole.PREFILL.value, {}).get("workers", 0) or mixed,
-        decode_workers=pools.get(WorkerRole.DECODE.value, {}).get("workers", 0) or mixed,
+        prompt_workers=workers.get(WorkerRole.PREFILL.value, 0) or mixed,
+        decode_workers=workers.get(WorkerRole.DECODE.value, 0) or mixed,
         phase_seconds=phase_seconds,
         tokens_per_word=probe["usage"]["prompt_tokens"] / PROBE_WORDS,
         seed=seed,

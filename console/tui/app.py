@@ -84,7 +84,7 @@ class FleetConsole(App[None]):
 
     async def refresh_detail(self, detail: WorkerDetail) -> None:
         try:
-            sessions = (await self.source.get(f"/fleet/workers/{detail.worker_id}/sessions"))["sessions"]
+            sessions = (await self.source.sessions(detail.worker_id)).sessions
         except FleetClientError:
             sessions = None
         if self.is_running and detail is self.screen:  # not closed while the sessions were asked for

@@ -13,17 +13,18 @@ from fleetctl.console.tui.snapshot import FleetSnapshot
 from fleetctl.console.tui.source import FleetSource
 from fleetctl.domain import DeviceKind
 from fleetctl.engine.core.device_names import DeviceName, parse_device_name
+from fleetctl.engine.server.schemas import OperationInfo, WorkerInfo
 
 ScreenResult = TypeVar("ScreenResult")
 LIVE_STATES = ("starting", "running", "draining")
 HOLD_CHOICES = [("60", "60 s"), ("300", "5 minutes (default)"), ("900", "15 minutes")]
 
 
-def free_devices(workers: list[dict], count: int = 6) -> list[str]:
+def free_devices(workers: list[WorkerInfo], count: int = 6) -> list[str]:
     """Devices no live worker holds, of the kind the fleet uses (cuda when it has GPU workers): up to `count`
     on each node the fleet's workers are on (a Ray fleet's `node2/cpu:N`; "" is this machine)."""
-    names = [parse_device_name(w["device"], indexed=True) for w in workers]
-    used = {str(name) for name, w in zip(names, workers, strict=True) if w["state"] in LIVE_STATES}
+    names = [parse_device_name(w.device, indexed=True) for w in workers]
+    used = {str(name) for name, w in zip(names, workers, strict=True) if w.state in LIVE_STATES}
     kind = DeviceKind.CUDA if any(name.kind is DeviceKind.CUDA for name in names) else DeviceKind.CPU
     free = []
     for node in sorted({name.node for name in names}) or [""]:
@@ -56,11 +57,11 @@ class ActionFlows:
     def run(self, action_id: str, worker: str | None) -> None:
         self.launch(action_id, getattr(self, action_id)(worker))
 
-    def launch(self, name: str, starting: Awaitable[dict | None]) -> None:
+    def launch(self, name: str, starting: Awaitable[OperationInfo | None]) -> None:
         """Run one flow (`starting` asks, then starts the operation or returns None) and follow it."""
         self.app.run_worker(self._follow(name, starting), group="actions")
 
-    async def _follow(self, name: str, starting: Awaitable[dict | None]) -> None:
+    async def _follow(self, name: str, starting: Awaitable[OperationInfo | None]) -> None:
         try:
             started = await starting
         except FleetClientError as exc:
@@ -81,46 +82,46 @@ class ActionFlows:
         devices = free_devices(self.app.snapshot.workers)
         return await self._ask(title, [(d, d) for d in devices], free_text="or type a device: cpu:N or cuda:N")
 
-    async def migrate(self, worker: str) -> dict | None:
+    async def migrate(self, worker: str) -> OperationInfo | None:
         target = await self._device(f"migrate {worker} to which device?")
         if target is None or not await self._confirm(f"Migrate {worker} to {target}? Its sessions move with it."):
             return None
-        return await self.app.source.post(f"/fleet/workers/{worker}/migrate", {"to": target})
+        return await self.app.source.start(f"/fleet/workers/{worker}/migrate", {"to": target})
 
-    async def checkpoint(self, worker: str) -> dict | None:
+    async def checkpoint(self, worker: str) -> OperationInfo | None:
         hold = await self._ask(f"checkpoint {worker}: hold its sessions for how long before they are recomputed "
                                f"on peers?", HOLD_CHOICES)
         if hold is None or not await self._confirm(f"Stand {worker} down with its state saved?"):
             return None
-        return await self.app.source.post(f"/fleet/workers/{worker}/checkpoint", {"hold_s": float(hold)})
+        return await self.app.source.start(f"/fleet/workers/{worker}/checkpoint", {"hold_s": float(hold)})
 
-    async def restore(self, _: str | None) -> dict | None:
-        saved = (await self.app.source.get("/fleet/checkpoints"))["checkpoints"]
-        choices = [(c["name"], f"{c['name']}  ({c['role']}, {c['sessions']} sessions)") for c in saved if c["valid"]]
+    async def restore(self, _: str | None) -> OperationInfo | None:
+        saved = (await self.app.source.checkpoints()).checkpoints
+        choices = [(c.name, f"{c.name}  ({c.role}, {c.sessions} sessions)") for c in saved if c.valid]
         name = await self._ask("restore which checkpoint?", choices)
         if name is None:
             return None
         device = await self._device(f"restore {name} on which device?")
         if device is None:
             return None
-        return await self.app.source.post("/fleet/restore", {"checkpoint": name, "device": device})
+        return await self.app.source.start("/fleet/restore", {"checkpoint": name, "device": device})
 
-    async def drain(self, worker: str) -> dict | None:
+    async def drain(self, worker: str) -> OperationInfo | None:
         if not await self._confirm(f"Drain {worker}? It takes no new sessions; its sessions finish there."):
             return None
-        return await self.app.source.post(f"/fleet/workers/{worker}/drain", {})
+        return await self.app.source.start(f"/fleet/workers/{worker}/drain", {})
 
-    async def resume(self, worker: str) -> dict | None:
-        return await self.app.source.post(f"/fleet/workers/{worker}/resume", {})
+    async def resume(self, worker: str) -> OperationInfo | None:
+        return await self.app.source.start(f"/fleet/workers/{worker}/resume", {})
 
-    async def stop(self, worker: str) -> dict | None:
+    async def stop(self, worker: str) -> OperationInfo | None:
         how = await self._ask(f"stop {worker}", [("drain", "drain first: its sessions finish, then it stops"),
                                                  ("force", "force: recompute its sessions on peers now")])
         if how is None or not await self._confirm(f"Stop {worker} ({how})?"):
             return None
-        return await self.app.source.post(f"/fleet/workers/{worker}/stop", {"force": how == "force"})
+        return await self.app.source.start(f"/fleet/workers/{worker}/stop", {"force": how == "force"})
 
-    async def start(self, _: str | None) -> dict | None:
+    async def start(self, _: str | None) -> OperationInfo | None:
         roles = sorted(self.app.snapshot.pools)
         role = await self._ask("start a worker of which role?", [(r, r) for r in roles])
         if role is None:
@@ -128,13 +129,13 @@ class ActionFlows:
         device = await self._device(f"start a {role} worker on which device?")
         if device is None:
             return None
-        return await self.app.source.post("/fleet/workers", {"role": role, "device": device})
+        return await self.app.source.start("/fleet/workers", {"role": role, "device": device})
 
-    async def rebalance(self, split: str) -> dict | None:
+    async def rebalance(self, split: str) -> OperationInfo | None:
         """From the plan screen: the dry run's moves in the confirmation, then the rebalance itself."""
-        preview = await self.app.source.post("/fleet/rebalance", {"split": split, "apply": False})
-        moves = "\n".join(f"  {m['worker']} on {m['device']}: {m['from']} → {m['to']} ({m['sessions']} sessions "
-                          f"leave first: {preview['evacuation']})" for m in preview["moves"])
-        if not await self._confirm(f"Rebalance {preview['current']} → {preview['split']}?\n{moves}"):
+        preview = await self.app.source.rebalance_preview(split)
+        moves = "\n".join(f"  {m.worker} on {m.device}: {m.from_} → {m.to} ({m.sessions} sessions "
+                          f"leave first: {preview.evacuation})" for m in preview.moves)
+        if not await self._confirm(f"Rebalance {preview.current} → {preview.split}?\n{moves}"):
             return None
-        return await self.app.source.post("/fleet/rebalance", {"split": split, "apply": True})
+        return await self.app.source.start("/fleet/rebalance", {"split": split, "apply": True})

@@ -1,6 +1,7 @@
-"""Where the console's data comes from and where its actions go: a fleet's HTTP API (`/fleet/*`),
-with history read from a local store when the console has one (faster, and the same function the
-server's `/fleet/history` runs) or through `/fleet/history` when it is attached from afar.
+"""Where the console's data comes from and where its actions go: a fleet's HTTP API (`/fleet/*`, the typed
+client), with history read from a local store when the console has one (faster, and the same function the
+server's `/fleet/history` runs, validated into the same `FleetHistory`) or through `/fleet/history` when it is
+attached from afar.
 
 All I/O is async (the fleet client) or runs in a thread (SQLite, psutil), so the UI thread never waits."""
 
@@ -11,18 +12,34 @@ from typing import Protocol
 from fleetctl.console.client import AsyncFleetClient, FleetClientError, FleetRefused
 from fleetctl.console.tui.host import HostProbe
 from fleetctl.console.tui.snapshot import HISTORY_BUCKET_S, HISTORY_WINDOW_S, FleetSnapshot
+from fleetctl.engine.server.schemas import (
+    CheckpointList,
+    FleetHistory,
+    FleetPlan,
+    OperationInfo,
+    RebalancePreview,
+    WorkerSessions,
+)
 
 
 class FleetSource(Protocol):
-    """What the console reads and where its actions go; `get` and `post` raise FleetClientError."""
+    """What the console reads and where its actions go; every call but `snapshot` raises FleetClientError."""
 
     url: str
 
     async def snapshot(self) -> FleetSnapshot: ...
 
-    async def post(self, path: str, body: dict) -> dict: ...
+    async def start(self, path: str, body: dict[str, object]) -> OperationInfo: ...
 
-    async def get(self, path: str) -> dict: ...
+    async def operation(self, op_id: str) -> OperationInfo: ...
+
+    async def sessions(self, worker: str) -> WorkerSessions: ...
+
+    async def checkpoints(self) -> CheckpointList: ...
+
+    async def plan(self, since: str) -> FleetPlan: ...
+
+    async def rebalance_preview(self, split: str) -> RebalancePreview: ...
 
     async def close(self) -> None: ...
 
@@ -36,40 +53,52 @@ class HttpSource:
 
     async def snapshot(self) -> FleetSnapshot:
         try:
-            status = await self._fleet.get("/fleet/status")
+            status = await self._fleet.status()
         except FleetRefused as exc:
             return FleetSnapshot(reachable=False, error=f"{self.url} answered HTTP {exc.status}")
         except FleetClientError as exc:
             return FleetSnapshot(reachable=False, error=str(exc))
         history = await self._history()
-        host = await asyncio.to_thread(self._host.sample, [w["pid"] for w in status["workers"] if w["pid"]])
+        host = await asyncio.to_thread(self._host.sample, [w.pid for w in status.workers if w.pid])
         return FleetSnapshot(reachable=True, status=status, history=history, host=host)
 
-    async def _history(self) -> dict:
+    async def _history(self) -> FleetHistory | None:
         if self._store is not None and self._store.exists():
             return await asyncio.to_thread(_local_history, self._store)
         try:
-            return await self._fleet.get("/fleet/history", {"since": HISTORY_WINDOW_S, "bucket": HISTORY_BUCKET_S})
+            return await self._fleet.history({"since": HISTORY_WINDOW_S, "bucket": HISTORY_BUCKET_S})
         except FleetClientError:
-            return {}
+            return None
 
-    async def get(self, path: str) -> dict:
-        return await self._fleet.get(path)
+    async def start(self, path: str, body: dict[str, object]) -> OperationInfo:
+        return await self._fleet.start(path, body)
 
-    async def post(self, path: str, body: dict) -> dict:
-        return await self._fleet.post(path, body)
+    async def operation(self, op_id: str) -> OperationInfo:
+        return await self._fleet.operation(op_id)
+
+    async def sessions(self, worker: str) -> WorkerSessions:
+        return await self._fleet.sessions(worker)
+
+    async def checkpoints(self) -> CheckpointList:
+        return await self._fleet.checkpoints()
+
+    async def plan(self, since: str) -> FleetPlan:
+        return await self._fleet.plan({"since": since})
+
+    async def rebalance_preview(self, split: str) -> RebalancePreview:
+        return await self._fleet.rebalance_preview(split)
 
     async def close(self) -> None:
         await self._fleet.close()
         self._host.close()
 
 
-def _local_history(path: Path) -> dict:
+def _local_history(path: Path) -> FleetHistory:
     from fleetctl.store.db import open_db
     from fleetctl.store.history import history
 
     db = open_db(path, check_same_thread=False)
     try:
-        return history(db, HISTORY_WINDOW_S, HISTORY_BUCKET_S)
+        return FleetHistory.model_validate(history(db, HISTORY_WINDOW_S, HISTORY_BUCKET_S))
     finally:
         db.close()

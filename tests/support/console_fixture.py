@@ -1,33 +1,43 @@
 """A deterministic fleet for console tests: a FleetSource with fixed status, history, host and
-events (no wall clock in the picture), whose operations advance one stage per poll."""
+events (no wall clock in the picture), all of them the contract's models (`engine/server/schemas.py`), whose
+operations advance one of their kind's stages (`ops/stages.py`) per poll and end with a real result model."""
 
 import math
+from collections.abc import Mapping
 
 from fleetctl.console.client import FleetRefused
 from fleetctl.console.tui.snapshot import FleetSnapshot
+from fleetctl.engine.fleet.ops.record import OpKind, OpState
+from fleetctl.engine.fleet.ops.stages import STAGES, CheckpointMigrateStage, LiveMigrateStage, progress
+from fleetctl.engine.server.schemas import (
+    CheckpointList,
+    FleetHistory,
+    FleetPlan,
+    FleetStatus,
+    LiveMigrateResult,
+    OperationInfo,
+    OperationResult,
+    PoolInfo,
+    RebalancePreview,
+    RebalanceResult,
+    RoleChange,
+    RoleChanged,
+    SessionInfo,
+    SessionMoved,
+    WorkerInfo,
+    WorkerSessions,
+)
 
 NOW = 1_764_400_000.0  # a fixed "now": event times and chart buckets derive from it
 
 
-def _worker(wid: str, role: str, device: str, pid: int, state: str = "running", sessions: int = 0,
-            kv: float = 0.0, busy: float = 0.0, mfu: float = 0.0, mbu: float = 0.0) -> dict:
-    return {"id": wid, "role": role, "device": device, "state": state, "pid": pid, "sessions": sessions,
-            "kv_usage": kv, "busy": busy, "mfu": mfu, "mbu": mbu}
-
-
-WORKERS = [
-    _worker("prefill-0", "prefill", "cpu:0", 4101, sessions=2, kv=0.05, busy=0.42, mfu=0.31, mbu=0.02),
-    _worker("prefill-1", "prefill", "cpu:1", 4102, sessions=1, kv=0.02, busy=0.35, mfu=0.27, mbu=0.01),
-    _worker("decode-0", "decode", "cpu:2", 4103, sessions=12, kv=0.61, busy=0.97, mfu=0.18, mbu=0.16),
-    _worker("decode-1", "decode", "cpu:3", 4104, sessions=11, kv=0.58, busy=0.95, mfu=0.17, mbu=0.15),
-    _worker("decode-2", "decode", "cpu:4", 4105, sessions=9, kv=0.44, busy=0.9, mfu=0.15, mbu=0.13),
-    _worker("decode-3", "decode", "cpu:5", 4106, state="draining", sessions=3, kv=0.12, busy=0.4, mfu=0.05,
-            mbu=0.06),
-    _worker("decode-4", "decode", "cpu:6", 4107, state="checkpointed"),
-    _worker("decode-5", "decode", "cpu:7", 4108, state="failed"),
-]
-POOLS = {"prefill": {"workers": 2, "busy": 0.385, "mfu": 0.29, "mbu": 0.015, "queue": 0},
-         "decode": {"workers": 4, "busy": 0.805, "mfu": 0.1375, "mbu": 0.125, "queue": 0}}
+def worker(wid: str, role: str, device: str, pid: int | None = None, state: str = "running", sessions: int = 0,
+           kv: float = 0.0, busy: float = 0.0, mfu: float = 0.0, mbu: float = 0.0, node: str | None = None,
+           node_lost: bool = False, tokens_per_s: float = 0.0) -> WorkerInfo:
+    """A worker as `/fleet/status` lists it (a pool of 256 KV blocks)."""
+    return WorkerInfo(id=wid, role=role, device=device, node=node, node_lost=node_lost, state=state, pid=pid,
+                      sessions=sessions, kv_usage=kv, kv_blocks=256, free_blocks=round(256 * (1 - kv)), busy=busy,
+                      mfu=mfu, mbu=mbu, tokens_per_s=tokens_per_s, prefix_hit_ratio=0.0)
 
 
 def _series(level: float, swing: float, phase: float) -> list[dict]:
@@ -39,10 +49,29 @@ def _series(level: float, swing: float, phase: float) -> list[dict]:
     return points
 
 
-HISTORY = {
+_WORKERS = [  # (id, role, device, pid, and what `worker` takes)
+    ("prefill-0", "prefill", "cpu:0", 4101, {"sessions": 2, "kv": 0.05, "busy": 0.42, "mfu": 0.31, "mbu": 0.02}),
+    ("prefill-1", "prefill", "cpu:1", 4102, {"sessions": 1, "kv": 0.02, "busy": 0.35, "mfu": 0.27, "mbu": 0.01}),
+    ("decode-0", "decode", "cpu:2", 4103, {"sessions": 12, "kv": 0.61, "busy": 0.97, "mfu": 0.18, "mbu": 0.16}),
+    ("decode-1", "decode", "cpu:3", 4104, {"sessions": 11, "kv": 0.58, "busy": 0.95, "mfu": 0.17, "mbu": 0.15}),
+    ("decode-2", "decode", "cpu:4", 4105, {"sessions": 9, "kv": 0.44, "busy": 0.9, "mfu": 0.15, "mbu": 0.13}),
+    ("decode-3", "decode", "cpu:5", 4106, {"state": "draining", "sessions": 3, "kv": 0.12, "busy": 0.4, "mfu": 0.05,
+                                           "mbu": 0.06}),
+    ("decode-4", "decode", "cpu:6", 4107, {"state": "checkpointed"}),
+    ("decode-5", "decode", "cpu:7", 4108, {"state": "failed"}),
+]
+_WORKER_SERIES = {wid: _series(float(kw.get("busy", 0.0)), 0.1, i) for i, (wid, *_, kw) in enumerate(_WORKERS)}
+# the live rate in /fleet/status: what the charts' newest bucket shows
+WORKERS = [worker(wid, role, device, pid, tokens_per_s=_WORKER_SERIES[wid][-1]["tokens_per_s"], **kw)
+           for wid, role, device, pid, kw in _WORKERS]
+POOLS = {"prefill": PoolInfo(workers=2, busy=0.385, mfu=0.29, mbu=0.015, queue=0, prefix_hit_ratio=0.0),
+         "decode": PoolInfo(workers=4, busy=0.805, mfu=0.1375, mbu=0.125, queue=0, prefix_hit_ratio=0.0)}
+STATUS = FleetStatus(model="smollm2-135m", url="http://fixture:8700", pid=4100, window_s=5.0, workers=WORKERS,
+                     pools=POOLS, local_prefills=0)
+HISTORY = FleetHistory.model_validate({
     "now": NOW, "window_s": 300.0, "bucket_s": 5.0,
     "pools": {"prefill": _series(0.4, 0.3, 0.0), "decode": _series(0.8, 0.15, 1.0)},
-    "workers": {w["id"]: _series(w["busy"], 0.1, i) for i, w in enumerate(WORKERS)},
+    "workers": _WORKER_SERIES,
     "traffic": {"requests": 412, "requests_per_s": 1.37, "ttft_s": {"p50": 0.412, "p99": 2.31},
                 "tpot_s": {"p50": 0.061, "p99": 0.118}, "prefill_share": 0.22, "decode_share": 0.78,
                 "handoff_bytes_per_s": 3.4e6, "handoff_share_of_e2e": 0.0031},
@@ -54,20 +83,15 @@ HISTORY = {
         {"ts": NOW - 60, "kind": "restore", "worker": "decode-4",
          "details": {"device": "cpu:6", "mode": "cold-start", "reason": "torch: checkpoint has '2.12'"}},
     ],
-}
-for _w in WORKERS:  # the live rate in /fleet/status: what the charts' newest bucket shows
-    _w["tokens_per_s"] = HISTORY["workers"][_w["id"]][-1]["tokens_per_s"]
+})
 HOST = {"host": "lab-node", "gpus": [], "processes": {4101: 41.0, 4102: 35.0, 4103: 97.0, 4104: 95.0, 4105: 90.0,
                                                       4106: 40.0, 4107: None, 4108: None}}
-MIGRATE_STAGES = ("starting destination", "pausing source", "restoring", "first step")
-
-
 def _layout(prefill: int, decode: int, goodput: float, good: int, ttft: float, tpot: float | None) -> dict:
     return {"prefill": prefill, "decode": decode, "mixed": 0, "layout": f"{prefill}:{decode}", "goodput": goodput,
             "ttft_p90_s": ttft, "tpot_p90_s": tpot, "good_requests": good, "requests": 412, "e2e_mean_s": 3.1}
 
 
-PLAN = {  # /fleet/plan's shape (engine/planner/plan.py), for the fixture's 2:4 fleet
+PLAN = FleetPlan.model_validate({  # /fleet/plan (engine/planner/plan.py) for the fixture's 2:4 fleet
     "recommended": {"prefill": 3, "decode": 3, "mixed": 0, "layout": "3:3"},
     "current": {"prefill": 2, "decode": 4, "mixed": 0, "layout": "2:4"},
     "candidates": [_layout(3, 3, 1.284, 385, 0.912, 0.081), _layout(2, 4, 1.087, 326, 2.43, 0.064),
@@ -77,55 +101,108 @@ PLAN = {  # /fleet/plan's shape (engine/planner/plan.py), for the fixture's 2:4 
     "best_split": {"prefill": 3, "decode": 3, "mixed": 0, "layout": "3:3"}, "gain_pct": 18.1,
     "window_s": 600.0, "source": "store", "requests": 412, "slo": {"ttft_s": 2.0, "tpot_s": 0.2},
     "devices": [f"cpu:{i}" for i in range(6)], "what_if": None, "fit": {}, "notes": [],
+})
+SESSIONS = [SessionInfo(id=f"req-{i:04d}", stage="decode", prompt_tokens=100 + i, output_tokens=10 * i, age_s=1.5 * i)
+            for i in range(3)]
+PREVIEW = RebalancePreview(split="3:3", current="2:4", force=False, evacuation="move",
+                           moves=[RoleChange(worker="decode-2", device="cpu:4", from_="decode", to="prefill",
+                                             sessions=9)])
+# what the fixture's operations end with, by kind (a test passes others)
+RESULTS: dict[OpKind, OperationResult] = {
+    OpKind.MIGRATE: LiveMigrateResult(worker="decode-0", from_="cpu:2", to="cpu:8", sessions=12, bytes=188_743_680,
+                                      downtime_s=0.043, seconds=2.4,
+                                      moves=[SessionMoved(request=f"req-{i:04d}", downtime_s=0.043 - i / 1000,
+                                                          resumed_at=NOW) for i in range(12)]),
+    OpKind.REBALANCE: RebalanceResult(split="3:3", from_="2:4", evacuation="move", seconds=6.2,
+                                      moves=[RoleChanged(worker="decode-2", device="cpu:4", from_="decode",
+                                                         to="prefill", sessions=9, new_worker="prefill-2",
+                                                         sessions_finished=0, sessions_moved=9, seconds=6.1)]),
 }
+# the operation each route starts, and the position of the worker (or session) it acts on in the path
+ROUTES = {"checkpoint": OpKind.CHECKPOINT, "migrate": OpKind.MIGRATE, "drain": OpKind.DRAIN,
+          "resume": OpKind.RESUME, "stop": OpKind.STOP, "move": OpKind.MOVE}
+
+
+def _steps(kind: OpKind, result: OperationResult | None) -> list[str]:
+    """The stages an operation of `kind` passes through before it is done (a migration's by its result's path;
+    the stage a migration calls itself off in is left out)."""
+    stages = STAGES[kind]
+    if kind is OpKind.MIGRATE:
+        stages = (LiveMigrateStage,) if isinstance(result, LiveMigrateResult) else (CheckpointMigrateStage,)
+    return [s.value for s in stages[0] if s.value not in ("done", LiveMigrateStage.CALLING_OFF.value)]
+
+
+def operation(kind: OpKind, worker: str, result: OperationResult | None, step: int | None = None,
+              error: str | None = None) -> OperationInfo:
+    """An operation as `/fleet/operations/{id}` reports it: at its `step`-th stage, or (None) ended: done with
+    `result`, or failed with `error`."""
+    steps = _steps(kind, result)
+    if step is not None:
+        state, at = OpState.RUNNING, steps[min(step, len(steps) - 1)]
+    else:
+        state, at = (OpState.DONE, "done") if error is None else (OpState.FAILED, steps[-1])
+    return OperationInfo(id="op-1", kind=kind, worker=worker, device=None, state=state, step=at, stage=at,
+                         progress=progress(kind, at) if state is OpState.RUNNING else 1.0, started=NOW,
+                         result=result if state is OpState.DONE else None, error=error, writer_pid=None,
+                         destination_pid=None)
 
 
 class FixtureSource:
     url = "http://fixture:8700"
 
-    def __init__(self, reachable: bool = True, hold_at: int | None = None) -> None:
+    def __init__(self, reachable: bool = True, hold_at: int | None = None,
+                 results: Mapping[OpKind, OperationResult] | None = None) -> None:
         self.reachable = reachable
         self.hold_at = hold_at  # an operation stays at this stage (a picture of the progress dialog)
-        self.posted: list[tuple[str, dict]] = []
+        self.results = {**RESULTS, **(results or {})}
+        self.posted: list[tuple[str, dict[str, object]]] = []
         self._polls = 0
+        self._following: tuple[OpKind, str] = (OpKind.MIGRATE, "decode-0")
 
     async def snapshot(self) -> FleetSnapshot:
         if not self.reachable:
             return FleetSnapshot(reachable=False, error=f"no fleet answers at {self.url} (ConnectError)")
-        status = {"model": "smollm2-135m", "url": self.url, "workers": WORKERS, "pools": POOLS}
-        return FleetSnapshot(reachable=True, status=status, history=HISTORY, host=HOST)
+        return FleetSnapshot(reachable=True, status=STATUS, history=HISTORY, host=HOST)
 
-    async def post(self, path: str, body: dict) -> dict:
+    async def start(self, path: str, body: dict[str, object]) -> OperationInfo:
+        """The operation a route starts, at its first stage; refused (409) for one the fixture has no result of."""
         self.posted.append((path, body))
-        if path.endswith("/migrate"):
-            return self._operation("migrate", path.split("/")[3], 0, body["to"])
-        if path == "/fleet/rebalance" and body["apply"]:
-            return {"id": "op-2", "kind": "rebalance", "worker": "fleet", "state": "done", "stage": "done",
-                    "error": None, "result": {"split": body["split"], "moves": 1}}
-        if path == "/fleet/rebalance":
-            return {"split": body["split"], "current": "2:4", "force": False, "evacuation": "move",
-                    "moves": [{"worker": "decode-2", "device": "cpu:4", "from": "decode", "to": "prefill",
-                               "sessions": 9}]}
-        raise FleetRefused("POST", path, 409, "refused by the fixture")
+        parts = path.split("/")  # "", "fleet", "workers" | "requests", its id, the action
+        if path == "/fleet/workers":
+            kind, worker = OpKind.START, f"{body['role']}-9"
+        elif path == "/fleet/restore":
+            kind, worker = OpKind.RESTORE, "decode-4"
+        elif path == "/fleet/rebalance":
+            kind, worker = OpKind.REBALANCE, "fleet"
+        else:
+            kind, worker = ROUTES.get(parts[-1]), parts[3]
+        if kind is None or kind not in self.results:
+            raise FleetRefused("POST", path, 409, "refused by the fixture")
+        return self.begin(kind, worker)
 
-    async def get(self, path: str) -> dict:
-        if path.startswith("/fleet/operations/"):
-            self._polls = self._polls + 1 if self.hold_at is None else min(self._polls + 1, self.hold_at)
-            return self._operation("migrate", "decode-0", self._polls, "cpu:9")
-        if path.startswith("/fleet/plan?"):
-            return PLAN
-        if path.endswith("/sessions"):
-            return {"sessions": [{"id": f"req-{i:04d}", "stage": "decode", "prompt_tokens": 100 + i,
-                                  "output_tokens": 10 * i, "age_s": 1.5 * i} for i in range(3)]}
-        raise FleetRefused("GET", path, 404, "not in the fixture")
+    def begin(self, kind: OpKind, worker: str) -> OperationInfo:
+        """Follow an operation of `kind` on `worker` from its first stage (what `start` and a test use)."""
+        self._following, self._polls = (kind, worker), 0
+        return operation(kind, worker, self.results[kind], 0)
 
-    def _operation(self, kind: str, worker: str, polls: int, to: str) -> dict:
-        if polls < len(MIGRATE_STAGES):
-            return {"id": "op-1", "kind": kind, "worker": worker, "state": "running",
-                    "stage": MIGRATE_STAGES[polls], "result": {"to": to}, "error": None}
-        return {"id": "op-1", "kind": kind, "worker": worker, "state": "done", "stage": "done", "error": None,
-                "result": {"worker": worker, "from": "cpu:2", "to": to, "mode": "restored", "reason": None,
-                           "sessions": 12, "bytes": 188_743_680, "downtime_s": 0.043}}
+    async def operation(self, op_id: str) -> OperationInfo:
+        self._polls = self._polls + 1 if self.hold_at is None else min(self._polls + 1, self.hold_at)
+        kind, worker = self._following
+        result = self.results[kind]
+        return operation(kind, worker, result, self._polls if self._polls < len(_steps(kind, result)) else None)
+
+    async def sessions(self, worker: str) -> WorkerSessions:
+        return WorkerSessions(worker=worker, sessions=SESSIONS)
+
+    async def checkpoints(self) -> CheckpointList:
+        raise FleetRefused("GET", "/fleet/checkpoints", 404, "not in the fixture")
+
+    async def plan(self, since: str) -> FleetPlan:
+        return PLAN
+
+    async def rebalance_preview(self, split: str) -> RebalancePreview:
+        self.posted.append(("/fleet/rebalance", {"split": split, "apply": False}))
+        return PREVIEW.model_copy(update={"split": split})
 
     async def close(self) -> None:
         pass

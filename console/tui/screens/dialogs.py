@@ -1,5 +1,5 @@
 """Modal dialogs: confirm a destructive action, pick one of several choices (a device, a checkpoint),
-and follow a long operation to its end with a progress bar fed by `/fleet/operations/{id}`."""
+and follow a long operation to its end with a progress bar fed by `/fleet/operations/{id}` (`OperationInfo`)."""
 
 import asyncio
 
@@ -12,8 +12,9 @@ from textual.widgets import Button, Input, Label, OptionList, ProgressBar
 from textual.widgets.option_list import Option
 
 from fleetctl.console.client import FleetClientError
-from fleetctl.console.tui.operations import describe_result, progress_of
 from fleetctl.console.tui.source import FleetSource
+from fleetctl.engine.fleet.ops.record import OpState
+from fleetctl.engine.server.schemas import OperationInfo, describe
 
 POLL_S = 0.2
 
@@ -67,12 +68,13 @@ class ChoiceDialog(ModalScreen[str | None]):
         self.dismiss(event.value.strip() or None)
 
 
-class OperationDialog(ModalScreen[dict | None]):
-    """Follows one operation; the result (or the failure) stays on screen until dismissed."""
+class OperationDialog(ModalScreen[OperationInfo | None]):
+    """Follows one operation (its bar is `op.progress`); the result (`schemas.describe`'s sentence, the CLI's) or
+    the failure stays on screen until dismissed."""
 
     BINDINGS = [Binding("escape,enter", "close", "Close")]
 
-    def __init__(self, source: FleetSource, operation: dict) -> None:
+    def __init__(self, source: FleetSource, operation: OperationInfo) -> None:
         super().__init__()
         self.source = source
         self.operation = operation
@@ -80,9 +82,9 @@ class OperationDialog(ModalScreen[dict | None]):
     def compose(self) -> ComposeResult:
         op = self.operation
         with Vertical(classes="dialog"):
-            yield Label(f"{op['kind']} {op['worker']}", classes="title", id="op-title")
+            yield Label(f"{op.kind} {op.worker}", classes="title", id="op-title")
             yield ProgressBar(total=1.0, show_eta=False, id="op-progress")
-            yield Label(op["stage"], id="op-stage")
+            yield Label(op.stage, id="op-stage")
             yield Label("", id="op-result")
 
     def on_mount(self) -> None:
@@ -91,26 +93,26 @@ class OperationDialog(ModalScreen[dict | None]):
     @work(exclusive=True)
     async def follow(self) -> None:
         op = self.operation
-        while op["state"] == "running":
+        while op.state is OpState.RUNNING:
             self.show(op)
             await asyncio.sleep(POLL_S)
             try:
-                op = await self.source.get(f"/fleet/operations/{op['id']}")
+                op = await self.source.operation(op.id)
             except FleetClientError as exc:
                 self.query_one("#op-result", Label).update(f"lost track of the operation: {exc}")
                 return
         self.operation = op
         self.show(op)
 
-    def show(self, op: dict) -> None:
+    def show(self, op: OperationInfo) -> None:
         bar = self.query_one("#op-progress", ProgressBar)
-        fraction = progress_of(op)
-        bar.update(total=None if fraction is None else 1.0, progress=fraction or 0.0)
-        self.query_one("#op-stage", Label).update(op["stage"] if op["state"] == "running" else op["state"])
-        if op["state"] != "running":
-            self.query_one("#op-result", Label).update(describe_result(op) + "\n(enter to close)")
+        bar.update(total=None if op.progress is None else 1.0, progress=op.progress or 0.0)
+        running = op.state is OpState.RUNNING
+        self.query_one("#op-stage", Label).update(op.stage if running else op.state.value)
+        if not running:
+            self.query_one("#op-result", Label).update(describe(op) + "\n(enter to close)")
 
     def action_close(self) -> None:
         # A poll may be in flight: cancel it so that its answer never lands on a screen already taken down.
         self.workers.cancel_node(self)
-        self.dismiss(self.operation if self.operation["state"] != "running" else None)
+        self.dismiss(self.operation if self.operation.state is not OpState.RUNNING else None)

@@ -11,12 +11,13 @@ from textual.widgets import DataTable, Footer, Label
 
 from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.actions import READONLY_REASON
+from fleetctl.engine.server.schemas import FleetPlan, SplitInfo
 
 WINDOWS = ("10m", "30m", "1h", "5m")  # `w` steps through them; the first is the default
 
 
-def layout_label(layout: dict) -> str:
-    return f"colocated {layout['mixed']}" if layout.get("mixed") else f"{layout['prefill']}:{layout['decode']}"
+def layout_label(layout: SplitInfo) -> str:
+    return f"colocated {layout.mixed}" if layout.mixed else f"{layout.prefill}:{layout.decode}"
 
 
 def gain_text(gain: float | str | None) -> str:
@@ -27,21 +28,21 @@ def gain_text(gain: float | str | None) -> str:
     return f"{gain:+.1f} % goodput predicted"
 
 
-def summary_lines(plan: dict) -> list[str]:
+def summary_lines(plan: FleetPlan) -> list[str]:
     """What the operator reads first: where the fleet is, where it should be, by how much and why."""
-    slo = plan["slo"]
-    current = plan["current"]
-    best = plan["best_split"]
-    recommended = plan["recommended"]
-    lines = [f"{plan['requests']} requests over {plan['window_s']:.0f} s; SLOs TTFT ≤ {slo['ttft_s']:g} s, "
-             f"TPOT ≤ {slo['tpot_s'] * 1000:g} ms",
+    slo = plan.slo
+    current = plan.current
+    best = plan.best_split
+    recommended = plan.recommended
+    lines = [f"{plan.requests} requests over {plan.window_s:.0f} s; SLOs TTFT ≤ {slo.ttft_s:g} s, "
+             f"TPOT ≤ {slo.tpot_s * 1000:g} ms",
              f"current      {layout_label(current) if current else '-'}",
              f"recommended  {layout_label(recommended)}"]
     if best and layout_label(best) != layout_label(recommended):
         lines.append(f"best split   {layout_label(best)} (what rebalance can reach)")
-    lines.append(f"gain         {gain_text(plan['gain_pct'])}")
-    lines.append(f"why          {plan['reason']}")
-    lines += [f"note         {note}" for note in plan["notes"]]
+    lines.append(f"gain         {gain_text(plan.gain_pct)}")
+    lines.append(f"why          {plan.reason}")
+    lines += [f"note         {note}" for note in plan.notes]
     return lines
 
 
@@ -54,7 +55,7 @@ class PlanScreen(Screen[None]):
     def __init__(self) -> None:
         super().__init__()
         self.window = WINDOWS[0]
-        self.plan: dict | None = None
+        self.plan: FleetPlan | None = None
 
     def compose(self) -> ComposeResult:
         with Vertical(id="plan-summary"):
@@ -75,7 +76,7 @@ class PlanScreen(Screen[None]):
         summary.border_title = f"plan · last {self.window}"
         self.query_one("#plan-text", Label).update(f"planning over the last {self.window}…")
         try:
-            plan = await self.app.source.get(f"/fleet/plan?since={self.window}")
+            plan = await self.app.source.plan(self.window)
         except FleetClientError as exc:
             self.plan = None
             self.query_one("#plan-text", Label).update(f"no plan: {exc}")
@@ -83,17 +84,17 @@ class PlanScreen(Screen[None]):
             return
         self.show(plan)
 
-    def show(self, plan: dict) -> None:
+    def show(self, plan: FleetPlan) -> None:
         self.plan = plan
         self.query_one("#plan-text", Label).update("\n".join(summary_lines(plan)))
         table = self.query_one("#plan-candidates", DataTable)
         table.clear()
-        current = layout_label(plan["current"]) if plan["current"] else None
-        for c in plan["candidates"]:
+        current = layout_label(plan.current) if plan.current else None
+        for c in plan.candidates:
             label = layout_label(c)
-            tpot = "-" if c["tpot_p90_s"] is None else f"{c['tpot_p90_s']:.3f} s"
-            table.add_row(label, f"{c['goodput']:.3f}", f"{c['good_requests']}/{c['requests']}",
-                          f"{c['ttft_p90_s']:.3f} s", tpot, "current" if label == current else "")
+            tpot = "-" if c.tpot_p90_s is None else f"{c.tpot_p90_s:.3f} s"
+            table.add_row(label, f"{c.goodput:.3f}", f"{c.good_requests}/{c.requests}",
+                          f"{c.ttft_p90_s:.3f} s", tpot, "current" if label == current else "")
 
     def action_back(self) -> None:
         # Planning takes seconds: cancel it here, or its answer lands on a screen already taken down.
@@ -108,7 +109,7 @@ class PlanScreen(Screen[None]):
         if self.app.readonly:
             self.notify(READONLY_REASON, severity="warning")
             return
-        best = self.plan and self.plan["best_split"]
+        best = self.plan.best_split if self.plan else None
         if not best:
             self.notify("no split to apply: plan first (r)", severity="warning")
             return

@@ -9,6 +9,7 @@ from textual.widgets import DataTable, Footer, Label
 from fleetctl.console.tui.snapshot import FleetSnapshot
 from fleetctl.console.tui.widgets.chart import UsageChart
 from fleetctl.console.tui.widgets.format import percent, rate
+from fleetctl.engine.server.schemas import SessionInfo
 
 CHARTS = (("busy", "busy"), ("mfu", "MFU"), ("mbu", "MBU"))
 
@@ -36,17 +37,16 @@ class WorkerDetail(Screen[None]):
     def on_mount(self) -> None:
         self.query_one("#sessions", DataTable).add_columns("request", "stage", "prompt", "output", "age")
 
-    def show(self, snapshot: FleetSnapshot, sessions: list[dict] | None) -> None:
+    def show(self, snapshot: FleetSnapshot, sessions: list[SessionInfo] | None) -> None:
         worker = snapshot.worker(self.worker_id)
         if worker is None:
             self.query_one("#detail-summary", Label).update(f"{self.worker_id}: no longer in the fleet")
             return
-        self.query_one("#detail-charts").border_title = f"{worker['id']} · {worker['role']} · {worker['device']}"
+        self.query_one("#detail-charts").border_title = f"{worker.id} · {worker.role} · {worker.device}"
         self.query_one("#detail-summary", Label).update(
-            f"{worker['state']}  pid {worker['pid'] or '-'}  sessions {worker['sessions']}  "
-            f"KV {percent(worker['kv_usage'])}")
+            f"{worker.state}  pid {worker.pid or '-'}  sessions {worker.sessions}  KV {percent(worker.kv_usage)}")
         for metric, label in CHARTS:
-            self.query_one(f"#detail-{metric}-label", Label).update(f"{label:<5}{percent(worker[metric]):>8}")
+            self.query_one(f"#detail-{metric}-label", Label).update(f"{label:<5}{percent(getattr(worker, metric)):>8}")
             series = snapshot.worker_series(self.worker_id, metric)
             self.query_one(f"#detail-{metric}", UsageChart).series = tuple(series)
         self.query_one("#detail-tokens", Label).update(f"tokens/s {rate(snapshot.tokens_per_s(self.worker_id))}")
@@ -56,4 +56,4 @@ class WorkerDetail(Screen[None]):
             table.add_row("(this fleet does not list sessions)", "", "", "", "")
             return
         for s in sessions:
-            table.add_row(s["id"], s["stage"], str(s["prompt_tokens"]), str(s["output_tokens"]), f"{s['age_s']:.1f} s")
+            table.add_row(s.id, s.stage, str(s.prompt_tokens), str(s.output_tokens), f"{s.age_s:.1f} s")

@@ -5,22 +5,23 @@ from textual.widgets import RichLog, Static
 
 from fleetctl.console.tui.snapshot import FleetSnapshot
 from fleetctl.console.tui.widgets.format import clock, nbytes, percent, rate, seconds
+from fleetctl.engine.server.schemas import EventRecord
 
 BAR = 14  # characters of the prefill/decode split bar
 
 
 def traffic_text(snapshot: FleetSnapshot) -> str:
-    traffic = snapshot.history.get("traffic")
-    if not traffic:
+    if snapshot.history is None:
         return "no history: the fleet has no metrics store"
-    ttft, tpot = traffic["ttft_s"], traffic["tpot_s"]
-    prefill, decode = traffic["prefill_share"], traffic["decode_share"]
+    traffic = snapshot.history.traffic
+    ttft, tpot = traffic.ttft_s, traffic.tpot_s
+    prefill, decode = traffic.prefill_share, traffic.decode_share
     filled = round(BAR * prefill) if prefill + decode else 0
-    return (f"requests {rate(traffic['requests_per_s'])}/s ({traffic['requests']} in 5 min)\n"
-            f"TTFT     p50 {seconds(ttft['p50'])}  p99 {seconds(ttft['p99'])}\n"
-            f"TPOT     p50 {seconds(tpot['p50'])}  p99 {seconds(tpot['p99'])}\n"
+    return (f"requests {rate(traffic.requests_per_s)}/s ({traffic.requests} in 5 min)\n"
+            f"TTFT     p50 {seconds(ttft.p50)}  p99 {seconds(ttft.p99)}\n"
+            f"TPOT     p50 {seconds(tpot.p50)}  p99 {seconds(tpot.p99)}\n"
             f"prefill {percent(prefill):>4} {'█' * filled}{'░' * (BAR - filled)} {percent(decode):>4} decode\n"
-            f"handoff  {nbytes(traffic['handoff_bytes_per_s'])}/s, {percent(traffic['handoff_share_of_e2e'])} of e2e")
+            f"handoff  {nbytes(traffic.handoff_bytes_per_s)}/s, {percent(traffic.handoff_share_of_e2e)} of e2e")
 
 
 def devices_text(snapshot: FleetSnapshot) -> str:
@@ -31,18 +32,18 @@ def devices_text(snapshot: FleetSnapshot) -> str:
         lines.append(f"cuda:{gpu['index']}  SM {percent(gpu['sm_util'])}  mem {nbytes(gpu['mem_used_bytes'])}  {power}")
     processes = host.get("processes", {})
     for worker in snapshot.workers:
-        cpu = processes.get(worker["pid"])
-        if worker["device"].startswith("cpu") and worker["pid"]:
-            shown = "elsewhere" if worker["pid"] not in processes else "—" if cpu is None else f"{cpu:.0f}% cpu"
-            lines.append(f"{worker['device']:<6} {worker['id']:<10} {shown:>8}")
+        cpu = processes.get(worker.pid)
+        if worker.device.startswith("cpu") and worker.pid:
+            shown = "elsewhere" if worker.pid not in processes else "—" if cpu is None else f"{cpu:.0f}% cpu"
+            lines.append(f"{worker.device:<6} {worker.id:<10} {shown:>8}")
     return "\n".join(lines)
 
 
-def event_line(event: dict) -> str:
-    details = dict(event.get("details") or {})
+def event_line(event: EventRecord) -> str:
+    details = dict(event.details)
     moved = f"{details.pop('from')}→{details.pop('to')} " if "from" in details and "to" in details else ""
     extra = " ".join(f"{v}" if k in ("mode", "device") else f"{k} {v}" for k, v in details.items() if v is not None)
-    return f"{clock(event['ts'])} {event['kind']:<9} {event.get('worker') or '-':<10} {moved}{extra}"
+    return f"{clock(event.ts)} {event.kind:<9} {event.worker or '-':<10} {moved}{extra}"
 
 
 class TrafficPanel(Static):
@@ -70,7 +71,7 @@ class EventsPanel(RichLog):
         self._last_ts = float("-inf")
 
     def show(self, snapshot: FleetSnapshot) -> None:
-        for event in snapshot.history.get("events", []):
-            if event["ts"] > self._last_ts:
+        for event in snapshot.history.events if snapshot.history else []:
+            if event.ts > self._last_ts:
                 self.write(event_line(event))
-                self._last_ts = event["ts"]
+                self._last_ts = event.ts

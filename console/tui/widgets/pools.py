@@ -8,23 +8,24 @@ from textual.widgets import Label
 from fleetctl.console.tui.snapshot import FleetSnapshot
 from fleetctl.console.tui.widgets.chart import UsageChart
 from fleetctl.console.tui.widgets.format import percent
+from fleetctl.engine.server.schemas import PoolInfo
 
 METRICS = (("busy", "busy"), ("mfu", "MFU (compute)"), ("mbu", "MBU (memory)"))
 # which metric a pool is judged by: prefill reads the prompt (compute), decode writes tokens (bandwidth)
 BOUND_BY = {"prefill": "mfu", "decode": "mbu", "mixed": "mfu"}
 
 
-def verdict(role: str, pool: dict) -> str:
-    if not pool.get("workers"):
+def verdict(role: str, pool: PoolInfo | None) -> str:
+    if pool is None or not pool.workers:
         return "no running worker"
-    busy = pool["busy"]
-    queue = pool.get("queue", 0)
+    busy = pool.busy
+    queue = pool.queue
     if busy < 0.3 and not queue:
         return f"underfed: idle {1 - busy:.0%} of the time"
     if busy > 0.9 or queue:
         return f"saturated: busy {busy:.0%}, {queue} waiting"
     bound = "compute" if BOUND_BY[role] == "mfu" else "bandwidth"
-    return f"working: {bound} at {percent(pool[BOUND_BY[role]])} of peak"
+    return f"working: {bound} at {percent(getattr(pool, BOUND_BY[role]))} of peak"
 
 
 class PoolPanel(Vertical):
@@ -42,11 +43,11 @@ class PoolPanel(Vertical):
         yield Label("", classes="verdict", id=f"{self.role}-verdict")
 
     def show(self, snapshot: FleetSnapshot) -> None:
-        pool = snapshot.pools.get(self.role, {})
-        count = pool.get("workers", 0)
-        self.border_title = f"{self.role} · {count} worker{'s' if count != 1 else ''} · queue {pool.get('queue', 0)}"
+        pool = snapshot.pools.get(self.role)
+        count, queue = (pool.workers, pool.queue) if pool else (0, 0)
+        self.border_title = f"{self.role} · {count} worker{'s' if count != 1 else ''} · queue {queue}"
         for metric, label in METRICS:
-            value = percent(pool.get(metric))
+            value = percent(getattr(pool, metric) if pool else None)
             self.query_one(f"#{self.role}-{metric}-label", Label).update(f"{label[:4]:<5}{value:>8}")
             self.query_one(f"#{self.role}-{metric}", UsageChart).series = tuple(snapshot.pool_series(self.role, metric))
         self.query_one(f"#{self.role}-verdict", Label).update(verdict(self.role, pool))

@@ -6,6 +6,7 @@ from textual.widgets import DataTable
 
 from fleetctl.console.tui.snapshot import FleetSnapshot
 from fleetctl.console.tui.widgets.format import percent, rate
+from fleetctl.engine.server.schemas import WorkerInfo
 
 COLUMNS = ("worker", "role", "device", "state", "sessions", "KV", "busy", "MFU", "MBU", "tok/s")
 ROLE_ORDER = {"prefill": 0, "decode": 1, "mixed": 2}
@@ -13,27 +14,27 @@ STATE_STYLES = {"running": "green", "starting": "cyan", "draining": "yellow", "c
                 "stopped": "dim", "failed": "bold red"}
 
 
-def device_cell(worker: dict) -> Text | str:
+def device_cell(worker: WorkerInfo) -> Text | str:
     """The device, with its Ray node when the name does not already say it, and whether that node was lost."""
-    device, node = worker["device"], worker.get("node")
+    device, node = worker.device, worker.node
     if node and not device.startswith(f"{node}/"):
         device = f"{node}/{device}"
-    return Text(f"{device} (node lost)", style="bold red") if worker.get("node_lost") else device
+    return Text(f"{device} (node lost)", style="bold red") if worker.node_lost else device
 
 
-def cells(worker: dict, snapshot: FleetSnapshot) -> tuple[Text | str, ...]:
-    style = STATE_STYLES.get(worker["state"], "")
-    return (Text(worker["id"], style=style), worker["role"], device_cell(worker), Text(worker["state"], style=style),
-            str(worker["sessions"]), percent(worker["kv_usage"]), percent(worker["busy"]), percent(worker["mfu"]),
-            percent(worker["mbu"]), rate(snapshot.tokens_per_s(worker["id"])))
+def cells(worker: WorkerInfo, snapshot: FleetSnapshot) -> tuple[Text | str, ...]:
+    style = STATE_STYLES.get(worker.state, "")
+    return (Text(worker.id, style=style), worker.role, device_cell(worker), Text(worker.state, style=style),
+            str(worker.sessions), percent(worker.kv_usage), percent(worker.busy), percent(worker.mfu),
+            percent(worker.mbu), rate(snapshot.tokens_per_s(worker.id)))
 
 
-def sort_value(worker: dict, column: str, snapshot: FleetSnapshot) -> tuple:
-    values = {"worker": worker["id"], "role": ROLE_ORDER.get(worker["role"], 9), "device": worker["device"],
-              "state": worker["state"],
-              "sessions": -worker["sessions"], "KV": -worker["kv_usage"], "busy": -worker["busy"],
-              "MFU": -worker["mfu"], "MBU": -worker["mbu"], "tok/s": -snapshot.tokens_per_s(worker["id"])}
-    return values[column], ROLE_ORDER.get(worker["role"], 9), worker["id"]
+def sort_value(worker: WorkerInfo, column: str, snapshot: FleetSnapshot) -> tuple[str | int | float, int, str]:
+    values: dict[str, str | int | float] = {
+        "worker": worker.id, "role": ROLE_ORDER.get(worker.role, 9), "device": worker.device, "state": worker.state,
+        "sessions": -worker.sessions, "KV": -worker.kv_usage, "busy": -worker.busy, "MFU": -worker.mfu,
+        "MBU": -worker.mbu, "tok/s": -snapshot.tokens_per_s(worker.id)}
+    return values[column], ROLE_ORDER.get(worker.role, 9), worker.id
 
 
 class WorkersTable(DataTable):
@@ -60,15 +61,15 @@ class WorkersTable(DataTable):
     def show(self, snapshot: FleetSnapshot) -> None:
         selected = self.selected_worker
         workers = sorted(snapshot.workers, key=lambda w: sort_value(w, self.sort_column, snapshot))
-        wanted = [w["id"] for w in workers]
+        wanted = [w.id for w in workers]
         present = [key.value for key in self.rows]
         if present != wanted:  # rows came, went or moved: rebuild, keeping the selection
             self.clear()
             for worker in workers:
-                self.add_row(*cells(worker, snapshot), key=worker["id"])
+                self.add_row(*cells(worker, snapshot), key=worker.id)
             if selected in wanted:
                 self.move_cursor(row=wanted.index(selected))
             return
         for worker in workers:
             for column, value in zip(COLUMNS, cells(worker, snapshot), strict=True):
-                self.update_cell(worker["id"], column, value)
+                self.update_cell(worker.id, column, value)

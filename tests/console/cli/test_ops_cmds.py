@@ -10,32 +10,18 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
-from support.fake_workers import FakeLauncher
+from support.fake_fleet_server import fake_fleet_url
 from support.fleet_harness import wait_until
 from typer.testing import CliRunner, Result
 
 from fleetctl.console.cli.app import app
-from fleetctl.engine.fleet.config import FleetConfig
-from fleetctl.engine.fleet.controller import Fleet
-from fleetctl.engine.server.admin_auth import load_or_create_admin_token, read_admin_token
-from fleetctl.engine.server.app import create_app
+from fleetctl.engine.server.admin_auth import read_admin_token
 
 
 @pytest.fixture
 def url(tiny_model_dir: Path, tmp_path: Path) -> Iterator[str]:
-    (tmp_path / "shm").mkdir()
-    config = FleetConfig(tiny_model_dir, prefill=1, decode=2, devices=("cpu:0", "cpu:1", "cpu:2"),
-                         shm_dir=tmp_path / "shm")
-    fleet = Fleet(config, launcher=FakeLauncher(tmp_path / "shm"))
-    app = create_app(fleet, load_or_create_admin_token())  # the CLI reads the same token file
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    assert wait_until(lambda: server.started, 30)
-    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    server.should_exit = True
-    thread.join(30)
+    with fake_fleet_url(tiny_model_dir, tmp_path) as served:
+        yield served
 
 
 def fleetctl(*args: str) -> Result:
@@ -98,7 +84,7 @@ def test_timeouts_and_called_off_drains_fail_with_the_reason(url: str) -> None:
     for thread in streams:
         thread.join(60)
     assert stopped.exit_code == 1
-    assert re.fullmatch(r"fleetctl: error: stop of decode-1 cancelled: decode-1 was resumed with \d+ session\(s\) "
+    assert re.fullmatch(r"fleetctl: error: stop of decode-1 called off: decode-1 was resumed with \d+ session\(s\) "
                         r"left to drain\n", stopped.stderr), stopped.stderr
     assert worker(url, "decode-1")["state"] == "running"
 
@@ -107,7 +93,7 @@ def test_checkpoint_checkpoints_and_a_refused_replay(url: str) -> None:
     saved = fleetctl("checkpoint", "decode-1", "--hold", "300", "--url", url, "--json")
     assert saved.exit_code == 0, saved.stderr
     result = json.loads(saved.stdout)
-    assert set(result) == {"worker", "checkpoint", "sessions", "bytes", "seconds"}
+    assert set(result) == {"worker", "path", "checkpoint", "sessions", "bytes", "seconds"}
     name = Path(result["checkpoint"]).name
     listed = json.loads(fleetctl("checkpoints", "--url", url, "--json").stdout)["checkpoints"]
     [row] = [row for row in listed if row["name"] == name]

@@ -4,23 +4,16 @@ one error line with a non-zero exit for bad input."""
 
 import json
 import re
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
-from support.fake_workers import FakeLauncher
-from support.fleet_harness import wait_until
+from support.fake_fleet_server import fake_fleet_url
 from support.synthetic_fleet import workload, write_store
 from typer.testing import CliRunner, Result
 
 from fleetctl.console.cli.app import app
-from fleetctl.engine.fleet.config import FleetConfig
-from fleetctl.engine.fleet.controller import Fleet
-from fleetctl.engine.server.admin_auth import load_or_create_admin_token
-from fleetctl.engine.server.app import create_app
 
 EXAMPLE_TRACE = Path(__file__).parents[2] / "planner" / "data" / "mooncake_small.jsonl"
 
@@ -98,17 +91,8 @@ def test_plan_without_a_store_says_where_it_looked(tmp_path: Path) -> None:
 
 @pytest.fixture
 def url(tiny_model_dir: Path, tmp_path: Path) -> Iterator[str]:
-    (tmp_path / "shm").mkdir()
-    config = FleetConfig(tiny_model_dir, prefill=1, decode=2, devices=("cpu:0", "cpu:1", "cpu:2"))
-    fleet = Fleet(config, launcher=FakeLauncher(tmp_path / "shm"))
-    server_app = create_app(fleet, load_or_create_admin_token())  # the CLI reads the same token file
-    server = uvicorn.Server(uvicorn.Config(server_app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    assert wait_until(lambda: server.started, 30)
-    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    server.should_exit = True
-    thread.join(30)
+    with fake_fleet_url(tiny_model_dir, tmp_path) as served:
+        yield served
 
 
 def test_rebalance_dry_run_apply_and_refusal(url: str) -> None:
@@ -125,8 +109,8 @@ def test_rebalance_dry_run_apply_and_refusal(url: str) -> None:
     assert [(m["worker"], m["new_worker"]) for m in result["moves"]] == [("decode-0", "prefill-1")]
     back = fleetctl("rebalance", "--split", "1:2", "--apply", "--force", "--url", url)
     assert back.exit_code == 0, back.stderr
-    assert re.fullmatch(r"2:1 -> 1:2 in \d+\.\d s\n  prefill-\d on cpu:\d -> decode-2: 0 session\(s\) finished, "
-                        r"0 moved to peers, \d+\.\d s\n", back.stdout), back.stdout
+    assert re.fullmatch(r"fleet 2:1 → 1:2: 1 worker\(s\) changed role \(recompute\); 0 session\(s\) moved, 0 finished, "
+                        r"\d+\.\d s\n", back.stdout), back.stdout
     same = fleetctl("rebalance", "--split", "1:2", "--url", url)
     assert same.stdout == "the fleet is already at 1:2: nothing to move\n"
     refused = fleetctl("rebalance", "--split", "4:1", "--apply", "--url", url)

@@ -21,6 +21,7 @@ from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.source import HttpSource
 from fleetctl.console.tui.widgets.workers import WorkersTable
 from fleetctl.engine.server.admin_auth import read_admin_token
+from fleetctl.engine.server.schemas import FleetPlan, OperationInfo
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was a small model", "def add(a, b):"]
 FLEET = ("--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2", "--dtype", "float32",
@@ -103,10 +104,13 @@ class SlowSource(FixtureSource):
         super().__init__(hold_at=hold_at)
         self.delay_s = delay_s
 
-    async def get(self, path: str) -> dict:
-        if path.startswith(("/fleet/operations/", "/fleet/plan")):
-            await asyncio.sleep(self.delay_s)
-        return await super().get(path)
+    async def operation(self, op_id: str) -> OperationInfo:
+        await asyncio.sleep(self.delay_s)
+        return await super().operation(op_id)
+
+    async def plan(self, since: str) -> FleetPlan:
+        await asyncio.sleep(self.delay_s)
+        return await super().plan(since)
 
 
 def test_closing_the_progress_dialog_cancels_its_poll_at_once() -> None:
@@ -173,16 +177,16 @@ def test_migrate_a_decode_worker_from_the_keyboard(small_model_dir: Path) -> Non
         async def drive() -> str:
             app = FleetConsole(HttpSource(url, read_admin_token()), ConsoleSettings(interval=0.5))
             async with app.run_test(size=(120, 40)) as pilot:
-                await wait_for(pilot, lambda: (app.snapshot.worker("decode-0") or {}).get("sessions", 0) >= 1)
+                await wait_for(pilot, lambda: getattr(app.snapshot.worker("decode-0"), "sessions", 0) >= 1)
                 select(app, "decode-0")
                 await pilot.press("m")
                 await pilot.pause(0.3)
                 await pilot.press("enter")  # the first free device: cpu:3
                 await pilot.pause(0.3)
                 await pilot.press("y")
-                await wait_for(pilot, lambda: (app.snapshot.worker("decode-0") or {}).get("device") == "cpu:3", 120)
+                await wait_for(pilot, lambda: getattr(app.snapshot.worker("decode-0"), "device", None) == "cpu:3", 120)
                 await pilot.press("enter")  # close the result
-                return app.snapshot.worker("decode-0")["state"]
+                return app.snapshot.worker("decode-0").state
 
         assert asyncio.run(drive()) == "running"
         clients.join(300)
@@ -219,23 +223,23 @@ def test_start_drain_and_stop_a_worker_from_the_keyboard(small_model_dir: Path) 
                 await pilot.press("enter")
                 await pilot.pause(0.3)
                 await pilot.press("enter")
-                await wait_for(pilot, lambda: (app.snapshot.worker("decode-2") or {}).get("state") == "running", 120)
+                await wait_for(pilot, lambda: getattr(app.snapshot.worker("decode-2"), "state", None) == "running", 120)
                 await pilot.press("enter")  # close the result
-                states.append(app.snapshot.worker("decode-2")["device"])
+                states.append(app.snapshot.worker("decode-2").device)
                 select(app, "decode-2")
                 await pilot.press("d", "y")
-                await wait_for(pilot, lambda: app.snapshot.worker("decode-2")["state"] == "draining", 60)
+                await wait_for(pilot, lambda: app.snapshot.worker("decode-2").state == "draining", 60)
                 await pilot.pause(0.5)
                 await pilot.press("enter")
-                states.append(app.snapshot.worker("decode-2")["state"])
+                states.append(app.snapshot.worker("decode-2").state)
                 select(app, "decode-2")
                 await pilot.press("x")
                 await pilot.pause(0.3)
                 await pilot.press("enter")  # "drain first"
                 await pilot.pause(0.3)
                 await pilot.press("y")
-                await wait_for(pilot, lambda: app.snapshot.worker("decode-2")["state"] == "stopped", 120)
-                states.append(app.snapshot.worker("decode-2")["state"])
+                await wait_for(pilot, lambda: app.snapshot.worker("decode-2").state == "stopped", 120)
+                states.append(app.snapshot.worker("decode-2").state)
             return states
 
         assert asyncio.run(drive()) == ["cpu:3", "draining", "stopped"]

@@ -1,7 +1,10 @@
 """What the console draws from a snapshot: charts end at the last bucket the store has settled, and a worker's
 tokens/s is the fleet's live rate, not the store's newest bucket."""
 
+from support.console_fixture import HISTORY, STATUS, worker
+
 from fleetctl.console.tui.snapshot import FleetSnapshot
+from fleetctl.engine.server.schemas import FleetHistory
 
 
 def point(ts: float, busy: float, tokens_per_s: float) -> dict:
@@ -12,8 +15,10 @@ def point(ts: float, busy: float, tokens_per_s: float) -> dict:
 SERIES = [point(990.0, 0.9, 120.0), point(995.0, 0.95, 130.0), point(1000.0, 0.0, 0.0)]
 SNAPSHOT = FleetSnapshot(
     reachable=True,
-    status={"workers": [{"id": "decode-0", "role": "decode", "busy": 0.96, "tokens_per_s": 128.4}], "pools": {}},
-    history={"now": 1002.0, "bucket_s": 5.0, "pools": {"decode": SERIES}, "workers": {"decode-0": SERIES}},
+    status=STATUS.model_copy(update={"workers": [worker("decode-0", "decode", "cpu:0", busy=0.96, tokens_per_s=128.4)],
+                                     "pools": {}}),
+    history=FleetHistory.model_validate(HISTORY.model_dump() | {
+        "now": 1002.0, "bucket_s": 5.0, "pools": {"decode": SERIES}, "workers": {"decode-0": SERIES}}),
 )
 
 
