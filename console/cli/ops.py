@@ -3,6 +3,7 @@ start a fleet operation, follow it to the end (a status line on a TTY), print it
 sentence, or its model's JSON). And `fleetctl checkpoints`, the list a restore picks from."""
 
 import json
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -16,26 +17,41 @@ from fleetctl.console.cli.common import (
 )
 from fleetctl.console.client import FleetClient
 from fleetctl.domain import WorkerRole
+from fleetctl.engine.fleet.config import Supervision
+
+if TYPE_CHECKING:
+    from fleetctl.engine.server.schemas import OperationInfo
+
+
+def _started(path: str, body: dict[str, object], url: str | None, timeout: float) -> "OperationInfo":
+    """Start the operation at `path` and follow it to its end (or `timeout`)."""
+    with fleet_errors():
+        client = FleetClient(url, timeout=30.0)
+        return follow_operation(client, client.start(path, body), timeout)
 
 
 def _run(path: str, body: dict[str, object], url: str | None, as_json: bool, timeout: float) -> None:
-    with fleet_errors():
-        client = FleetClient(url, timeout=30.0)
-        op = follow_operation(client, client.start(path, body), timeout)
-    print(operation_output(op, as_json, timeout))
+    print(operation_output(_started(path, body, url, timeout), as_json, timeout))
 
 
 def checkpoint(
     worker: str = typer.Argument(..., help="Worker id, e.g. decode-0."),
     hold: float | None = typer.Option(None, "--hold", help="Seconds its sessions wait for a restore before they "
-                                                           "are recomputed on peers (default: the fleet's own)."),
+                                                           "are recomputed on peers (default: the fleet's, "
+                                                           f"{Supervision.hold_s:g} s)."),
     url: str = URL_OPTION,
     as_json: bool = JSON_OPTION,
     timeout: float = TIMEOUT_OPTION,
 ) -> None:
     """Stand a worker down with its complete state saved; its sessions pause (their streams stay open) until
     `restore`, or are recomputed on peers after `--hold` seconds."""
-    _run(f"/fleet/workers/{worker}/checkpoint", {} if hold is None else {"hold_s": hold}, url, as_json, timeout)
+    from fleetctl.engine.server.schemas import CheckpointResult
+
+    op = _started(f"/fleet/workers/{worker}/checkpoint", {} if hold is None else {"hold_s": hold}, url, timeout)
+    output = operation_output(op, as_json, timeout)
+    if not as_json and isinstance(op.result, CheckpointResult):  # the path on a line of its own first (DESIGN §2)
+        output = f"{op.result.path}\n{output}"
+    print(output)
 
 
 def restore(

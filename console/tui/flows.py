@@ -13,11 +13,13 @@ from fleetctl.console.tui.snapshot import FleetSnapshot
 from fleetctl.console.tui.source import FleetSource
 from fleetctl.domain import DeviceKind
 from fleetctl.engine.core.device_names import DeviceName, parse_device_name
+from fleetctl.engine.fleet.config import Supervision
 from fleetctl.engine.server.schemas import OperationInfo, WorkerInfo
 
 ScreenResult = TypeVar("ScreenResult")
 LIVE_STATES = ("starting", "running", "draining")
-HOLD_CHOICES = [("60", "60 s"), ("300", "5 minutes (default)"), ("900", "15 minutes")]
+HOLD_CHOICES = [("60", "60 s"), (f"{Supervision.hold_s:g}", f"{Supervision.hold_s / 60:g} minutes (default)"),
+                ("900", "15 minutes")]
 
 
 def free_devices(workers: list[WorkerInfo], count: int = 6) -> list[str]:

@@ -39,12 +39,15 @@ class Supervision:
     step_timeout_s: float = 120.0  # one step running longer counts as hung (its heartbeat stops)
     max_retries: int = 2  # a request that failed on more workers than this is failed as poisoned
     checkpoint_timeout_s: float = 300.0  # a checkpoint not written by then is called off, the worker resumed
+    hold_s: float = 300.0  # a checkpoint's sessions wait this long for a restore (unless it says), then are recomputed
 
     def __post_init__(self) -> None:
         for name in ("backoff_s", "backoff_max_s", "crash_window_s", "heartbeat_s", "heartbeat_timeout_s",
                      "step_timeout_s", "checkpoint_timeout_s"):
             if getattr(self, name) <= 0:
                 raise FleetConfigError(f"{name} must be > 0")
+        if self.hold_s < 0:
+            raise FleetConfigError("hold_s must be >= 0")
         if self.max_crashes < 1 or self.max_retries < 0:
             raise FleetConfigError("max_crashes must be >= 1 and max_retries >= 0")
         if self.heartbeat_timeout_s <= self.heartbeat_s:

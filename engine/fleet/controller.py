@@ -25,7 +25,7 @@ from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.errors import FleetStartFailed
 from fleetctl.engine.fleet.handoff import HandoffRouting
 from fleetctl.engine.fleet.ops.autoplan import Autoplanner
-from fleetctl.engine.fleet.ops.checkpoint import DEFAULT_HOLD_S, Checkpoints
+from fleetctl.engine.fleet.ops.checkpoint import Checkpoints
 from fleetctl.engine.fleet.ops.lifecycle import WorkerLifecycle
 from fleetctl.engine.fleet.ops.migrate import Migrations
 from fleetctl.engine.fleet.ops.migrate_live import LiveMigration
@@ -209,7 +209,7 @@ class Fleet:
     def stop_worker(self, worker_id: str, force: bool = False) -> Operation:
         return self.lifecycle.stop(worker_id, force)
 
-    def checkpoint(self, worker_id: str, hold_s: float = DEFAULT_HOLD_S) -> Operation:
+    def checkpoint(self, worker_id: str, hold_s: float | None = None) -> Operation:
         return self.checkpoints.checkpoint(worker_id, hold_s)
 
     def migrate(self, worker_id: str, to: str, via_checkpoint: bool = False) -> Operation:

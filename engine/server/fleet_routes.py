@@ -13,7 +13,6 @@ from pydantic import BaseModel, Field
 
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import OperationRefused
-from fleetctl.engine.fleet.ops.checkpoint import DEFAULT_HOLD_S
 from fleetctl.engine.fleet.ops.checkpoint_catalog import catalog
 from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.server.errors import APIError
@@ -36,7 +35,7 @@ MAX_HISTORY_S = 7 * 86400.0  # what the store keeps
 
 
 class CheckpointBody(BaseModel):
-    hold_s: float = Field(default=DEFAULT_HOLD_S, ge=0)
+    hold_s: float | None = Field(default=None, ge=0)  # None: the fleet's own (`serve`'s Supervision.hold_s)
 
 
 class MigrateBody(BaseModel):
@@ -121,8 +120,7 @@ def fleet_router(fleet: Fleet) -> APIRouter:
 
     @router.post("/workers/{worker_id}/checkpoint", status_code=202)
     async def checkpoint(worker_id: str, response: Response, body: CheckpointBody | None = None) -> OperationInfo:
-        hold = body.hold_s if body else DEFAULT_HOLD_S
-        return start(lambda: fleet.checkpoint(worker_id, hold), response)
+        return start(lambda: fleet.checkpoint(worker_id, body.hold_s if body else None), response)
 
     @router.post("/workers/{worker_id}/migrate", status_code=202)
     async def migrate(worker_id: str, body: MigrateBody, response: Response) -> OperationInfo:

@@ -20,8 +20,6 @@ from fleetctl.engine.fleet.ops.stages import CheckpointMigrateStage, CheckpointS
 from fleetctl.engine.paths import checkpoint_root
 from fleetctl.engine.worker import protocol as m
 
-DEFAULT_HOLD_S = 300.0
-
 
 class Checkpoints:
     def __init__(self, runner: OperationRunner) -> None:
@@ -30,9 +28,12 @@ class Checkpoints:
         self.host = runner.host
         self.holds = Holds(self.state, self._hold_expired, self._restoring)
 
-    def checkpoint(self, worker_id: str, hold_s: float = DEFAULT_HOLD_S) -> Operation:
-        """Validated here (4xx before any change), then run as an operation."""
+    def checkpoint(self, worker_id: str, hold_s: float | None = None) -> Operation:
+        """Validated here (4xx before any change), then run as an operation; `hold_s` None: the fleet's own
+        (`Supervision.hold_s`)."""
         self.runner.running_worker(worker_id)
+        if hold_s is None:
+            hold_s = self.state.config.supervision.hold_s
         if hold_s < 0:
             raise OperationRefused(400, "hold must be >= 0 seconds")
         op = Operation(OpKind.CHECKPOINT, worker_id)

@@ -81,7 +81,7 @@ def test_checkpoint_restore_and_both_migrations(url: str) -> None:
     saved = json_of(CheckpointResult, "checkpoint", "decode-1", "--url", url)
     assert set(saved) >= CHECKPOINT and saved["path"] == saved["checkpoint"]
     listed = json_of(CheckpointList, "checkpoints", "--url", url)["checkpoints"]
-    assert [row["checkpoint"] for row in listed] == [saved["path"]]
+    assert saved["path"] in [row["checkpoint"] for row in listed]  # $FLEET_HOME is the session's: others' too
     restored = json_of(RestoreResult, "restore", Path(saved["path"]).name, "--device", "cpu:4", "--url", url)
     assert set(restored) >= MIGRATE and (restored["worker"], restored["to"]) == ("decode-1", "cpu:4")
 

@@ -112,3 +112,13 @@ def test_checkpoint_checkpoints_and_a_refused_replay(url: str) -> None:
     forced = fleetctl("restore", name, "--device", "cpu:4", "--force", "--url", url)
     assert forced.exit_code == 0, forced.stderr
     assert worker(url, "decode-1")["state"] == "running"
+
+
+def test_checkpoint_prints_its_path_first_then_the_sentence(url: str) -> None:
+    """`checkpoint` prints the checkpoint's path (DESIGN §2) on a line of its own, first: scripts read it."""
+    saved = fleetctl("checkpoint", "decode-1", "--url", url)
+    assert saved.exit_code == 0, saved.stderr
+    path, sentence = saved.stdout.splitlines()
+    assert Path(path).is_dir() and Path(path).name.startswith("decode-1-")
+    assert re.fullmatch(rf"decode-1: \d+ session\(s\) saved to {re.escape(path)}, [\d,]+ bytes in \d+\.\d{{3}} s",
+                        sentence), sentence
