@@ -13,11 +13,11 @@ from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.actions import ACTIONS, ACTIONS_BY_ID, READONLY_REASON
 from fleetctl.console.tui.flows import ActionFlows
 from fleetctl.console.tui.palette import ActionCommands
+from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.screens.help import HelpScreen
 from fleetctl.console.tui.screens.plan import PlanScreen
 from fleetctl.console.tui.screens.worker_detail import WorkerDetail
 from fleetctl.console.tui.settings import ConsoleSettings, remember_theme
-from fleetctl.console.tui.snapshot import FleetSnapshot
 from fleetctl.console.tui.source import FleetSource, HttpSource
 from fleetctl.console.tui.widgets.panels import DevicesPanel, EventsPanel, TrafficPanel
 from fleetctl.console.tui.widgets.pools import PoolPanel
@@ -45,7 +45,7 @@ class FleetConsole(App[None]):
         self.readonly = readonly or settings.readonly
         self.title = title
         self.sub_title = source.url + (" · read-only" if self.readonly else "")
-        self.snapshot = FleetSnapshot(reachable=False, error="connecting…")
+        self.reading = FleetReading(reachable=False, error="connecting…")
         self.flows = ActionFlows(self)
         self._refresh = refresh
 
@@ -70,15 +70,15 @@ class FleetConsole(App[None]):
             self.set_keymap(self.settings.keys)
         self.query_one(WorkersTable).focus()
         if self._refresh:
-            self.refresh_snapshot()
-            self.set_interval(self.settings.interval, self.refresh_snapshot)
+            self.refresh_reading()
+            self.set_interval(self.settings.interval, self.refresh_reading)
 
     @work(exclusive=True, group="refresh")
-    async def refresh_snapshot(self) -> None:
-        snapshot = await self.source.snapshot()
+    async def refresh_reading(self) -> None:
+        reading = await self.source.read()
         if not self.is_running:  # the console closed while it asked: its widgets may be gone already
             return
-        self.show(snapshot)
+        self.show(reading)
         if isinstance(self.screen, WorkerDetail):
             await self.refresh_detail(self.screen)
 
@@ -88,22 +88,22 @@ class FleetConsole(App[None]):
         except FleetClientError:
             sessions = None
         if self.is_running and detail is self.screen:  # not closed while the sessions were asked for
-            detail.show(self.snapshot, sessions)
+            detail.show(self.reading, sessions)
 
-    def show(self, snapshot: FleetSnapshot) -> None:
-        """Render a snapshot; when the fleet does not answer, keep the last picture under a banner."""
+    def show(self, reading: FleetReading) -> None:
+        """Render a reading; when the fleet does not answer, keep the last picture under a banner."""
         banner = self.query_one("#banner", Static)
-        banner.set_class(not snapshot.reachable, "shown")
-        if not snapshot.reachable:
-            banner.update(f"fleet unreachable: {snapshot.error} — retrying every {self.settings.interval:g} s")
+        banner.set_class(not reading.reachable, "shown")
+        if not reading.reachable:
+            banner.update(f"fleet unreachable: {reading.error} — retrying every {self.settings.interval:g} s")
             return
-        self.snapshot = snapshot
-        self._match_pools(list(snapshot.pools))
+        self.reading = reading
+        self._match_pools(list(reading.pools))
         for panel in self.query(PoolPanel):
-            panel.show(snapshot)
-        self.query_one(WorkersTable).show(snapshot)
+            panel.show(reading)
+        self.query_one(WorkersTable).show(reading)
         for widget in (self.query_one(TrafficPanel), self.query_one(DevicesPanel), self.query_one(EventsPanel)):
-            widget.show(snapshot)
+            widget.show(reading)
 
     def _match_pools(self, roles: list[str]) -> None:
         """One panel per pool the fleet has (prefill + decode, or mixed for a colocated fleet)."""
@@ -136,13 +136,13 @@ class FleetConsole(App[None]):
             case "detail":
                 detail = WorkerDetail(worker)
                 self.push_screen(detail)
-                detail.call_after_refresh(lambda: detail.show(self.snapshot, None))
+                detail.call_after_refresh(lambda: detail.show(self.reading, None))
             case "plan":
                 self.push_screen(PlanScreen())
             case "sort":
                 table = self.query_one(WorkersTable)
                 table.next_sort()
-                table.show(self.snapshot)
+                table.show(self.reading)
             case "theme":
                 self.theme = next(name for name in THEMES if name != self.theme)
                 remember_theme(self.theme)

@@ -8,8 +8,8 @@ from typing import Protocol, TypeVar
 from textual.screen import Screen
 
 from fleetctl.console.client import FleetClientError
+from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog, OperationDialog
-from fleetctl.console.tui.snapshot import FleetSnapshot
 from fleetctl.console.tui.source import FleetSource
 from fleetctl.domain import DeviceKind
 from fleetctl.engine.core.device_names import DeviceName, parse_device_name
@@ -37,11 +37,11 @@ def free_devices(workers: list[WorkerInfo], count: int = 6) -> list[str]:
 
 
 class ConsoleApp(Protocol):
-    """What the flows need of the console (FleetConsole, which owns them): its source, its latest snapshot, and
+    """What the flows need of the console (FleetConsole, which owns them): its source, its latest reading, and
     Textual's calls to run a worker, notify and await a dialog."""
 
     source: FleetSource
-    snapshot: FleetSnapshot
+    reading: FleetReading
 
     def run_worker(self, work: Awaitable[None], *, group: str) -> object: ...
 
@@ -49,7 +49,7 @@ class ConsoleApp(Protocol):
 
     async def push_screen_wait(self, screen: Screen[ScreenResult]) -> ScreenResult: ...
 
-    def refresh_snapshot(self) -> object: ...
+    def refresh_reading(self) -> object: ...
 
 
 class ActionFlows:
@@ -72,7 +72,7 @@ class ActionFlows:
         if started is not None:
             result = await self.app.push_screen_wait(OperationDialog(self.app.source, started))
             if result is not None:
-                self.app.refresh_snapshot()
+                self.app.refresh_reading()
 
     async def _ask(self, title: str, choices: list[tuple[str, str]], free_text: str | None = None) -> str | None:
         return await self.app.push_screen_wait(ChoiceDialog(title, choices, free_text))
@@ -81,7 +81,7 @@ class ActionFlows:
         return await self.app.push_screen_wait(ConfirmDialog(question))
 
     async def _device(self, title: str) -> str | None:
-        devices = free_devices(self.app.snapshot.workers)
+        devices = free_devices(self.app.reading.workers)
         return await self._ask(title, [(d, d) for d in devices], free_text="or type a device: cpu:N or cuda:N")
 
     async def migrate(self, worker: str) -> OperationInfo | None:
@@ -124,7 +124,7 @@ class ActionFlows:
         return await self.app.source.start(f"/fleet/workers/{worker}/stop", {"force": how == "force"})
 
     async def start(self, _: str | None) -> OperationInfo | None:
-        roles = sorted(self.app.snapshot.pools)
+        roles = sorted(self.app.reading.pools)
         role = await self._ask("start a worker of which role?", [(r, r) for r in roles])
         if role is None:
             return None

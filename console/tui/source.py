@@ -11,7 +11,7 @@ from typing import Protocol
 
 from fleetctl.console.client import AsyncFleetClient, FleetClientError, FleetRefused
 from fleetctl.console.tui.host import HostProbe
-from fleetctl.console.tui.snapshot import HISTORY_BUCKET_S, HISTORY_WINDOW_S, FleetSnapshot
+from fleetctl.console.tui.reading import HISTORY_BUCKET_S, HISTORY_WINDOW_S, FleetReading
 from fleetctl.engine.server.schemas import (
     CheckpointList,
     FleetHistory,
@@ -23,11 +23,11 @@ from fleetctl.engine.server.schemas import (
 
 
 class FleetSource(Protocol):
-    """What the console reads and where its actions go; every call but `snapshot` raises FleetClientError."""
+    """What the console reads and where its actions go; every call but `read` raises FleetClientError."""
 
     url: str
 
-    async def snapshot(self) -> FleetSnapshot: ...
+    async def read(self) -> FleetReading: ...
 
     async def start(self, path: str, body: dict[str, object]) -> OperationInfo: ...
 
@@ -51,16 +51,16 @@ class HttpSource:
         self._store = store
         self._host = HostProbe()
 
-    async def snapshot(self) -> FleetSnapshot:
+    async def read(self) -> FleetReading:
         try:
             status = await self._fleet.status()
         except FleetRefused as exc:
-            return FleetSnapshot(reachable=False, error=f"{self.url} answered HTTP {exc.status}")
+            return FleetReading(reachable=False, error=f"{self.url} answered HTTP {exc.status}")
         except FleetClientError as exc:
-            return FleetSnapshot(reachable=False, error=str(exc))
+            return FleetReading(reachable=False, error=str(exc))
         history = await self._history()
         host = await asyncio.to_thread(self._host.sample, [w.pid for w in status.workers if w.pid])
-        return FleetSnapshot(reachable=True, status=status, history=history, host=host)
+        return FleetReading(reachable=True, status=status, history=history, host=host)
 
     async def _history(self) -> FleetHistory | None:
         if self._store is not None and self._store.exists():

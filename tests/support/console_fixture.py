@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 
 from fleetctl.console.client import FleetRefused
-from fleetctl.console.tui.snapshot import FleetSnapshot
+from fleetctl.console.tui.reading import FleetReading
 from fleetctl.engine.fleet.ops.record import OpKind, OpState
 from fleetctl.engine.fleet.ops.stages import STAGES, CheckpointMigrateStage, LiveMigrateStage, progress
 from fleetctl.engine.server.schemas import (
@@ -159,10 +159,10 @@ class FixtureSource:
         self._polls = 0
         self._following: tuple[OpKind, str] = (OpKind.MIGRATE, "decode-0")
 
-    async def snapshot(self) -> FleetSnapshot:
+    async def read(self) -> FleetReading:
         if not self.reachable:
-            return FleetSnapshot(reachable=False, error=f"no fleet answers at {self.url} (ConnectError)")
-        return FleetSnapshot(reachable=True, status=STATUS, history=HISTORY, host=HOST)
+            return FleetReading(reachable=False, error=f"no fleet answers at {self.url} (ConnectError)")
+        return FleetReading(reachable=True, status=STATUS, history=HISTORY, host=HOST)
 
     async def start(self, path: str, body: dict[str, object]) -> OperationInfo:
         """The operation a route starts, at its first stage; refused (409) for one the fixture has no result of."""

@@ -6,7 +6,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label
 
-from fleetctl.console.tui.snapshot import FleetSnapshot
+from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.chart import UsageChart
 from fleetctl.console.tui.widgets.format import percent, rate
 from fleetctl.engine.server.schemas import SessionInfo
@@ -37,8 +37,8 @@ class WorkerDetail(Screen[None]):
     def on_mount(self) -> None:
         self.query_one("#sessions", DataTable).add_columns("request", "stage", "prompt", "output", "age")
 
-    def show(self, snapshot: FleetSnapshot, sessions: list[SessionInfo] | None) -> None:
-        worker = snapshot.worker(self.worker_id)
+    def show(self, reading: FleetReading, sessions: list[SessionInfo] | None) -> None:
+        worker = reading.worker(self.worker_id)
         if worker is None:
             self.query_one("#detail-summary", Label).update(f"{self.worker_id}: no longer in the fleet")
             return
@@ -47,9 +47,9 @@ class WorkerDetail(Screen[None]):
             f"{worker.state}  pid {worker.pid or '-'}  sessions {worker.sessions}  KV {percent(worker.kv_usage)}")
         for metric, label in CHARTS:
             self.query_one(f"#detail-{metric}-label", Label).update(f"{label:<5}{percent(getattr(worker, metric)):>8}")
-            series = snapshot.worker_series(self.worker_id, metric)
+            series = reading.worker_series(self.worker_id, metric)
             self.query_one(f"#detail-{metric}", UsageChart).series = tuple(series)
-        self.query_one("#detail-tokens", Label).update(f"tokens/s {rate(snapshot.tokens_per_s(self.worker_id))}")
+        self.query_one("#detail-tokens", Label).update(f"tokens/s {rate(reading.tokens_per_s(self.worker_id))}")
         table = self.query_one("#sessions", DataTable)
         table.clear()
         if sessions is None:

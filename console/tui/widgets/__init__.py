@@ -1,1 +1,1 @@
-"""The dashboard's widgets; each renders a part of a FleetSnapshot and updates in place."""
+"""The dashboard's widgets; each renders a part of a FleetReading and updates in place."""

@@ -3,17 +3,17 @@ and the fleet's events (migrations, cold starts with their reason, failures, 429
 
 from textual.widgets import RichLog, Static
 
-from fleetctl.console.tui.snapshot import FleetSnapshot
+from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.format import clock, nbytes, percent, rate, seconds
 from fleetctl.engine.server.schemas import EventRecord
 
 BAR = 14  # characters of the prefill/decode split bar
 
 
-def traffic_text(snapshot: FleetSnapshot) -> str:
-    if snapshot.history is None:
+def traffic_text(reading: FleetReading) -> str:
+    if reading.history is None:
         return "no history: the fleet has no metrics store"
-    traffic = snapshot.history.traffic
+    traffic = reading.history.traffic
     ttft, tpot = traffic.ttft_s, traffic.tpot_s
     prefill, decode = traffic.prefill_share, traffic.decode_share
     filled = round(BAR * prefill) if prefill + decode else 0
@@ -24,14 +24,14 @@ def traffic_text(snapshot: FleetSnapshot) -> str:
             f"handoff  {nbytes(traffic.handoff_bytes_per_s)}/s, {percent(traffic.handoff_share_of_e2e)} of e2e")
 
 
-def devices_text(snapshot: FleetSnapshot) -> str:
-    host = snapshot.host
+def devices_text(reading: FleetReading) -> str:
+    host = reading.host
     lines = [f"host {host.get('host', '?')}"]
     for gpu in host.get("gpus", []):
         power = f"{gpu['power_w']:.0f} W" if gpu["power_w"] is not None else "— W"
         lines.append(f"cuda:{gpu['index']}  SM {percent(gpu['sm_util'])}  mem {nbytes(gpu['mem_used_bytes'])}  {power}")
     processes = host.get("processes", {})
-    for worker in snapshot.workers:
+    for worker in reading.workers:
         cpu = processes.get(worker.pid)
         if worker.device.startswith("cpu") and worker.pid:
             shown = "elsewhere" if worker.pid not in processes else "—" if cpu is None else f"{cpu:.0f}% cpu"
@@ -51,8 +51,8 @@ class TrafficPanel(Static):
         super().__init__(id="traffic")
         self.border_title = "traffic · 5 min"
 
-    def show(self, snapshot: FleetSnapshot) -> None:
-        self.update(traffic_text(snapshot))
+    def show(self, reading: FleetReading) -> None:
+        self.update(traffic_text(reading))
 
 
 class DevicesPanel(Static):
@@ -60,8 +60,8 @@ class DevicesPanel(Static):
         super().__init__(id="devices")
         self.border_title = "devices"
 
-    def show(self, snapshot: FleetSnapshot) -> None:
-        self.update(devices_text(snapshot))
+    def show(self, reading: FleetReading) -> None:
+        self.update(devices_text(reading))
 
 
 class EventsPanel(RichLog):
@@ -70,8 +70,8 @@ class EventsPanel(RichLog):
         self.border_title = "events"
         self._last_ts = float("-inf")
 
-    def show(self, snapshot: FleetSnapshot) -> None:
-        for event in snapshot.history.events if snapshot.history else []:
+    def show(self, reading: FleetReading) -> None:
+        for event in reading.history.events if reading.history else []:
             if event.ts > self._last_ts:
                 self.write(event_line(event))
                 self._last_ts = event.ts

@@ -5,7 +5,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label
 
-from fleetctl.console.tui.snapshot import FleetSnapshot
+from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.chart import UsageChart
 from fleetctl.console.tui.widgets.format import percent
 from fleetctl.engine.server.schemas import PoolInfo
@@ -42,12 +42,12 @@ class PoolPanel(Vertical):
                 yield UsageChart(id=f"{self.role}-{metric}", classes=kind)
         yield Label("", classes="verdict", id=f"{self.role}-verdict")
 
-    def show(self, snapshot: FleetSnapshot) -> None:
-        pool = snapshot.pools.get(self.role)
+    def show(self, reading: FleetReading) -> None:
+        pool = reading.pools.get(self.role)
         count, queue = (pool.workers, pool.queue) if pool else (0, 0)
         self.border_title = f"{self.role} · {count} worker{'s' if count != 1 else ''} · queue {queue}"
         for metric, label in METRICS:
             value = percent(getattr(pool, metric) if pool else None)
             self.query_one(f"#{self.role}-{metric}-label", Label).update(f"{label[:4]:<5}{value:>8}")
-            self.query_one(f"#{self.role}-{metric}", UsageChart).series = tuple(snapshot.pool_series(self.role, metric))
+            self.query_one(f"#{self.role}-{metric}", UsageChart).series = tuple(reading.pool_series(self.role, metric))
         self.query_one(f"#{self.role}-verdict", Label).update(verdict(self.role, pool))

@@ -4,7 +4,7 @@ their keys, so the cursor stays on the worker the operator selected)."""
 from rich.text import Text
 from textual.widgets import DataTable
 
-from fleetctl.console.tui.snapshot import FleetSnapshot
+from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.format import percent, rate
 from fleetctl.engine.server.schemas import WorkerInfo
 
@@ -22,18 +22,18 @@ def device_cell(worker: WorkerInfo) -> Text | str:
     return Text(f"{device} (node lost)", style="bold red") if worker.node_lost else device
 
 
-def cells(worker: WorkerInfo, snapshot: FleetSnapshot) -> tuple[Text | str, ...]:
+def cells(worker: WorkerInfo, reading: FleetReading) -> tuple[Text | str, ...]:
     style = STATE_STYLES.get(worker.state, "")
     return (Text(worker.id, style=style), worker.role, device_cell(worker), Text(worker.state, style=style),
             str(worker.sessions), percent(worker.kv_usage), percent(worker.busy), percent(worker.mfu),
-            percent(worker.mbu), rate(snapshot.tokens_per_s(worker.id)))
+            percent(worker.mbu), rate(reading.tokens_per_s(worker.id)))
 
 
-def sort_value(worker: WorkerInfo, column: str, snapshot: FleetSnapshot) -> tuple[str | int | float, int, str]:
+def sort_value(worker: WorkerInfo, column: str, reading: FleetReading) -> tuple[str | int | float, int, str]:
     values: dict[str, str | int | float] = {
         "worker": worker.id, "role": ROLE_ORDER.get(worker.role, 9), "device": worker.device, "state": worker.state,
         "sessions": -worker.sessions, "KV": -worker.kv_usage, "busy": -worker.busy, "MFU": -worker.mfu,
-        "MBU": -worker.mbu, "tok/s": -snapshot.tokens_per_s(worker.id)}
+        "MBU": -worker.mbu, "tok/s": -reading.tokens_per_s(worker.id)}
     return values[column], ROLE_ORDER.get(worker.role, 9), worker.id
 
 
@@ -58,18 +58,18 @@ class WorkersTable(DataTable):
         self.border_title = f"workers · sorted by {self.sort_column}"
         return self.sort_column
 
-    def show(self, snapshot: FleetSnapshot) -> None:
+    def show(self, reading: FleetReading) -> None:
         selected = self.selected_worker
-        workers = sorted(snapshot.workers, key=lambda w: sort_value(w, self.sort_column, snapshot))
+        workers = sorted(reading.workers, key=lambda w: sort_value(w, self.sort_column, reading))
         wanted = [w.id for w in workers]
         present = [key.value for key in self.rows]
         if present != wanted:  # rows came, went or moved: rebuild, keeping the selection
             self.clear()
             for worker in workers:
-                self.add_row(*cells(worker, snapshot), key=worker.id)
+                self.add_row(*cells(worker, reading), key=worker.id)
             if selected in wanted:
                 self.move_cursor(row=wanted.index(selected))
             return
         for worker in workers:
-            for column, value in zip(COLUMNS, cells(worker, snapshot), strict=True):
+            for column, value in zip(COLUMNS, cells(worker, reading), strict=True):
                 self.update_cell(worker.id, column, value)

@@ -47,7 +47,7 @@ def test_readonly_keys_change_nothing_and_say_why() -> None:
     async def run() -> list[str]:
         app = FleetConsole(source, ConsoleSettings(readonly=True))
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.snapshot.reachable)
+            await wait_for(pilot, lambda: app.reading.reachable)
             for action in ACTIONS:
                 if action.changes_fleet:
                     await pilot.press(action.keys.split(",")[0])
@@ -66,7 +66,7 @@ def test_plan_screen_applies_the_best_split_after_a_dry_run() -> None:
     async def run() -> None:
         app = FleetConsole(source, ConsoleSettings())
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.snapshot.reachable)
+            await wait_for(pilot, lambda: app.reading.reachable)
             await pilot.press("p")
             await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen) and app.screen.plan is not None)
             await pilot.press("a")
@@ -86,7 +86,7 @@ def test_plan_screen_in_readonly_mode_shows_the_plan_but_applies_nothing() -> No
     async def run() -> list[str]:
         app = FleetConsole(source, ConsoleSettings(readonly=True))
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.snapshot.reachable)
+            await wait_for(pilot, lambda: app.reading.reachable)
             await pilot.press("p")
             await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen) and app.screen.plan is not None)
             await pilot.press("a")
@@ -122,7 +122,7 @@ def test_closing_the_progress_dialog_cancels_its_poll_at_once() -> None:
     async def run() -> tuple[bool, bool]:
         app = FleetConsole(source, ConsoleSettings())
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.snapshot.reachable)
+            await wait_for(pilot, lambda: app.reading.reachable)
             await pilot.press("down", "down", "m")
             await pilot.pause(0.2)
             await pilot.press("enter")
@@ -143,7 +143,7 @@ def test_leaving_the_plan_screen_while_it_plans_cancels_the_plan() -> None:
     async def run() -> tuple[bool, bool]:
         app = FleetConsole(SlowSource(30.0), ConsoleSettings())
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.snapshot.reachable)
+            await wait_for(pilot, lambda: app.reading.reachable)
             await pilot.press("p")
             await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen))
             plan_screen = app.screen
@@ -177,16 +177,16 @@ def test_migrate_a_decode_worker_from_the_keyboard(small_model_dir: Path) -> Non
         async def drive() -> str:
             app = FleetConsole(HttpSource(url, read_admin_token()), ConsoleSettings(interval=0.5))
             async with app.run_test(size=(120, 40)) as pilot:
-                await wait_for(pilot, lambda: getattr(app.snapshot.worker("decode-0"), "sessions", 0) >= 1)
+                await wait_for(pilot, lambda: getattr(app.reading.worker("decode-0"), "sessions", 0) >= 1)
                 select(app, "decode-0")
                 await pilot.press("m")
                 await pilot.pause(0.3)
                 await pilot.press("enter")  # the first free device: cpu:3
                 await pilot.pause(0.3)
                 await pilot.press("y")
-                await wait_for(pilot, lambda: getattr(app.snapshot.worker("decode-0"), "device", None) == "cpu:3", 120)
+                await wait_for(pilot, lambda: getattr(app.reading.worker("decode-0"), "device", None) == "cpu:3", 120)
                 await pilot.press("enter")  # close the result
-                return app.snapshot.worker("decode-0").state
+                return app.reading.worker("decode-0").state
 
         assert asyncio.run(drive()) == "running"
         clients.join(300)
@@ -217,29 +217,29 @@ def test_start_drain_and_stop_a_worker_from_the_keyboard(small_model_dir: Path) 
             app = FleetConsole(HttpSource(url, read_admin_token()), ConsoleSettings(interval=0.5))
             states = []
             async with app.run_test(size=(120, 40)) as pilot:
-                await wait_for(pilot, lambda: app.snapshot.reachable)
+                await wait_for(pilot, lambda: app.reading.reachable)
                 await pilot.press("n")  # start: role (decode is listed first), then the first free device
                 await pilot.pause(0.3)
                 await pilot.press("enter")
                 await pilot.pause(0.3)
                 await pilot.press("enter")
-                await wait_for(pilot, lambda: getattr(app.snapshot.worker("decode-2"), "state", None) == "running", 120)
+                await wait_for(pilot, lambda: getattr(app.reading.worker("decode-2"), "state", None) == "running", 120)
                 await pilot.press("enter")  # close the result
-                states.append(app.snapshot.worker("decode-2").device)
+                states.append(app.reading.worker("decode-2").device)
                 select(app, "decode-2")
                 await pilot.press("d", "y")
-                await wait_for(pilot, lambda: app.snapshot.worker("decode-2").state == "draining", 60)
+                await wait_for(pilot, lambda: app.reading.worker("decode-2").state == "draining", 60)
                 await pilot.pause(0.5)
                 await pilot.press("enter")
-                states.append(app.snapshot.worker("decode-2").state)
+                states.append(app.reading.worker("decode-2").state)
                 select(app, "decode-2")
                 await pilot.press("x")
                 await pilot.pause(0.3)
                 await pilot.press("enter")  # "drain first"
                 await pilot.pause(0.3)
                 await pilot.press("y")
-                await wait_for(pilot, lambda: app.snapshot.worker("decode-2").state == "stopped", 120)
-                states.append(app.snapshot.worker("decode-2").state)
+                await wait_for(pilot, lambda: app.reading.worker("decode-2").state == "stopped", 120)
+                states.append(app.reading.worker("decode-2").state)
             return states
 
         assert asyncio.run(drive()) == ["cpu:3", "draining", "stopped"]

@@ -21,10 +21,10 @@ def console(source: FixtureSource | None = None, **settings: object) -> FleetCon
 
 
 async def loaded(pilot) -> None:
-    """Wait until the first snapshot is on screen."""
+    """Wait until the first reading is on screen."""
     for _ in range(50):
         await pilot.pause(0.05)
-        if pilot.app.snapshot.reachable:
+        if pilot.app.reading.reachable:
             break
     await pilot.pause(0.1)
 

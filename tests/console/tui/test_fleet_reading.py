@@ -1,9 +1,9 @@
-"""What the console draws from a snapshot: charts end at the last bucket the store has settled, and a worker's
+"""What the console draws from a reading: charts end at the last bucket the store has settled, and a worker's
 tokens/s is the fleet's live rate, not the store's newest bucket."""
 
 from support.console_fixture import HISTORY, STATUS, worker
 
-from fleetctl.console.tui.snapshot import FleetSnapshot
+from fleetctl.console.tui.reading import FleetReading
 from fleetctl.engine.server.schemas import FleetHistory
 
 
@@ -13,7 +13,7 @@ def point(ts: float, busy: float, tokens_per_s: float) -> dict:
 
 # the store's shape a few seconds into a bucket: the one holding now has no samples yet
 SERIES = [point(990.0, 0.9, 120.0), point(995.0, 0.95, 130.0), point(1000.0, 0.0, 0.0)]
-SNAPSHOT = FleetSnapshot(
+SNAPSHOT = FleetReading(
     reachable=True,
     status=STATUS.model_copy(update={"workers": [worker("decode-0", "decode", "cpu:0", busy=0.96, tokens_per_s=128.4)],
                                      "pools": {}}),

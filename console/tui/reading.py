@@ -11,7 +11,7 @@ HISTORY_BUCKET_S = 5.0
 
 
 @dataclass(frozen=True)
-class FleetSnapshot:
+class FleetReading:
     reachable: bool
     error: str = ""  # why the fleet did not answer (shown in the banner)
     status: FleetStatus | None = None  # None when the fleet did not answer
