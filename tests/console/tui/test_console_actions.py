@@ -36,6 +36,21 @@ async def wait_for(pilot, condition, timeout: float = 60.0) -> None:
     raise AssertionError("the console never got there")
 
 
+def stream_prompts(url: str, model: str, max_tokens: int) -> tuple[threading.Thread, list[str]]:
+    """PROMPTS sent to the fleet at once from a thread (greedy); the texts land in the list when it ends."""
+    texts: list[str] = []
+
+    async def all_streams() -> list[str]:
+        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+        done = await asyncio.gather(*(api.completions.create(
+            model=model, prompt=p, max_tokens=max_tokens, temperature=0) for p in PROMPTS))
+        return [d.choices[0].text for d in done]
+
+    clients = threading.Thread(target=lambda: texts.extend(asyncio.run(all_streams())))
+    clients.start()
+    return clients, texts
+
+
 def select(app: FleetConsole, worker_id: str) -> None:
     table = app.query_one(WorkersTable)
     table.move_cursor(row=[key.value for key in table.rows].index(worker_id))
@@ -160,19 +175,7 @@ def test_leaving_the_plan_screen_while_it_plans_cancels_the_plan() -> None:
 def test_migrate_a_decode_worker_from_the_keyboard(small_model_dir: Path) -> None:
     reference = generate_json(small_model_dir, PROMPTS, "--dtype", "float32", "--deterministic", "--max-tokens", "200")
     with serve(small_model_dir, *FLEET) as url:
-        texts: list[str] = []
-
-        def streams() -> None:
-            async def all_streams() -> list[str]:
-                api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
-                done = await asyncio.gather(*(api.completions.create(
-                    model=small_model_dir.name, prompt=p, max_tokens=200, temperature=0) for p in PROMPTS))
-                return [d.choices[0].text for d in done]
-
-            texts.extend(asyncio.run(all_streams()))
-
-        clients = threading.Thread(target=streams)
-        clients.start()
+        clients, texts = stream_prompts(url, small_model_dir.name, 200)
 
         async def drive() -> str:
             app = FleetConsole(HttpSource(url, read_admin_token()), ConsoleSettings(interval=0.5))
@@ -199,19 +202,7 @@ def test_migrate_a_decode_worker_from_the_keyboard(small_model_dir: Path) -> Non
 def test_start_drain_and_stop_a_worker_from_the_keyboard(small_model_dir: Path) -> None:
     reference = generate_json(small_model_dir, PROMPTS, "--dtype", "float32", "--deterministic", "--max-tokens", "120")
     with serve(small_model_dir, *FLEET) as url:
-        texts: list[str] = []
-
-        def streams() -> None:
-            async def all_streams() -> list[str]:
-                api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
-                done = await asyncio.gather(*(api.completions.create(
-                    model=small_model_dir.name, prompt=p, max_tokens=120, temperature=0) for p in PROMPTS))
-                return [d.choices[0].text for d in done]
-
-            texts.extend(asyncio.run(all_streams()))
-
-        clients = threading.Thread(target=streams)
-        clients.start()
+        clients, texts = stream_prompts(url, small_model_dir.name, 120)
 
         async def drive() -> list[str]:
             app = FleetConsole(HttpSource(url, read_admin_token()), ConsoleSettings(interval=0.5))
