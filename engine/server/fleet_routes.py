@@ -89,11 +89,11 @@ def fleet_router(fleet: Fleet) -> APIRouter:
 
     @router.get("/status")
     async def status() -> FleetStatus:
-        return FleetStatus.model_validate(fleet_status(fleet))
+        return fleet_status(fleet)
 
     @router.get("/workers")
     async def workers() -> WorkerList:
-        return WorkerList.model_validate({"workers": workers_status(fleet)})
+        return WorkerList(workers=workers_status(fleet))
 
     @router.get("/workers/{worker_id}/sessions")
     async def sessions(worker_id: str) -> WorkerSessions:

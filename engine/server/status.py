@@ -1,52 +1,52 @@
-"""The JSON shapes of /fleet/status and /fleet/workers (the `status --json` and `workers --json` contract),
-built from the controller's view."""
+"""/fleet/status and /fleet/workers (the `status --json` and `workers --json` contract) built from the
+controller's view, as the contract's models (`schemas.FleetStatus`, `schemas.WorkerInfo`)."""
 
 import os
 
 from fleetctl.domain import WorkerState
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.stats import BUSY_WINDOW_S
+from fleetctl.engine.server.schemas import FleetStatus, PoolInfo, WorkerInfo
 
 
-def workers_status(fleet: Fleet) -> list[dict]:
+def workers_status(fleet: Fleet) -> list[WorkerInfo]:
     rows = []
     for view in fleet.views.values():
         util = fleet.stats.utilization(view.worker_id)
-        rows.append({
-            "id": view.worker_id,
-            "role": view.role.value,
-            "device": view.device,
-            "node": view.node or None,  # a Ray fleet's node (None: this machine)
-            "node_lost": view.node_lost,  # the process ended because the cluster lost its node
-            "state": view.state.value,
-            "pid": None if view.gone else view.pid,  # a stopped or failed worker's process is gone (reaped)
-            "sessions": len(view.requests),
-            "kv_usage": round(view.kv_usage, 4),
-            "kv_blocks": view.num_kv_blocks,
-            "free_blocks": view.free_blocks,
-            "busy": round(util.busy, 4),
-            "mfu": round(util.mfu, 6),
-            "mbu": round(util.mbu, 6),
-            "tokens_per_s": round(util.tokens_per_s, 1),
-            "prefix_hit_ratio": round(fleet.stats.hit_ratio_of([view.worker_id]), 4),
-        })
+        rows.append(WorkerInfo(
+            id=view.worker_id,
+            role=view.role.value,
+            device=view.device,
+            node=view.node or None,  # a Ray fleet's node (None: this machine)
+            node_lost=view.node_lost,  # the process ended because the cluster lost its node
+            state=view.state.value,
+            pid=None if view.gone else view.pid,  # a stopped or failed worker's process is gone (reaped)
+            sessions=len(view.requests),
+            kv_usage=round(view.kv_usage, 4),
+            kv_blocks=view.num_kv_blocks,
+            free_blocks=view.free_blocks,
+            busy=round(util.busy, 4),
+            mfu=round(util.mfu, 6),
+            mbu=round(util.mbu, 6),
+            tokens_per_s=round(util.tokens_per_s, 1),
+            prefix_hit_ratio=round(fleet.stats.hit_ratio_of([view.worker_id]), 4),
+        ))
     return rows
 
 
-def fleet_status(fleet: Fleet) -> dict:
+def fleet_status(fleet: Fleet) -> FleetStatus:
     workers = workers_status(fleet)
     pools = {}
     for role in fleet.config.roles:
-        members = [w for w in workers if w["role"] == role.value and w["state"] == WorkerState.RUNNING.value]
+        members = [w for w in workers if w.role == role.value and w.state == WorkerState.RUNNING.value]
         count = len(members) or 1
-        pools[role.value] = {
-            "workers": len(members),
-            "busy": round(sum(w["busy"] for w in members) / count, 4),
-            "mfu": round(sum(w["mfu"] for w in members) / count, 6),
-            "mbu": round(sum(w["mbu"] for w in members) / count, 6),
-            "queue": fleet.queue_length(role),
-            "prefix_hit_ratio": round(fleet.stats.hit_ratio_of([w["id"] for w in workers if w["role"] == role.value]),
-                                      4),
-        }
-    return {"model": fleet.model_name, "url": fleet.url, "pid": os.getpid(), "window_s": BUSY_WINDOW_S,
-            "workers": workers, "pools": pools, "local_prefills": fleet.stats.local_prefill_count}
+        pools[role.value] = PoolInfo(
+            workers=len(members),
+            busy=round(sum(w.busy for w in members) / count, 4),
+            mfu=round(sum(w.mfu for w in members) / count, 6),
+            mbu=round(sum(w.mbu for w in members) / count, 6),
+            queue=fleet.queue_length(role),
+            prefix_hit_ratio=round(fleet.stats.hit_ratio_of([w.id for w in workers if w.role == role.value]), 4),
+        )
+    return FleetStatus(model=fleet.model_name, url=fleet.url, pid=os.getpid(), window_s=BUSY_WINDOW_S,
+                       workers=workers, pools=pools, local_prefills=fleet.stats.local_prefill_count)
