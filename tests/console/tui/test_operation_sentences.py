@@ -4,10 +4,12 @@ is the end of an operation the fixture fleet runs through its stages; the line `
 line the console's progress dialog leaves on screen are compared. A failure reads the same on both too."""
 
 import asyncio
+import math
 
 import pytest
 import typer
 from support.console_fixture import FixtureSource, operation
+from textual.geometry import Size
 from textual.widgets import Label
 
 from fleetctl.console.cli.common import operation_output
@@ -79,7 +81,13 @@ def quick_polls(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def dialog_line(source: FixtureSource, first: OperationInfo) -> tuple[OperationInfo, str]:
     """Follow `first` in the console's progress dialog to its end: the last state it read and its result line."""
-    async def run() -> tuple[OperationInfo, str]:
+    ended, shown, _ = dialog_result(source, first)
+    return ended, shown
+
+
+def dialog_result(source: FixtureSource, first: OperationInfo) -> tuple[OperationInfo, str, Size]:
+    """As `dialog_line`, and the size the result's label takes on screen."""
+    async def run() -> tuple[OperationInfo, str, Size]:
         app = FleetConsole(source, ConsoleSettings(), refresh=False)
         async with app.run_test(size=(120, 40)) as pilot:
             dialog = OperationDialog(source, first)
@@ -89,8 +97,8 @@ def dialog_line(source: FixtureSource, first: OperationInfo) -> tuple[OperationI
                 if dialog.operation.state is not OpState.RUNNING:
                     break
             await pilot.pause(0.05)
-            shown = dialog.query_one("#op-result", Label).render()
-            return dialog.operation, str(shown).removesuffix("\n(enter to close)")
+            label = dialog.query_one("#op-result", Label)
+            return dialog.operation, str(label.render()).removesuffix("\n(enter to close)"), label.size
 
     return asyncio.run(run())
 
@@ -104,6 +112,14 @@ def test_the_cli_and_the_console_say_a_result_in_one_sentence(outcome: str) -> N
     printed = operation_output(ended, as_json=False, timeout=60)
     assert printed == shown
     assert "\n" not in printed and printed == result.describe()
+
+
+def test_a_long_result_wraps_inside_the_dialog_rather_than_being_cut() -> None:
+    kind, worker, result = OUTCOMES["migrate-live"]
+    source = FixtureSource(results={kind: result})
+    _, shown, size = dialog_result(source, source.begin(kind, worker))
+    assert len(shown) > size.width  # the sentence is wider than the dialog: it must take more than one line
+    assert size.height >= math.ceil(len(shown) / size.width) + 1  # its lines, and "(enter to close)"
 
 
 def test_a_failure_reads_the_same_on_both(capsys: pytest.CaptureFixture[str]) -> None:
