@@ -19,7 +19,7 @@ import random
 from pathlib import Path
 
 from fleetctl.console.loadgen.requests import TraceRequest, prompt_text
-from fleetctl.engine.planner.trace_file import TraceFileError
+from fleetctl.engine.planner.trace_file import TraceFileError, json_lines
 
 REFERENCE_CONTEXT = 8192  # the context the sizes below are for (smollm2-135m's); others scale them
 SYSTEM_WORDS = 1536
@@ -86,9 +86,7 @@ def _count(obj: dict, name: str, where: str, minimum: int) -> int:
     return value
 
 
-def _turn(obj: object, where: str) -> TraceRequest:
-    if not isinstance(obj, dict):
-        raise TraceFileError(f"{where}: expected a JSON object per line")
+def _turn(obj: dict, where: str) -> TraceRequest:
     session = obj.get("session_id")
     if isinstance(session, bool) or not isinstance(session, str | int):
         raise TraceFileError(f"{where}: 'session_id' must be a string or an integer, got {session!r}")
@@ -113,18 +111,7 @@ def _turn(obj: object, where: str) -> TraceRequest:
 def read_session_trace(path: Path | str) -> list[TraceRequest]:
     """A session trace's turns, by arrival; each session's turns numbered 0, 1, … without a gap."""
     path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceFileError(f"cannot read trace {path}: {exc}") from None
-    turns: list[TraceRequest] = []
-    for number, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceFileError(f"{path}:{number}: not JSON ({exc.msg})") from None
-            turns.append(_turn(obj, f"{path}:{number}"))
+    turns = [_turn(obj, where) for where, obj in json_lines(path)]
     if not turns:
         raise TraceFileError(f"trace {path} holds no requests")
     sessions: dict[str, list[int]] = {}

@@ -4,6 +4,7 @@
 block of prompt (a cached prefix). Blank lines are skipped; extra fields are ignored."""
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,14 +30,13 @@ def _field(obj: dict, name: str, where: str) -> int:
     return value
 
 
-def read_mooncake(path: Path | str) -> list[TraceRecord]:
-    """The trace's requests in arrival order."""
-    path = Path(path)
+def json_lines(path: Path) -> Iterator[tuple[str, dict]]:
+    """Each non-blank line of a JSONL trace as (`path:line` for errors, its object); TraceFileError for a file
+    that cannot be read or a line that is not a JSON object."""
     try:
         lines = path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise TraceFileError(f"cannot read trace {path}: {exc}") from None
-    raw = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -47,6 +47,14 @@ def read_mooncake(path: Path | str) -> list[TraceRecord]:
             raise TraceFileError(f"{where}: not JSON ({exc.msg})") from None
         if not isinstance(obj, dict):
             raise TraceFileError(f"{where}: expected a JSON object per line")
+        yield where, obj
+
+
+def read_mooncake(path: Path | str) -> list[TraceRecord]:
+    """The trace's requests in arrival order."""
+    path = Path(path)
+    raw = []
+    for where, obj in json_lines(path):
         hash_ids = obj.get("hash_ids", [])
         if not isinstance(hash_ids, list) or not all(isinstance(h, int) for h in hash_ids):
             raise TraceFileError(f"{where}: 'hash_ids' must be a list of integers")
