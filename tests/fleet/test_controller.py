@@ -3,6 +3,7 @@ through prefill → handoff → decode, recovery when a decode worker dies, admi
 cancellation — no torch, no processes."""
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -87,12 +88,16 @@ def test_cancel_aborts_the_request_where_it_runs(tiny_model_dir: Path, tmp_path:
         req = fleet.submit(PROMPTS[0], long)
         while len(req.output_token_ids) < 3:
             await asyncio.sleep(0.005)
-        holder = req.holder()
+        worker = launcher.workers[req.holder()]
         fleet.cancel(req)
         assert req.done and req.finish_reason == "abort"
-        await asyncio.sleep(0.05)
-        aborted = [msg for msg in launcher.workers[holder].received if isinstance(msg, m.Abort)]
-        assert [msg.request_id for msg in aborted] == [req.request_id]
+        # Block the event loop while waiting: a token already in flight would make the fleet abort the copy
+        # again when it arrives, so only an Abort that `cancel` itself sent can reach the worker meanwhile.
+        deadline = time.monotonic() + 5.0
+        while not any(isinstance(msg, m.Abort) for msg in worker.received) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        aborted = {msg.request_id for msg in worker.received if isinstance(msg, m.Abort)}
+        assert aborted == {req.request_id}
 
     run(tiny_model_dir, tmp_path, scenario)
 
