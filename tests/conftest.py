@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 from support import tiny_model
 
+pytest_plugins = ["support.require_all", "pytester"]
+
 # Pulled models are kept between runs where `make test` pulled them; everything else a test writes
 # under $FLEET_HOME (metrics store, checkpoints, admin token) goes to a fresh directory.
 PERSISTENT_MODELS = Path(os.environ.get("FLEET_HOME") or "~/.local/share/fleetctl").expanduser() / "models"

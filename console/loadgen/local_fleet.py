@@ -44,12 +44,13 @@ class FleetStartError(RuntimeError):
 
 
 @contextmanager
-def local_fleet(model: Path | str, *args: str, ready_timeout: float = 300,
-                env: dict[str, str] | None = None) -> Iterator[str]:
+def local_fleet(model: Path | str, *args: str, ready_timeout: float = 300, env: dict[str, str] | None = None,
+                command: list[str] = FLEETCTL) -> Iterator[str]:
     """Yields the base URL of a running fleet (ephemeral port); stops it (SIGTERM, then SIGKILL) after,
     and kills it when the wait for it fails or is interrupted (FleetStartError when it does not start).
-    `env` adds to this process's environment (e.g. FLEET_FAULTS for a test)."""
-    proc = subprocess.Popen([*FLEETCTL, "serve", "--model", str(model), "--port", "0", *args],
+    `env` adds to this process's environment (e.g. FLEET_FAULTS for a test); `command` is how fleetctl is
+    run (another installation's `bin/fleetctl`, say)."""
+    proc = subprocess.Popen([*command, "serve", "--model", str(model), "--port", "0", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})})
     lines: list[str] = []

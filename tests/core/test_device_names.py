@@ -66,7 +66,7 @@ def test_check_device_accepts_cpu_without_gpus() -> None:
 def test_check_device_rejects_a_cuda_index_that_does_not_exist() -> None:
     count = gpu_count()
     if count > 0:
-        pytest.skip("this machine has CUDA devices")
+        pytest.skip("needs a machine without CUDA (this one has CUDA devices)")
     with pytest.raises(DeviceError) as exc:
         check_device(f"cuda:{count}")
     assert "cuda:0 does not exist" in str(exc.value)

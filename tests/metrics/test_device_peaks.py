@@ -86,7 +86,7 @@ def test_calibration_runs_once_per_device_and_dtype(tmp_path, monkeypatch):
 
 def test_gpu_sampler_returns_nothing_without_a_driver():
     if torch.cuda.is_available():
-        pytest.skip("this machine has an NVIDIA driver")
+        pytest.skip("needs a machine without CUDA (this one has an NVIDIA driver)")
     sampler = GpuSampler()
     assert sampler.device_count == 0
     assert sampler.sample() == []
