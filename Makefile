@@ -8,25 +8,42 @@ FLEETCTL := $(VENV)/bin/fleetctl
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: demo test test-fast install browser lint bench clean
+.PHONY: demo test test-fast install browser lint bench clean upgrade-deps
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# constraints.txt: exact versions of everything but torch/triton (the snapshot pictures depend on Textual's)
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	@if ! command -v nvidia-smi >/dev/null 2>&1; then \
 		echo "no NVIDIA GPU: installing the CPU build of torch ($(TORCH_SPEC))"; \
 		$(PIP) install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"; \
 	fi
-	$(PIP) install --quiet -e '.[dev,ray]'
+	$(PIP) install --quiet -c constraints.txt -e '.[dev,ray]'
 	touch $@
+
+# Move the pins on purpose: resolve the newest releases in a scratch venv and write them to constraints.txt;
+# then `make test` (a Textual release may move the snapshot pictures: review, then --snapshot-update).
+upgrade-deps:
+	rm -rf .venv-upgrade
+	$(PYTHON) -m venv .venv-upgrade
+	@if ! command -v nvidia-smi >/dev/null 2>&1; then \
+		.venv-upgrade/bin/pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"; fi
+	.venv-upgrade/bin/pip install --quiet '.[dev,ray]'
+	{ sed -n '/^#/p' constraints.txt; .venv-upgrade/bin/pip freeze --exclude-editable | \
+		grep -viE '^(fleetctl|torch|triton)([=@ ]|$$)'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf .venv-upgrade
+	@git diff --stat constraints.txt 2>/dev/null || true
 
 # the embedded fleet + demo traffic + console (headless with a summary when there is no terminal)
 demo: install
 	$(FLEETCTL) models pull smollm2-135m
 	$(FLEETCTL) demo
 
+# FLEET_REQUIRE_ALL=1: a test that skips for anything but CUDA fails (tests/support/require_all.py)
+test: export FLEET_REQUIRE_ALL ?= 1
 test: install browser
 	$(FLEETCTL) models pull smollm2-135m
 	$(VENV)/bin/ruff check .
@@ -37,12 +54,12 @@ test-fast: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q -m "not slow and not fleet"
 
-# Debian's chromium for the web-console test (playwright drives it; nothing is downloaded by playwright)
+# Debian's chromium for the web-console test (playwright drives it; nothing is downloaded by playwright).
+# Without it `make test` stops here, saying why: the web console would otherwise go unchecked.
 browser:
-	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
-		{ apt-get install -y -q chromium >/dev/null 2>&1 || \
-		  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
-		echo "no chromium (not root, or no apt): the web-console test will be skipped"
+	@command -v chromium >/dev/null 2>&1 || { \
+		command -v apt-get >/dev/null 2>&1 || { echo "make browser: no chromium and no apt-get: install chromium"; exit 1; }; \
+		apt-get install -y -q chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }; }
 
 bench: install
 	$(VENV)/bin/python scripts/bench_decode.py
