@@ -11,6 +11,7 @@ Version history:
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from sqlite_utils import Database
 from sqlmodel import SQLModel, create_engine
@@ -18,6 +19,7 @@ from sqlmodel import SQLModel, create_engine
 from fleetctl.store.schema import REQUEST_PREFIX_DEFAULTS, SCHEMA_VERSION, TABLES, WORKER_INDEX_COLUMNS
 
 BUSY_TIMEOUT_S = 10.0
+Answer = TypeVar("Answer")
 
 
 class StoreVersionError(RuntimeError):
@@ -39,6 +41,16 @@ def open_db(path: Path | str, *, check_same_thread: bool = True) -> Database:
         upgrade(path)
     conn.execute("PRAGMA synchronous=NORMAL")
     return Database(conn)
+
+
+def read_store(path: Path | str, query: Callable[[Database], Answer]) -> Answer:
+    """`query` on the store at `path` over a connection of its own, opened and closed in the calling thread (a
+    server's worker thread: reads never wait on the event loop)."""
+    db = open_db(path)
+    try:
+        return query(db)
+    finally:
+        db.close()
 
 
 def schema_version(conn: sqlite3.Connection) -> int:

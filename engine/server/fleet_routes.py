@@ -1,11 +1,10 @@
 """/fleet/*: the fleet's status and workers, its long operations (checkpoint, restore, migrate, a session's
 live move, and the pool changes start, drain, resume, stop: 202 and an operation id to poll), checkpoints,
-recent requests' timing breakdowns, the store's history for remote consoles, and the planner's routes
-(`plan_routes`)."""
+recent requests' timing breakdowns, the store's history for remote consoles, the planner's routes
+(`plan_routes`) and the store's other reports (`store_routes`)."""
 
 import asyncio
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal
 
 from fastapi import APIRouter, Query, Response
@@ -28,7 +27,8 @@ from fleetctl.engine.server.schemas import (
     operation_info,
 )
 from fleetctl.engine.server.status import fleet_status, workers_status
-from fleetctl.store.db import open_db
+from fleetctl.engine.server.store_routes import fleet_store, store_router
+from fleetctl.store.db import read_store
 from fleetctl.store.history import HistoryError, history
 
 MAX_HISTORY_S = 7 * 86400.0  # what the store keeps
@@ -160,24 +160,16 @@ def fleet_router(fleet: Fleet) -> APIRouter:
     async def store_history(since: float = Query(default=300.0, gt=0, le=MAX_HISTORY_S),
                             bucket: float = Query(default=5.0, ge=1)) -> FleetHistory:
         """Series, traffic and events of the last `since` seconds from the metrics store (`store.history`)."""
-        path = fleet.config.store_path
-        if path is None:
-            raise APIError(404, "this fleet keeps no metrics store, so it has no history", "not_found_error")
+        path = fleet_store(fleet, "no history")
         if bucket > since:
             raise APIError(400, f"bucket ({bucket:g} s) must not be longer than since ({since:g} s)",
                            "invalid_request_error")
         try:
-            return FleetHistory.model_validate(await asyncio.to_thread(_read_history, path, since, bucket))
+            return FleetHistory.model_validate(
+                await asyncio.to_thread(read_store, path, lambda db: history(db, since, bucket)))
         except HistoryError as exc:
             raise APIError(400, str(exc), "invalid_request_error") from None
 
     router.include_router(plan_router(fleet))  # /fleet/plan, /fleet/rebalance
+    router.include_router(store_router(fleet))  # /fleet/classify, /fleet/devices
     return router
-
-
-def _read_history(path: Path, since: float, bucket: float) -> dict:
-    db = open_db(path)  # one connection per call, in the calling thread: reads never wait on the event loop
-    try:
-        return history(db, since, bucket)
-    finally:
-        db.close()

@@ -16,6 +16,7 @@ from fleetctl.engine.planner.simulator import EngineLimits
 from fleetctl.engine.planner.slo import Slo
 from fleetctl.engine.server.errors import APIError
 from fleetctl.engine.server.schemas import FleetPlan, OperationInfo, RebalancePreview, operation_info
+from fleetctl.engine.server.store_routes import fleet_store
 from fleetctl.store.plan_inputs import LiveWorker
 
 
@@ -32,9 +33,7 @@ def plan_router(fleet: Fleet) -> APIRouter:
     async def plan(since: str = Query(default="10m"), slo_ttft: str = Query(default="2s"),
                    slo_tpot: str = Query(default="200ms"), devices: str | None = Query(default=None)) -> FleetPlan:
         """The plan over the last `since` of the store for this fleet's live workers (or `devices`)."""
-        path = fleet.config.store_path
-        if path is None:
-            raise APIError(404, "this fleet keeps no metrics store, so it has nothing to plan from", "not_found_error")
+        path = fleet_store(fleet, "nothing to plan from")
         engine = fleet.config.engine
         workers = [LiveWorker(v.worker_id, v.role, v.device) for v in fleet.views.values()
                    if v.state in (WorkerState.RUNNING, WorkerState.DRAINING)]

@@ -30,6 +30,7 @@ from fleetctl.engine.fleet.ops.results import (
     StopResult,
 )
 from fleetctl.engine.fleet.ops.stages import STAGES, progress
+from fleetctl.store.records import DeviceRecord
 
 __all__ = [
     "STAGES", "CheckpointResult", "DrainResult", "LiveMigrateResult", "MoveResult", "MoveStageDone",
@@ -270,3 +271,50 @@ class FleetPlan(_Open):
     what_if: dict[str, Any] | None
     fit: dict[str, Any]
     notes: list[str]
+
+
+class ClassificationBucket(_Open):
+    prompt_tokens: str  # a length bucket's label, e.g. "128-512"
+    output_tokens: str
+    requests: int
+    prefill_share: float
+
+
+class FleetClassification(_Open):
+    """`classify --json` (`store.classify.Classification`): the window's model time by phase."""
+
+    window_s: float
+    requests: int
+    prefill_share: float
+    decode_share: float
+    prefill_model_s: float
+    decode_model_s: float
+    buckets: list[ClassificationBucket]  # non-empty buckets only
+    prefill_cached_tokens: int
+    prefill_computed_tokens: int
+    prefix_hit_ratio: float
+    local_prefills: int
+
+
+class DevicePeak(_Open):
+    identity: str
+    dtype: str
+    kind: str
+    name: str
+    peak_flops: float
+    peak_bytes_per_s: float
+    how: str  # calibrated or spec-table
+    measured_at: float  # unix seconds
+
+    @classmethod
+    def of(cls, record: DeviceRecord) -> "DevicePeak":
+        return cls(identity=record.identity, dtype=record.dtype, kind=record.kind.value, name=record.name,
+                   peak_flops=record.peak_flops, peak_bytes_per_s=record.peak_bytes_per_s,
+                   how=record.how_measured.value, measured_at=record.measured_at)
+
+
+class DevicePeaks(_Open):
+    """`devices --json`: the store's peaks per device identity and dtype (the MFU and MBU denominators)."""
+
+    devices: list[DevicePeak]
+    not_recalibrated: list[str]  # identities `devices --recalibrate` left as they were (always empty from a fleet)

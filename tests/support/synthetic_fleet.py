@@ -1,19 +1,28 @@
 """A store as a 1 prefill + 1 decode fleet with known step costs would have written it: requests rows and
 per-second worker samples (through the real StepAggregator) from an explicit step-by-step schedule,
-independent of the planner's own simulator. The planner's fit should recover the costs from it."""
+independent of the planner's own simulator. The planner's fit should recover the costs from it. And the
+device-peak cache as a CPU calibration and a GPU's spec-table entry leave it (`write_device_peaks`)."""
 
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetctl.domain import Phase, RequestOutcome, WorkerRole, WorkerState
+from fleetctl.domain import DeviceKind, PeakSource, Phase, RequestOutcome, WorkerRole, WorkerState
 from fleetctl.store.aggregate import StepAggregator, StepRecord
-from fleetctl.store.records import RequestRecord, WorkerRecord
+from fleetctl.store.db import open_db
+from fleetctl.store.devices import save_device
+from fleetctl.store.records import DeviceRecord, RequestRecord, WorkerRecord
 from fleetctl.store.writer import MetricsWriter, WriterConfig
 
 T0 = 1_000_000.0
 PEAK_FLOPS, PEAK_BYTES = 1e12, 1e11
 FLOPS_PER_TOKEN, BYTES_PER_STEP = 1e9, 1e9
+DEVICE_PEAKS = (  # by identity, as the store lists them
+    DeviceRecord("cpu:Synthetic CPU:2threads:64MiB", "float32", DeviceKind.CPU, "Synthetic CPU", None, 2.5e11, 2e10,
+                 PeakSource.CALIBRATED, T0),
+    DeviceRecord("cuda:NVIDIA H200", "bfloat16", DeviceKind.CUDA, "NVIDIA H200", "550.54", 9.89e14, 4.8e12,
+                 PeakSource.SPEC_TABLE, T0 + 60),
+)
 
 
 @dataclass(frozen=True)
@@ -104,3 +113,13 @@ def write_store(path: Path, requests: list[tuple[float, int, int]], costs: TrueC
 
 def _step(wid: str, end: float, seconds: float, phase: Phase, tokens: int, batch: int) -> StepRecord:
     return StepRecord(wid, end, seconds, phase, tokens, tokens * FLOPS_PER_TOKEN, BYTES_PER_STEP, batch, 0.1, 0)
+
+
+def write_device_peaks(path: Path) -> None:
+    """DEVICE_PEAKS into the store's device-peak cache."""
+    db = open_db(path)
+    try:
+        for record in DEVICE_PEAKS:
+            save_device(db, record)
+    finally:
+        db.close()
