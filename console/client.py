@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
     from fleetctl.engine.server.schemas import (
         CheckpointList,
+        DevicePeaks,
+        FleetClassification,
         FleetHistory,
         FleetPlan,
         FleetStatus,
@@ -161,6 +163,18 @@ class _Calls:
         return _Call("GET", "/fleet/plan", FleetPlan, params=params)
 
     @staticmethod
+    def classify(params: Params) -> _Call[FleetClassification]:
+        from fleetctl.engine.server.schemas import FleetClassification
+
+        return _Call("GET", "/fleet/classify", FleetClassification, params=params)
+
+    @staticmethod
+    def devices() -> _Call[DevicePeaks]:
+        from fleetctl.engine.server.schemas import DevicePeaks
+
+        return _Call("GET", "/fleet/devices", DevicePeaks)
+
+    @staticmethod
     def rebalance_preview(split: str, force: bool) -> _Call[RebalancePreview]:
         from fleetctl.engine.server.schemas import RebalancePreview
 
@@ -200,6 +214,12 @@ class FleetClient:
 
     def plan(self, params: Params) -> FleetPlan:
         return self._call(_Calls.plan(params))
+
+    def classify(self, params: Params) -> FleetClassification:
+        return self._call(_Calls.classify(params))
+
+    def devices(self) -> DevicePeaks:
+        return self._call(_Calls.devices())
 
     def rebalance_preview(self, split: str, force: bool = False) -> RebalancePreview:
         return self._call(_Calls.rebalance_preview(split, force))
@@ -248,6 +268,12 @@ class AsyncFleetClient:
 
     async def plan(self, params: Params) -> FleetPlan:
         return await self._call(_Calls.plan(params))
+
+    async def classify(self, params: Params) -> FleetClassification:
+        return await self._call(_Calls.classify(params))
+
+    async def devices(self) -> DevicePeaks:
+        return await self._call(_Calls.devices())
 
     async def rebalance_preview(self, split: str, force: bool = False) -> RebalancePreview:
         return await self._call(_Calls.rebalance_preview(split, force))
