@@ -6,6 +6,7 @@ and what an operation prints when it ends (`operation_output`)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +30,12 @@ JSON_OPTION = typer.Option(False, "--json", help="One JSON object on stdout.")
 TIMEOUT_OPTION = typer.Option(600.0, "--timeout", help="Seconds to follow the operation before giving up on it.")
 STORE_OPTION = typer.Option("", "--store", help="SQLite metrics store (default $FLEET_HOME/fleet.db).")
 
+# `plan`, `classify` and `devices`: the store's reports, read from a store file or asked of a fleet (`fleet_to_ask`)
+REPORT_STORE_OPTION = typer.Option("", "--store", help="Read this SQLite metrics store file, even where $FLEET_URL "
+                                                       "is set.")
+REPORT_URL_OPTION = typer.Option(None, "--url", help="Ask this fleet, which reads its own store (default $FLEET_URL; "
+                                                     "with neither --url nor $FLEET_URL: read $FLEET_HOME/fleet.db).")
+
 ProgressCallback = Callable[[str, int, int], None]  # (stage, done, total)
 
 
@@ -37,6 +44,24 @@ def store_path(option: str) -> Path:
     from fleetctl.engine.paths import default_store_path
 
     return Path(option).expanduser() if option else default_store_path()
+
+
+def existing_store(option: str, hint: str) -> Path:
+    """`store_path(option)`, or `fail(...)` saying where no store was found and `hint`."""
+    path = store_path(option)
+    if not path.exists():
+        raise fail(f"no metrics store at {path} ({hint})")
+    return path
+
+
+def fleet_to_ask(store: str, url: str | None) -> str | None:
+    """Where a store report reads: None for a store file (--store given, or neither --url nor $FLEET_URL: the
+    default store), else the URL of the fleet to ask. --store and --url together are refused."""
+    if store and url:
+        raise fail("--store reads a store file and --url asks a fleet: give one of them")
+    if store:
+        return None
+    return url or os.environ.get("FLEET_URL") or None
 
 
 def fail(message: str, code: int = EXIT_FAILURE) -> typer.Exit:

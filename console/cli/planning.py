@@ -1,6 +1,6 @@
-"""`fleetctl plan` and `fleetctl classify` (from the metrics store: no fleet needs to run) and `fleetctl rebalance`
-(against a running fleet: a dry run that lists the moves, or `--apply` followed like `migrate` and said in
-`schemas.describe`'s sentence)."""
+"""`fleetctl plan` and `fleetctl classify` (from a metrics store file, so that no fleet needs to run, or asked of a
+fleet, which reads its own: `fleet_to_ask` says which) and `fleetctl rebalance` (against a running fleet: a dry
+run that lists the moves, or `--apply` followed like `migrate` and said in `schemas.describe`'s sentence)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,24 @@ import typer
 
 from fleetctl.console.cli.common import (
     JSON_OPTION,
-    STORE_OPTION,
+    REPORT_STORE_OPTION,
+    REPORT_URL_OPTION,
     TIMEOUT_OPTION,
     URL_OPTION,
+    existing_store,
     fail,
     fleet_errors,
+    fleet_to_ask,
     follow_operation,
     operation_output,
     store_path,
 )
-from fleetctl.console.client import FleetClient
+from fleetctl.console.client import FleetClient, Params
 
 if TYPE_CHECKING:
-    from fleetctl.engine.server.schemas import FleetPlan, RebalancePreview
+    from fleetctl.engine.server.schemas import FleetClassification, FleetPlan, RebalancePreview
+
+PLAN_TIMEOUT_S = 120.0  # a fleet replays every split of a long window before it answers
 
 
 def plan(
@@ -34,11 +39,30 @@ def plan(
     devices: str = typer.Option("", "--devices", help="cpu:0,cpu:1,… or NxGPU for a what-if fleet, e.g. 8xH100 "
                                                       "(default: the fleet's devices, as the store shows them)."),
     trace: Path = typer.Option(None, "--trace", help="Replay this Mooncake trace (JSONL) instead of the "
-                                                     "window's requests.", dir_okay=False),
-    store: str = STORE_OPTION,
+                                                     "window's requests (from a store file only).",
+                                 dir_okay=False),
+    store: str = REPORT_STORE_OPTION,
+    url: str | None = REPORT_URL_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Recommended prefill:decode split: cost models fitted to the measured steps, every split replayed."""
+    """Recommended prefill:decode split: cost models fitted to the measured steps, every split replayed (from a
+    store file, or asked of a fleet)."""
+    fleet = fleet_to_ask(store, url)
+    if fleet is None:
+        planned = _plan_from_file(store_path(store), since, slo_ttft, slo_tpot, devices, trace)
+    elif trace is not None:
+        raise fail("--trace replays a file on this machine: plan it from a store file (--store), not from a fleet")
+    else:
+        query: Params = {"since": since, "slo_ttft": slo_ttft, "slo_tpot": slo_tpot}
+        if devices:
+            query["devices"] = devices
+        with fleet_errors():
+            planned = FleetClient(fleet, timeout=PLAN_TIMEOUT_S).plan(query)
+    print(json.dumps(planned.model_dump(mode="json")) if as_json else render_plan(planned))
+
+
+def _plan_from_file(path: Path, since: str, slo_ttft: str, slo_tpot: str, devices: str,
+                    trace: Path | None) -> FleetPlan:
     from fleetctl.engine.planner.durations import parse_window
     from fleetctl.engine.planner.plan import USER_ERRORS, PlanRequest, plan_from_store
     from fleetctl.engine.planner.simulator import SimRequest
@@ -50,11 +74,10 @@ def plan(
         replay = None if trace is None else tuple(
             SimRequest(r.arrival_s, r.input_length, r.output_length) for r in read_mooncake(trace))
         request = PlanRequest(Slo.parse(slo_ttft, slo_tpot), devices or None, replay)
-        result = plan_from_store(store_path(store), parse_window(since), request)
+        result = plan_from_store(path, parse_window(since), request)
     except USER_ERRORS as exc:
         raise fail(str(exc)) from None
-    planned = FleetPlan.model_validate(result.as_json())
-    print(json.dumps(planned.model_dump(mode="json")) if as_json else render_plan(planned))
+    return FleetPlan.model_validate(result.as_json())
 
 
 def _equation(fit: dict[str, Any], unit: str) -> str:
@@ -129,34 +152,44 @@ def _dry_run(preview: RebalancePreview) -> str:
 
 def classify(
     since: str = typer.Option("10m", "--since", help="Window: 90s, 10m, 2h, 1d."),
-    store: str = STORE_OPTION,
+    store: str = REPORT_STORE_OPTION,
+    url: str | None = REPORT_URL_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Traffic by phase: share of model time in prefill vs decode, by prompt/output length bucket."""
+    """Traffic by phase: share of model time in prefill vs decode, by prompt/output length bucket (from a store
+    file, or asked of a fleet)."""
+    fleet = fleet_to_ask(store, url)
+    if fleet is None:
+        classified = _classify_file(store, since)
+    else:
+        with fleet_errors():
+            classified = FleetClient(fleet).classify({"since": since})
+    print(json.dumps(classified.model_dump(mode="json")) if as_json else render_classification(classified))
+
+
+def _classify_file(store: str, since: str) -> FleetClassification:
     from fleetctl.engine.planner.durations import DurationError, parse_window
+    from fleetctl.engine.server.schemas import FleetClassification
     from fleetctl.store.classify import classify as classify_window
-    from fleetctl.store.db import open_db
+    from fleetctl.store.db import read_store
 
     try:
         window_s = parse_window(since)
     except DurationError as exc:
         raise fail(str(exc)) from None
-    path = store_path(store)
-    if not path.exists():
-        raise fail(f"no metrics store at {path} (run a fleet with `fleetctl serve` first, or pass --store)")
-    db = open_db(path)
-    try:
-        result = classify_window(db, window_s).as_json()
-    finally:
-        db.close()
-    if as_json:
-        print(json.dumps(result))
-        return
-    print(f"window {result['window_s']:.0f}s  requests {result['requests']}  prefill {result['prefill_share']:.1%}"
-          f"  decode {result['decode_share']:.1%}")
-    print(f"prefill tokens: {result['prefill_cached_tokens']} cached, {result['prefill_computed_tokens']} computed "
-          f"(prefix hit ratio {result['prefix_hit_ratio']:.1%}; cached tokens cost no model time)  "
-          f"local prefills {result['local_prefills']}")
-    print(f"{'prompt tokens':<14} {'output tokens':<14} {'requests':>8} {'prefill share':>14}")
-    for b in result["buckets"]:
-        print(f"{b['prompt_tokens']:<14} {b['output_tokens']:<14} {b['requests']:>8} {b['prefill_share']:>14.1%}")
+    path = existing_store(store, "run a fleet with `fleetctl serve` first, or pass --store")
+    classified = read_store(path, lambda db: classify_window(db, window_s))
+    return FleetClassification.model_validate(classified.as_json())
+
+
+def render_classification(classified: FleetClassification) -> str:
+    """The shares for a person: overall, the prompt tokens behind them, then by length bucket."""
+    c = classified
+    lines = [f"window {c.window_s:.0f}s  requests {c.requests}  prefill {c.prefill_share:.1%}  "
+             f"decode {c.decode_share:.1%}",
+             f"prefill tokens: {c.prefill_cached_tokens} cached, {c.prefill_computed_tokens} computed (prefix hit "
+             f"ratio {c.prefix_hit_ratio:.1%}; cached tokens cost no model time)  local prefills {c.local_prefills}",
+             f"{'prompt tokens':<14} {'output tokens':<14} {'requests':>8} {'prefill share':>14}"]
+    lines += [f"{b.prompt_tokens:<14} {b.output_tokens:<14} {b.requests:>8} {b.prefill_share:>14.1%}"
+              for b in c.buckets]
+    return "\n".join(lines)

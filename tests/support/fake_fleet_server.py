@@ -17,12 +17,13 @@ from support.fleet_harness import wait_until
 
 
 @contextmanager
-def fake_fleet_url(model_dir: Path, tmp_path: Path) -> Iterator[str]:
-    """Serve a fleet of fakes (prefill-0, decode-0, decode-1 on cpu:0-2) on 127.0.0.1 (a free port) until the
-    block ends."""
+def fake_fleet_url(model_dir: Path, tmp_path: Path, store: Path | None = None) -> Iterator[str]:
+    """Serve a fleet of fakes (prefill-0, decode-0, decode-1 on cpu:0-2; its metrics store `store`, if any) on
+    127.0.0.1 (a free port) until the block ends."""
     shm = tmp_path / "shm"
     shm.mkdir(exist_ok=True)
-    config = FleetConfig(model_dir, prefill=1, decode=2, devices=("cpu:0", "cpu:1", "cpu:2"), shm_dir=shm)
+    config = FleetConfig(model_dir, prefill=1, decode=2, devices=("cpu:0", "cpu:1", "cpu:2"), shm_dir=shm,
+                         store_path=store)
     fleet = Fleet(config, launcher=FakeLauncher(shm))
     app = create_app(fleet, load_or_create_admin_token())  # the CLI reads the same token file
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
