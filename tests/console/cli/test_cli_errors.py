@@ -27,6 +27,10 @@ NO_FLEET = "127.0.0.1:9"  # discard port: nothing answers HTTP there; no scheme 
     ["migrate", "decode-0"],
     ["no-such-command"],
     ["classify", "--since", "ten minutes"],
+    ["classify", "--url", NO_FLEET],
+    ["plan", "--url", NO_FLEET, "--json"],
+    ["devices", "--url", NO_FLEET],
+    ["devices", "--recalibrate", "--url", NO_FLEET],
     ["serve", "--devices", "gpu:0,cpu:1"],
 ])
 def test_a_bad_invocation_is_one_line(args: list[str]) -> None:
