@@ -3,7 +3,10 @@ events (no wall clock in the picture), all of them the contract's models (`engin
 operations advance one of their kind's stages (`ops/stages.py`) per poll and end with a real result model."""
 
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+
+from textual.pilot import Pilot
 
 from fleetctl.console.client import FleetRefused
 from fleetctl.console.tui.reading import FleetReading
@@ -206,3 +209,13 @@ class FixtureSource:
 
     async def close(self) -> None:
         pass
+
+
+async def pilot_until(pilot: Pilot, condition: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    """Let the app run until `condition()` holds; fail saying `what` it never showed (a picture taken early
+    would differ from the committed one only on a slow machine)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the console never showed {what} within {timeout:.0f} s")
+        await pilot.pause(0.05)

@@ -5,7 +5,7 @@ progress bar, and the plan screen; and the 80-column layout following a live res
 
 import asyncio
 
-from support.console_fixture import FixtureSource
+from support.console_fixture import FixtureSource, pilot_until
 from textual.widgets import DataTable
 
 from fleetctl.console.tui.app import FleetConsole
@@ -22,10 +22,7 @@ def console(source: FixtureSource | None = None, **settings: object) -> FleetCon
 
 async def loaded(pilot) -> None:
     """Wait until the first reading is on screen."""
-    for _ in range(50):
-        await pilot.pause(0.05)
-        if pilot.app.reading.reachable:
-            break
+    await pilot_until(pilot, lambda: pilot.app.reading.reachable, "the first reading")
     await pilot.pause(0.1)
 
 
@@ -81,11 +78,8 @@ def test_worker_detail(snap_compare) -> None:
     async def open_detail(pilot) -> None:
         await loaded(pilot)
         await pilot.press("down", "down", "enter")
-        for _ in range(100):  # until the detail screen has drawn the worker's sessions (a slow machine takes long)
-            await pilot.pause(0.05)
-            screen = pilot.app.screen
-            if isinstance(screen, WorkerDetail) and screen.query_one("#sessions", DataTable).row_count:
-                break
+        await pilot_until(pilot, lambda: isinstance(screen := pilot.app.screen, WorkerDetail)
+                          and screen.query_one("#sessions", DataTable).row_count, "the worker's sessions")
         await pilot.pause(0.2)
 
     assert snap_compare(console(), terminal_size=WIDE, run_before=open_detail)
