@@ -93,6 +93,7 @@ def check_invariance(model_dir: Path, dtype: str, sequences: list[Arrival],
             assert torch.equal(rows[(str(i), position)], row), (i, length, seed, shared, position)
 
 
+@pytest.mark.slow  # over ~10 s: `make test` runs it, `make test-fast` does not
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sequences=st.lists(SEQUENCE, min_size=1, max_size=32), num_kv_blocks=st.sampled_from([40, 80, 512]))

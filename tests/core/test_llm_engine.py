@@ -26,6 +26,7 @@ def make_engine(model_dir: Path, **overrides: object) -> LLMEngine:
     return LLMEngine(EngineConfig(model_dir=model_dir, settings=EngineSettings(**options)))
 
 
+@pytest.mark.slow  # over ~10 s: `make test` runs it, `make test-fast` does not
 def test_greedy_matches_transformers(tiny_model_dir: Path) -> None:
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)

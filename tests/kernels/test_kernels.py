@@ -210,6 +210,7 @@ def finish_generation(proc: subprocess.Popen[str]) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # over ~10 s: `make test` runs it, `make test-fast` does not
 @pytest.mark.parametrize(
     ("device", "mode"),
     [

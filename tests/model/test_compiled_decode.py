@@ -33,6 +33,7 @@ def decode_run(model_dir: Path, dtype: str, mode: CompileMode) -> tuple[list[lis
     return [list(s.output_token_ids) for s in seqs], engine
 
 
+@pytest.mark.slow  # over ~10 s: `make test` runs it, `make test-fast` does not
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_compiled_decode_gives_the_eager_greedy_tokens(tiny_model_dir: Path, dtype: str) -> None:
     eager, _ = decode_run(tiny_model_dir, dtype, CompileMode.OFF)

@@ -19,6 +19,7 @@ from schemathesis.core.result import Ok  # noqa: E402
 from schemathesis.generation.modes import GenerationMode  # noqa: E402
 from schemathesis.python import asgi  # noqa: E402
 
+pytestmark = pytest.mark.slow  # about a minute: `make test` runs it, `make test-fast` does not
 TOKEN = "fuzz-admin-token"
 BASE = "http://127.0.0.1:8700"  # the Host the server's guard accepts on loopback
 EXAMPLES = 150  # per operation and mode: about a minute here
