@@ -247,6 +247,7 @@ class FakeLauncher:
     check_device = staticmethod(LocalLauncher.check_device)
 
     def launch(self, spec: WorkerSpec) -> LaunchedWorker:
+        assert spec.shm_dir == self.shm_dir, f"the fleet would sweep {spec.shm_dir}, not the fakes' {self.shm_dir}"
         parent, child = mp.Pipe(duplex=True)
         wid, faults = spec.worker_id, self.faults
         worker = FakeWorker(spec, child, self.shm_dir, faults, faults.die_after.pop(wid, None),
