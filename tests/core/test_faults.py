@@ -6,12 +6,24 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl.engine.core import faults
 from fleetctl.engine.core.faults import InjectedFault, fault_point
 
 
 def test_no_faults_configured_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("FLEET_FAULTS", raising=False)
-    fault_point("step", "req-1")
+    """Once the variable is gone the same fault point neither raises, stalls nor exits."""
+    actions: list[str] = []
+    monkeypatch.setattr(faults.time, "sleep", lambda seconds: actions.append(f"stall {seconds}"))
+    monkeypatch.setattr(faults.os, "_exit", lambda code: actions.append(f"exit {code}"))
+    monkeypatch.setenv("FLEET_FAULTS", "step=stall:2,step=exit:3,step=raise")
+    with pytest.raises(InjectedFault):
+        fault_point("step", "req-1")
+    assert actions == ["stall 2.0", "exit 3"]
+    actions.clear()
+    monkeypatch.delenv("FLEET_FAULTS")
+    for point in ("step", "publish", "adopt"):
+        fault_point(point, "req-1")
+    assert actions == []
 
 
 def test_a_keyed_fault_hits_only_matching_requests(monkeypatch: pytest.MonkeyPatch) -> None:

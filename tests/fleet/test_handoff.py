@@ -33,7 +33,7 @@ def handoff_in_flight(tmp_path: Path, prefill_state: WorkerState) -> tuple[Fleet
     views = {"prefill-0": WorkerView("prefill-0", WorkerRole.PREFILL, "cpu:0", state=prefill_state),
              "decode-0": WorkerView("decode-0", WorkerRole.DECODE, "cpu:1", state=WorkerState.RUNNING,
                                     num_kv_blocks=4, free_blocks=0, requests={"req-1"})}
-    state = FleetState(FleetConfig(tmp_path), {}, views, FleetStats(), None,
+    state = FleetState(FleetConfig(tmp_path, shm_dir=tmp_path), {}, views, FleetStats(), None,
                        links={"prefill-0": RecordingLink(), "decode-0": RecordingLink()})
     req = TrackedRequest("req-1", [5, 6, 7], SamplingParams(max_tokens=4), seed=0, stream=None,
                          stage=RequestStage.HANDOFF, prefill_worker="prefill-0", decode_worker="decode-0",

@@ -8,16 +8,13 @@ without a decode worker when that node goes too (503). One cluster and one fleet
 Token identity relies on `--deterministic` (batch-invariant numerics: a recompute or a restore continues
 each stream exactly, whatever it is batched with)."""
 
-import asyncio
 import json
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
-from support.fleet_harness import admin, fleetctl, generate_json, serve, wait_until
+from support.fleet_harness import admin, fleetctl, generate_json, serve, start_streams, wait_until
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -63,20 +60,6 @@ def url(cluster: tuple[Cluster, object], small_model_dir: Path) -> Iterator[str]
         yield url
 
 
-def start_streams(url: str) -> "Future[list[str]]":
-    async def run() -> list[str]:
-        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
-
-        async def one(prompt: str) -> str:
-            stream = await api.completions.create(model="small-llama0", prompt=prompt, max_tokens=TOKENS,
-                                                  stream=True, temperature=0, extra_body={"ignore_eos": True})
-            return "".join([c.choices[0].text async for c in stream if c.choices])
-
-        return await asyncio.gather(*[one(p) for p in PROMPTS])
-
-    return ThreadPoolExecutor(1).submit(asyncio.run, run())
-
-
 def workers(url: str) -> dict[str, dict]:
     return {w["id"]: w for w in httpx.get(f"{url}/fleet/workers", timeout=10).json()["workers"]}
 
@@ -92,14 +75,14 @@ def test_completions_across_nodes_hand_off_through_the_object_store(url: str, ex
     assert {wid: (w["node"], w["device"]) for wid, w in placed.items()} == {
         "prefill-0": ("node1", "node1/cpu:0"), "decode-0": ("node2", "node2/cpu:0"),
         "decode-1": ("node2", "node2/cpu:1")}
-    assert start_streams(url).result(timeout=300) == expected
+    assert start_streams(url, PROMPTS, TOKENS, "small-llama0").result(timeout=300) == expected
     assert handoffs(url, "cross-node") >= len(PROMPTS)  # node1's prefill to node2's decode workers
     table = fleetctl("workers", "--url", url)
     assert table.returncode == 0 and "node2" in table.stdout.splitlines()[2]
 
 
 def test_migrate_decode_worker_to_another_node_is_token_identical(url: str, expected: list[str]) -> None:
-    streams = start_streams(url)
+    streams = start_streams(url, PROMPTS, TOKENS, "small-llama0")
     assert wait_until(lambda: workers(url)["decode-0"]["sessions"] >= 1, 120)
     result = fleetctl("migrate", "decode-0", "--to", "node1/cpu:1", "--url", url, "--json")
     assert result.returncode == 0, result.stderr
@@ -108,12 +91,12 @@ def test_migrate_decode_worker_to_another_node_is_token_identical(url: str, expe
     assert streams.result(timeout=300) == expected
     assert workers(url)["decode-0"]["node"] == "node1"
     local_before = handoffs(url, "local")
-    assert start_streams(url).result(timeout=300) == expected
+    assert start_streams(url, PROMPTS, TOKENS, "small-llama0").result(timeout=300) == expected
     assert handoffs(url, "local") > local_before  # decode-0 now shares node1 with prefill-0: shared memory
 
 
 def test_killed_actor_has_its_sessions_recomputed(url: str, expected: list[str]) -> None:
-    streams = start_streams(url)
+    streams = start_streams(url, PROMPTS, TOKENS, "small-llama0")
     assert wait_until(lambda: workers(url)["decode-1"]["sessions"] >= 1, 120)
     (name,) = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("decode-1-")]
     ray.kill(ray.get_actor(name, namespace="fleetctl"), no_restart=True)
@@ -124,7 +107,7 @@ def test_killed_actor_has_its_sessions_recomputed(url: str, expected: list[str])
 
 def test_lost_node_recomputes_its_sessions_and_shows_as_lost(cluster: tuple[Cluster, object], url: str,
                                                              expected: list[str]) -> None:
-    streams = start_streams(url)
+    streams = start_streams(url, PROMPTS, TOKENS, "small-llama0")
     assert wait_until(lambda: workers(url)["decode-1"]["sessions"] >= 1, 120)
     cluster[0].remove_node(cluster[1])
     assert streams.result(timeout=300) == expected  # continued on decode-0, on node1
@@ -143,7 +126,7 @@ def test_restore_on_another_node_then_losing_it_refuses_new_requests(cluster: tu
     then leaves no decode worker: new requests get 503 naming the lost node, /health says degraded."""
     node3 = cluster[0].add_node(num_cpus=1, resources=node_resources("node3", 1), object_store_memory=OBJECT_STORE)
     cluster[0].wait_for_nodes()
-    streams = start_streams(url)
+    streams = start_streams(url, PROMPTS, TOKENS, "small-llama0")
     assert wait_until(lambda: workers(url)["decode-0"]["sessions"] >= 1, 120)
     saved = fleetctl("checkpoint", "decode-0", "--hold", "300", "--url", url, "--json")
     assert saved.returncode == 0, saved.stderr

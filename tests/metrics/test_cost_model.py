@@ -4,8 +4,6 @@ against an independent count on a real (tiny) model."""
 from pathlib import Path
 
 import pytest
-from support.linear_flops import linear_flops
-from torch.utils.flop_counter import FlopCounterMode
 
 from fleetctl.engine.core.config import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
@@ -81,7 +79,12 @@ def test_bad_inputs():
 
 def test_counts_agree_with_an_independent_count_on_a_real_model(tiny_model_dir: Path) -> None:
     """The numerators checked against what actually runs: torch's FLOP counter over a prefill step's
-    matmuls, and the bytes of the weight tensors and KV pool the engine really holds."""
+    matmuls, and the bytes of the weight tensors and KV pool the engine really holds. The FLOP counter is
+    imported here, not at the top: it imports triton, which tests/kernels switch to its interpreter first
+    (collected before them, this module failed their collection)."""
+    from support.linear_flops import linear_flops
+    from torch.utils.flop_counter import FlopCounterMode
+
     engine = LLMEngine(EngineConfig(tiny_model_dir, settings=EngineSettings(dtype="bfloat16", num_kv_blocks=16)))
     cost = CostModel(engine.model_config, weight_bytes=2, kv_bytes=2)
     for i, prompt in enumerate(([5, 6, 7, 8, 9], list(range(3, 12)))):

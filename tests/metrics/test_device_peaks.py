@@ -1,5 +1,6 @@
 """Device peaks (spec table, calibration cached in the store) and the pynvml GPU sampler."""
 
+import io
 from types import SimpleNamespace
 
 import pynvml
@@ -44,10 +45,14 @@ def test_spec_table_fp32_and_unknown_devices():
     assert spec_peaks("NVIDIA H200", torch.int8) is None
 
 
-def test_cpu_identity_names_the_model_threads_and_working_set():
-    identity, name = device_identity(CPU, 64 << 20)
-    assert identity == f"cpu:{name}:{torch.get_num_threads()}threads:64MiB"
-    assert name
+def test_cpu_identity_names_the_model_threads_and_working_set(monkeypatch):
+    cpuinfo = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+    monkeypatch.setattr(peaks_module, "open", lambda path: io.StringIO(cpuinfo), raising=False)
+    assert peaks_module.cpu_model_name.__wrapped__() == "Intel(R) Xeon(R) Platinum 8480+"
+    monkeypatch.setattr(peaks_module, "cpu_model_name", lambda: "Test CPU 9000")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 6)
+    assert device_identity(CPU, 64 << 20) == ("cpu:Test CPU 9000:6threads:64MiB", "Test CPU 9000")
+    assert device_identity(CPU, (128 << 20) + 5) == ("cpu:Test CPU 9000:6threads:128MiB", "Test CPU 9000")
 
 
 def test_working_set_follows_the_weights_within_bounds():

@@ -52,8 +52,11 @@ def test_start_drain_resume_stop_over_http(client: TestClient) -> None:
     assert started["state"] == "done" and started["kind"] == "start" and started["device"] == "cpu:2"
     assert started["result"]["worker"] == "decode-1" and started["result"]["role"] == "decode"
     assert states(client)["decode-1"] == ("running", "cpu:2")
+    called = time.monotonic()
     drained = accepted(client, "/fleet/workers/decode-1/drain")
+    wall = time.monotonic() - called
     assert drained["result"] == {"worker": "decode-1", "sessions_finished": 0, "seconds": drained["result"]["seconds"]}
+    assert 0 <= drained["result"]["seconds"] <= wall + 0.001
     assert states(client)["decode-1"] == ("draining", "cpu:2")
     assert accepted(client, "/fleet/workers/decode-1/resume")["result"]["cancelled_operation"] is None
     assert states(client)["decode-1"] == ("running", "cpu:2")

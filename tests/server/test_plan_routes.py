@@ -22,7 +22,8 @@ def client(tiny_model_dir: Path, tmp_path: Path) -> Iterator[TestClient]:
     (tmp_path / "shm").mkdir()
     store = tmp_path / "fleet.db"
     write_store(store, workload("rag", 60, 1.5), t0=time.time() - 600)
-    config = FleetConfig(tiny_model_dir, prefill=1, decode=2, devices=("cpu:0", "cpu:1", "cpu:2"), store_path=store)
+    config = FleetConfig(tiny_model_dir, prefill=1, decode=2, devices=("cpu:0", "cpu:1", "cpu:2"), store_path=store,
+                         shm_dir=tmp_path / "shm")
     app = create_app(Fleet(config, launcher=FakeLauncher(tmp_path / "shm")), TOKEN)
     with TestClient(app, base_url="http://127.0.0.1:8700", headers={"Authorization": f"Bearer {TOKEN}"}) as client:
         yield client

@@ -5,7 +5,7 @@ real pipe, with scripted tokens and no torch. The controller runs against them u
 A fake's tokens depend only on the request's prompt and the output position, as a deterministic
 engine's would: a request recomputed elsewhere continues exactly where it stopped. Like a real worker it
 sends heartbeats from a thread (silent once it hangs), names its KV buffers after the fleet and itself
-(shm_files), and checkpoints and restores (fake_checkpoints.py)."""
+(shm_files), checkpoints and restores (fake_checkpoints.py) and moves sessions live (fake_moves.py)."""
 
 import asyncio
 import itertools
@@ -28,6 +28,7 @@ from fleetctl.engine.worker.launcher import LaunchedWorker, LocalLauncher
 from fleetctl.engine.worker.shm_files import buffer_path
 from fleetctl.engine.worker.spec import WorkerSpec
 from support.fake_checkpoints import FakeCheckpoints, Session
+from support.fake_moves import FakeMoves
 
 NUM_BLOCKS = 64
 _pids = itertools.count(90_000)
@@ -58,6 +59,7 @@ class Faults:
     crash_on: set[str] = field(default_factory=set)  # stepping such a request kills the worker
     crash_before_publish: set[str] = field(default_factory=set)  # once each: die after its first token
     crash_on_adopt: set[str] = field(default_factory=set)  # once each: die adopting it
+    refuse_moves: bool = False  # every fake answers every live move with MoveRefused
 
     def once(self, keys: set[str], rid: str) -> bool:
         """Whether `rid` matches one of `keys`, which then fires no more."""
@@ -84,6 +86,10 @@ class FakeWorker:
     killed: threading.Event = field(default_factory=threading.Event)
     hung: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    moves: FakeMoves = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.moves = FakeMoves(self)
 
     def start(self) -> None:
         threading.Thread(target=self._run, daemon=True, name=f"fake-{self.spec.worker_id}").start()
@@ -108,6 +114,7 @@ class FakeWorker:
                     self.received.append(msg)
                     if isinstance(msg, m.Shutdown):  # like a real worker, it removes what it published
                         self.remove_published()
+                        self.moves.release_all()
                         return
                     if not self._handle(msg, checkpoints):
                         return
@@ -158,13 +165,13 @@ class FakeWorker:
                 self.send(m.Capacity(self.spec.worker_id, self.free_blocks))
             case m.TakeCheckpoint() | m.Restore() | m.Resume():
                 return checkpoints.handle(msg)
-            case m.ReserveBlocks() | m.SendBlocks() | m.ReceiveBlocks():  # a live move: its sessions stay put
-                self.send(m.MoveRefused(msg.move_id, "a fake worker holds no KV to move"))
+            case m.ReserveBlocks() | m.SendBlocks() | m.ReceiveBlocks() | m.EndMove():
+                self.moves.handle(msg)
         return True
 
     @property
     def free_blocks(self) -> int:
-        return NUM_BLOCKS - len(self.sessions)
+        return NUM_BLOCKS - len(self.sessions) - self.moves.blocks_held
 
     def _forget(self, rid: str) -> None:
         self.sessions.pop(rid, None)
@@ -247,6 +254,7 @@ class FakeLauncher:
     check_device = staticmethod(LocalLauncher.check_device)
 
     def launch(self, spec: WorkerSpec) -> LaunchedWorker:
+        assert spec.shm_dir == self.shm_dir, f"the fleet would sweep {spec.shm_dir}, not the fakes' {self.shm_dir}"
         parent, child = mp.Pipe(duplex=True)
         wid, faults = spec.worker_id, self.faults
         worker = FakeWorker(spec, child, self.shm_dir, faults, faults.die_after.pop(wid, None),

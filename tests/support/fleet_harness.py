@@ -5,7 +5,9 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -14,7 +16,8 @@ import openai
 from fleetctl.console.loadgen.local_fleet import FLEETCTL
 from fleetctl.console.loadgen.local_fleet import local_fleet as serve
 
-__all__ = ["admin", "fleetctl", "generate_json", "serve", "start_streams", "wait_until", "worker_pids", "workers"]
+__all__ = ["Stream", "admin", "fleetctl", "generate_json", "serve", "start_streams", "wait_until", "worker_pids",
+           "workers"]
 
 
 def admin() -> dict[str, str]:
@@ -50,19 +53,40 @@ def wait_until(predicate, timeout: float = 10.0) -> bool:
     return False
 
 
-def start_streams(url: str, prompts: list[str], max_tokens: int, model: str = "tiny-llama0") -> "Future[list[str]]":
-    """Greedy streamed completions of `prompts` (EOS ignored) in a thread: the future gives their texts."""
+@dataclass(frozen=True)
+class Stream:
+    """One streamed completion: greedy unless `temperature` (with `seed`) says otherwise; `request_id` is sent
+    as X-Request-Id (to find the session on its worker)."""
+    prompt: str
+    temperature: float = 0.0
+    seed: int | None = None
+    request_id: str | None = None
+
+
+def start_streams(url: str, streams: Sequence[str | Stream], max_tokens: int,
+                  model: str = "tiny-llama0") -> "Future[list[str]]":
+    """The streams (a plain prompt: greedy) at once, EOS ignored, in a thread: the future gives their texts in
+    order, or raises what failed one of them."""
+    wanted = [Stream(s) if isinstance(s, str) else s for s in streams]
+
     async def run() -> list[str]:
         api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
 
-        async def one(prompt: str) -> str:
-            stream = await api.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
-                                                  temperature=0, stream=True, extra_body={"ignore_eos": True})
-            return "".join([c.choices[0].text async for c in stream if c.choices])
+        async def one(stream: Stream) -> str:
+            headers = {"X-Request-Id": stream.request_id} if stream.request_id else None
+            seed = {"seed": stream.seed} if stream.seed is not None else {}
+            chunks = await api.completions.create(model=model, prompt=stream.prompt, max_tokens=max_tokens,
+                                                  temperature=stream.temperature, stream=True,
+                                                  extra_body={"ignore_eos": True}, extra_headers=headers, **seed)
+            return "".join([c.choices[0].text async for c in chunks if c.choices])
 
-        return await asyncio.gather(*[one(p) for p in prompts])
+        return await asyncio.gather(*[one(s) for s in wanted])
 
-    return ThreadPoolExecutor(1).submit(asyncio.run, run())
+    runner = ThreadPoolExecutor(1)
+    try:
+        return runner.submit(asyncio.run, run())
+    finally:
+        runner.shutdown(wait=False)  # the streams run on; the thread ends with them
 
 
 def workers(url: str) -> dict[str, dict]:

@@ -1,6 +1,6 @@
 """`fleetctl demo` as a user runs it: headless with --json on a real embedded fleet of the tiny model,
-the console path on a terminal (a stand-in console, Ctrl-C from the terminal), and the one-line
-failures."""
+the console path on a terminal (the real console driven headless, Ctrl-C from the terminal), and the
+one-line failures."""
 
 import json
 import os
@@ -41,31 +41,36 @@ def test_headless_json_shows_model_time_swing_from_prefill_to_decode(tiny_model_
     assert summary["handoffs"]["count"] > 0 and summary["handoffs"]["bytes"] > 0
 
 
-# Runs the CLI with a stand-in for the Textual console (another module owns it): it waits for the demo's
-# traffic to reach the fleet, records how it was called, then presses Ctrl-C the way a terminal does.
-FAKE_CONSOLE = """
-import json, os, signal, sys, time, types
-import httpx
+# Runs the CLI with the real console, driven headless (Textual's `run_test`) instead of on the terminal: once
+# it shows the demo's traffic on the fleet it records what it showed, then presses Ctrl-C the way a terminal does.
+HEADLESS_CONSOLE = """
+import asyncio, json, os, signal, sys, time
+
+from fleetctl.console.tui.app import FleetConsole
+from fleetctl.console.tui.widgets.workers import WorkersTable
 
 # Ctrl-C interrupts, as on a terminal, also when the suite itself runs in the background (where a shell
 # starts commands with SIGINT ignored, and children inherit that)
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
-def run_console(url, *, embedded, store, readonly, title):
-    seen = lambda: httpx.get(url + "/fleet/requests", timeout=10).json()["requests"]
-    deadline = time.monotonic() + 120
-    while not seen() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    call = {"url": url, "embedded": embedded, "store": str(store), "readonly": readonly, "title": title,
-            "requests": len(seen())}
-    with open(os.environ["FAKE_CONSOLE_CALL"], "w") as f:
-        json.dump(call, f)
+def run_headless(console):
+    async def drive():
+        async with console.run_test(size=(120, 40)) as pilot:
+            busy = lambda: any(w.sessions or w.tokens_per_s > 0 for w in console.reading.workers)
+            deadline = time.monotonic() + 120
+            while not busy() and time.monotonic() < deadline:
+                await pilot.pause(0.2)
+            rows = [key.value for key in console.query_one(WorkersTable).rows]
+            return {"url": console.source.url, "title": console.title, "readonly": console.readonly,
+                    "store": str(console.source._store), "rows": rows, "reachable": console.reading.reachable,
+                    "busy": busy()}
+
+    with open(os.environ["CONSOLE_SHOWED"], "w") as f:
+        json.dump(asyncio.run(drive()), f)
     os.killpg(0, signal.SIGINT)
     time.sleep(60)
 
-app = types.ModuleType("fleetctl.console.tui.app")
-app.run_console = run_console
-sys.modules["fleetctl.console.tui.app"] = app
+FleetConsole.run = run_headless
 sys.argv = ["fleetctl", "demo", *sys.argv[1:]]
 from fleetctl.console.cli.app import main
 main()
@@ -86,22 +91,24 @@ def _group_alive(pgid: int) -> bool:
 @pytest.mark.fleet
 def test_on_a_terminal_it_runs_the_console_and_ctrl_c_stops_everything(tiny_model_dir: Path,
                                                                        fleet_home: Path, tmp_path: Path) -> None:
-    call_file = tmp_path / "console-call.json"
+    showed_file = tmp_path / "console-showed.json"
     main_fd, terminal = pty.openpty()
     try:
-        proc = subprocess.Popen([sys.executable, "-c", FAKE_CONSOLE, "--model", str(tiny_model_dir)],
+        proc = subprocess.Popen([sys.executable, "-c", HEADLESS_CONSOLE, "--model", str(tiny_model_dir)],
                                 stdin=terminal, stdout=terminal, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True, env={**os.environ, "FAKE_CONSOLE_CALL": str(call_file)})
+                                start_new_session=True, env={**os.environ, "CONSOLE_SHOWED": str(showed_file)})
         _, stderr = proc.communicate(timeout=300)
     finally:
         os.close(terminal)
         os.close(main_fd)
     assert proc.returncode == 130, stderr
     assert stderr == "fleetctl: error: interrupted\n"
-    call = json.loads(call_file.read_text())
-    assert call["url"].startswith("http://127.0.0.1:") and call["embedded"] is True and call["readonly"] is False
-    assert call["store"] == str(fleet_home / "fleet.db") and "fleetctl demo" in call["title"]
-    assert call["requests"] > 0  # the traffic ran behind the console
+    showed = json.loads(showed_file.read_text())
+    assert showed["url"].startswith("http://127.0.0.1:") and showed["readonly"] is False
+    assert "fleetctl demo" in showed["title"] and showed["title"].endswith(" · embedded fleet")
+    assert showed["store"] == str(fleet_home / "fleet.db")
+    assert showed["reachable"] and showed["rows"] == ["prefill-0", "decode-0", "decode-1"]
+    assert showed["busy"]  # the traffic ran behind the console, and the console saw it
     assert wait_until(lambda: not _group_alive(proc.pid), 10), "a fleet process outlived the demo"
 
 

@@ -4,8 +4,8 @@ error line with a non-zero exit for a refusal or a drain that a resume called of
 
 import json
 import re
-import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -54,35 +54,36 @@ def test_pool_change_commands_print_their_results(url: str) -> None:
 
 
 def test_timeouts_and_called_off_drains_fail_with_the_reason(url: str) -> None:
+    """The streams and the resumer run in a pool: what fails in them fails the test (`result()` raises it)."""
     def stream(prompt: list[int]) -> None:
         body = {"model": "tiny-llama0", "prompt": prompt, "max_tokens": 500, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+            response.raise_for_status()
             response.read()
-
-    streams = [threading.Thread(target=stream, args=([5 + i, 6, 7],)) for i in range(8)]
-    for thread in streams:
-        thread.start()
-    assert wait_until(lambda: worker(url, "decode-0")["sessions"] >= 1 and worker(url, "decode-1")["sessions"] >= 1,
-                      30)
-    followed = fleetctl("drain", "decode-0", "--url", url, "--timeout", "0.2")
-    assert followed.exit_code == 1
-    running = re.fullmatch(r"fleetctl: error: drain of decode-0 still running after 0s \(operation (op-[0-9a-f]+)\)\n",
-                           followed.stderr)
-    assert running, followed.stderr
-    resumed = fleetctl("resume", "decode-0", "--url", url)
-    assert resumed.stdout == f"decode-0 takes new work again (operation {running.group(1)} called off)\n"
 
     def resume_once_draining() -> None:
         assert wait_until(lambda: worker(url, "decode-1")["state"] == "draining", 30)
         httpx.post(f"{url}/fleet/workers/decode-1/resume", timeout=10,
                    headers={"Authorization": f"Bearer {read_admin_token()}"}).raise_for_status()
 
-    resumer = threading.Thread(target=resume_once_draining)
-    resumer.start()
-    stopped = fleetctl("stop", "decode-1", "--url", url)
-    resumer.join(30)
-    for thread in streams:
-        thread.join(60)
+    with ThreadPoolExecutor(max_workers=9) as pool:
+        streams = [pool.submit(stream, [5 + i, 6, 7]) for i in range(8)]
+        assert wait_until(lambda: worker(url, "decode-0")["sessions"] >= 1 and worker(url, "decode-1")["sessions"] >= 1,
+                          30)
+        followed = fleetctl("drain", "decode-0", "--url", url, "--timeout", "0.2")
+        assert followed.exit_code == 1
+        running = re.fullmatch(
+            r"fleetctl: error: drain of decode-0 still running after 0s \(operation (op-[0-9a-f]+)\)\n",
+            followed.stderr)
+        assert running, followed.stderr
+        resumed = fleetctl("resume", "decode-0", "--url", url)
+        assert resumed.stdout == f"decode-0 takes new work again (operation {running.group(1)} called off)\n"
+
+        resumer = pool.submit(resume_once_draining)
+        stopped = fleetctl("stop", "decode-1", "--url", url)
+        resumer.result(30)
+        for streamed in streams:
+            streamed.result(60)
     assert stopped.exit_code == 1
     assert re.fullmatch(r"fleetctl: error: stop of decode-1 called off: decode-1 was resumed with \d+ session\(s\) "
                         r"left to drain\n", stopped.stderr), stopped.stderr

@@ -1,29 +1,30 @@
 """The console's actions from the keyboard: against a real fleet (worker processes on the tiny model)
-a decode worker is migrated to a free CPU slot while streams run, and every stream completes
-unchanged; in read-only mode the same keys change nothing and say why; the plan screen rebalances to the
+a decode worker is migrated to a free CPU slot while streams run, its sessions move live, and every stream
+completes unchanged; in read-only mode the same keys change nothing and say why; the plan screen rebalances to the
 best split after showing the dry run's moves."""
 
 import asyncio
-import threading
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 from support.console_fixture import FixtureSource
-from support.fleet_harness import generate_json, serve
+from support.fleet_harness import Stream, generate_json, serve, start_streams
 
 from fleetctl.console.tui.actions import ACTIONS, READONLY_REASON
 from fleetctl.console.tui.app import FleetConsole
-from fleetctl.console.tui.screens.dialogs import ConfirmDialog, OperationDialog
+from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog, OperationDialog
 from fleetctl.console.tui.screens.plan import PlanScreen
 from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.source import HttpSource
 from fleetctl.console.tui.widgets.workers import WorkersTable
+from fleetctl.engine.fleet.ops.record import OpState
+from fleetctl.engine.fleet.ops.results import LiveMigrateResult
 from fleetctl.engine.server.admin_auth import read_admin_token
 from fleetctl.engine.server.schemas import FleetPlan, OperationInfo
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was a small model", "def add(a, b):"]
+TOKENS = 200
 FLEET = ("--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2", "--dtype", "float32",
          "--deterministic", "--kv-blocks", "256")
 
@@ -34,21 +35,6 @@ async def wait_for(pilot, condition, timeout: float = 60.0) -> None:
             return
         await pilot.pause(0.1)
     raise AssertionError("the console never got there")
-
-
-def stream_prompts(url: str, model: str, max_tokens: int) -> tuple[threading.Thread, list[str]]:
-    """PROMPTS sent to the fleet at once from a thread (greedy); the texts land in the list when it ends."""
-    texts: list[str] = []
-
-    async def all_streams() -> list[str]:
-        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
-        done = await asyncio.gather(*(api.completions.create(
-            model=model, prompt=p, max_tokens=max_tokens, temperature=0) for p in PROMPTS))
-        return [d.choices[0].text for d in done]
-
-    clients = threading.Thread(target=lambda: texts.extend(asyncio.run(all_streams())))
-    clients.start()
-    return clients, texts
 
 
 def select(app: FleetConsole, worker_id: str) -> None:
@@ -173,36 +159,52 @@ def test_leaving_the_plan_screen_while_it_plans_cancels_the_plan() -> None:
 
 @pytest.mark.fleet
 def test_migrate_a_decode_worker_from_the_keyboard(small_model_dir: Path) -> None:
-    reference = generate_json(small_model_dir, PROMPTS, "--dtype", "float32", "--deterministic", "--max-tokens", "200")
-    with serve(small_model_dir, *FLEET) as url:
-        clients, texts = stream_prompts(url, small_model_dir.name, 200)
+    """Every decode step is slowed (a fault point's stall) so that the streams are still decoding when the
+    migration moves decode-0's sessions: it must move at least one of them, live, and each stream still ends
+    exactly as `generate` makes it."""
+    reference = generate_json(small_model_dir, PROMPTS, "--dtype", "float32", "--deterministic", "--max-tokens",
+                              str(TOKENS), "--ignore-eos")
+    streams = [Stream(prompt, request_id=f"console-{i}") for i, prompt in enumerate(PROMPTS)]
+    with serve(small_model_dir, *FLEET, env={"FLEET_FAULTS": "step=stall:0.05"}) as url:
+        texts = start_streams(url, streams, TOKENS, small_model_dir.name)
 
-        async def drive() -> str:
+        async def drive() -> tuple[OperationInfo, str]:
             app = FleetConsole(HttpSource(url, read_admin_token()), ConsoleSettings(interval=0.5))
             async with app.run_test(size=(120, 40)) as pilot:
-                await wait_for(pilot, lambda: getattr(app.reading.worker("decode-0"), "sessions", 0) >= 1)
+                await wait_for(pilot, lambda: app.reading.worker("decode-0") is not None)
                 select(app, "decode-0")
                 await pilot.press("m")
-                await pilot.pause(0.3)
+                await wait_for(pilot, lambda: isinstance(app.screen, ChoiceDialog))
                 await pilot.press("enter")  # the first free device: cpu:3
-                await pilot.pause(0.3)
+                await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+                await wait_for(pilot, lambda: getattr(app.reading.worker("decode-0"), "sessions", 0) >= 1)
+                assert not texts.done(), "the streams ended before the migration started"
                 await pilot.press("y")
-                await wait_for(pilot, lambda: getattr(app.reading.worker("decode-0"), "device", None) == "cpu:3", 120)
+                await wait_for(pilot, lambda: isinstance(app.screen, OperationDialog))
+                dialog = app.screen
+                await wait_for(pilot, lambda: dialog.operation.state is not OpState.RUNNING, 120)
+                await wait_for(pilot, lambda: getattr(app.reading.worker("decode-0"), "device", None) == "cpu:3", 60)
                 await pilot.press("enter")  # close the result
-                return app.reading.worker("decode-0").state
+                return dialog.operation, app.reading.worker("decode-0").state
 
-        assert asyncio.run(drive()) == "running"
-        clients.join(300)
-        assert texts == [r["text"] for r in reference]
+        operation, state = asyncio.run(drive())
+        assert operation.state is OpState.DONE, operation.error
+        assert state == "running"
+        result = operation.result
+        assert isinstance(result, LiveMigrateResult) and (result.from_, result.to) == ("cpu:1", "cpu:3")
+        moved = [move.request for move in result.moves]
+        assert result.sessions == len(moved) >= 1 and set(moved) <= {stream.request_id for stream in streams}
+        assert texts.result(timeout=300) == [r["text"] for r in reference]
         workers = {w["id"]: w for w in httpx.get(f"{url}/fleet/workers", timeout=10).json()["workers"]}
         assert workers["decode-0"]["device"] == "cpu:3"
 
 
 @pytest.mark.fleet
 def test_start_drain_and_stop_a_worker_from_the_keyboard(small_model_dir: Path) -> None:
-    reference = generate_json(small_model_dir, PROMPTS, "--dtype", "float32", "--deterministic", "--max-tokens", "120")
+    reference = generate_json(small_model_dir, PROMPTS, "--dtype", "float32", "--deterministic", "--max-tokens", "120",
+                              "--ignore-eos")
     with serve(small_model_dir, *FLEET) as url:
-        clients, texts = stream_prompts(url, small_model_dir.name, 120)
+        texts = start_streams(url, PROMPTS, 120, small_model_dir.name)
 
         async def drive() -> list[str]:
             app = FleetConsole(HttpSource(url, read_admin_token()), ConsoleSettings(interval=0.5))
@@ -234,5 +236,4 @@ def test_start_drain_and_stop_a_worker_from_the_keyboard(small_model_dir: Path) 
             return states
 
         assert asyncio.run(drive()) == ["cpu:3", "draining", "stopped"]
-        clients.join(300)
-        assert texts == [r["text"] for r in reference]
+        assert texts.result(timeout=300) == [r["text"] for r in reference]

@@ -4,6 +4,7 @@ while workers leave under load. A fake's tokens depend only on the prompt and th
 session recomputed on a peer must continue exactly where it stopped."""
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -107,13 +108,16 @@ def test_drain_finishes_what_the_worker_holds_and_routes_it_nothing_new(tiny_mod
         drained = fleet.views["decode-0"]
         await until(lambda: len(drained.requests) >= 2)
         held = len(drained.requests)
+        called = time.monotonic()
         op = fleet.lifecycle.drain("decode-0")
         assert drained.state is WorkerState.DRAINING  # at once: nothing new is routed to it from here
         later = [fleet.submit(p, LONG) for p in prompts(4, offset=50)]
         await until(lambda: op.stage.startswith("draining: "))
         await all_complete(fleet, early + later)
         assert (await finished(op)).state is OpState.DONE
+        wall = time.monotonic() - called
         assert op.result.model_dump() == {"worker": "decode-0", "sessions_finished": held, "seconds": op.result.seconds}
+        assert 0 < op.result.seconds <= wall + 0.001  # it waited for the held sessions: not instant
         assert all(r.decode_worker == "decode-1" for r in later) and not any(r.recomputes for r in early + later)
         assert drained.state is WorkerState.DRAINING and not launcher.workers["decode-0"].conn.closed  # kept running
 
@@ -150,12 +154,15 @@ def test_stop_drains_then_shuts_the_worker_down(tiny_model_dir: Path, tmp_path: 
         early = [fleet.submit(p, LONG) for p in prompts(8)]
         await until(lambda: len(fleet.views["decode-0"].requests) >= 2)
         held = len(fleet.views["decode-0"].requests)
+        called = time.monotonic()
         op = fleet.lifecycle.stop("decode-0")
         later = [fleet.submit(p, LONG) for p in prompts(4, offset=50)]
         await all_complete(fleet, early + later)
         assert (await finished(op)).state is OpState.DONE, op.error
+        wall = time.monotonic() - called
         assert op.result.model_dump() == {"worker": "decode-0", "sessions_finished": held, "sessions_moved": 0,
                              "seconds": op.result.seconds}
+        assert 0 < op.result.seconds <= wall + 0.001
         assert not any(r.recomputes for r in early + later) and all(r.decode_worker == "decode-1" for r in later)
         assert fleet.views["decode-0"].state is WorkerState.STOPPED
         fake = launcher.workers["decode-0"]

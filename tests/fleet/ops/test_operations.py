@@ -3,19 +3,16 @@
 Token identity here relies on `--deterministic`: the continuation after a restore (or a cold-start
 recompute) must not depend on batch composition."""
 
-import asyncio
 import json
 import os
 import shutil
 import signal
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
-from support.fleet_harness import admin, fleetctl, generate_json, serve, wait_until
+from support.fleet_harness import Stream, admin, fleetctl, generate_json, serve, start_streams, wait_until
 
 from fleetctl.engine.checkpoint.format import MANIFEST, read_checkpoint
 
@@ -23,6 +20,7 @@ pytestmark = pytest.mark.fleet  # real worker processes and a real server
 
 GREEDY = ["The quick brown fox", "Once upon a time there was", "def add(a, b):", "Numbers 0 1 2 3"]
 SAMPLED = ["Prefill reads the prompt", "decode writes the answer"]
+STREAMS = [*GREEDY, *(Stream(p, temperature=0.9, seed=3) for p in SAMPLED)]
 TOKENS = 400
 FLEET = ("--prefill", "1", "--decode", "1", "--devices", "cpu:0,cpu:1", "--dtype", "float32", "--deterministic",
          "--kv-blocks", "256")
@@ -34,21 +32,6 @@ def expected(small_model_dir: Path) -> list[str]:
     greedy = generate_json(small_model_dir, GREEDY, *common)
     sampled = generate_json(small_model_dir, SAMPLED, *common, "--temperature", "0.9", "--seed", "3")
     return [r["text"] for r in greedy + sampled]
-
-
-def start_streams(url: str) -> "Future[list[str]]":
-    async def run() -> list[str]:
-        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
-
-        async def one(prompt: str, **sampling: object) -> str:
-            stream = await api.completions.create(model="small-llama0", prompt=prompt, max_tokens=TOKENS,
-                                                  stream=True, extra_body={"ignore_eos": True}, **sampling)
-            return "".join([c.choices[0].text async for c in stream if c.choices])
-
-        return await asyncio.gather(*[one(p, temperature=0) for p in GREEDY],
-                                    *[one(p, temperature=0.9, seed=3) for p in SAMPLED])
-
-    return ThreadPoolExecutor(1).submit(asyncio.run, run())
 
 
 def sessions(url: str, worker: str) -> int:
@@ -76,7 +59,7 @@ def finished(url: str, op: dict, timeout: float = 600) -> dict:
 
 def test_migrate_decode_worker_mid_stream_is_token_identical(small_model_dir: Path, expected: list[str]) -> None:
     with serve(small_model_dir, *FLEET) as url:
-        streams = start_streams(url)
+        streams = start_streams(url, STREAMS, TOKENS, "small-llama0")
         assert wait_until(lambda: sessions(url, "decode-0") == len(expected), 60)
         result = fleetctl("migrate", "decode-0", "--to", "cpu:2", "--url", url, "--json")
         assert result.returncode == 0, result.stderr
@@ -91,7 +74,7 @@ def test_migrate_decode_worker_mid_stream_is_token_identical(small_model_dir: Pa
 def test_checkpoint_then_restore_with_tampered_compat_cold_starts(small_model_dir: Path, expected: list[str],
                                                                   fleet_home: Path) -> None:
     with serve(small_model_dir, *FLEET) as url:
-        streams = start_streams(url)
+        streams = start_streams(url, STREAMS, TOKENS, "small-llama0")
         assert wait_until(lambda: sessions(url, "decode-0") == len(expected), 60)
         done = fleetctl("checkpoint", "decode-0", "--url", url, "--json")
         assert done.returncode == 0, done.stderr
@@ -130,7 +113,7 @@ def test_checkpoint_then_restore_with_tampered_compat_cold_starts(small_model_di
 
 def test_destination_failure_leaves_the_source_serving(small_model_dir: Path, expected: list[str]) -> None:
     with serve(small_model_dir, *FLEET) as url:
-        streams = start_streams(url)
+        streams = start_streams(url, STREAMS, TOKENS, "small-llama0")
         assert wait_until(lambda: sessions(url, "decode-0") == len(expected), 60)
         op = operation(url, "/fleet/workers/decode-0/migrate", {"to": "cpu:2"})
         assert wait_until(lambda: current(url, op)["destination_pid"] is not None, 30)
@@ -173,7 +156,7 @@ def test_killed_checkpoint_writes_never_leave_a_checkpoint(small_model_dir: Path
     is ever listed or accepted. The writer stalls between its data and its manifest (a fault point), so
     every kill lands mid-write; a last migration, not killed, completes."""
     with serve(small_model_dir, *FLEET, env={"FLEET_FAULTS": "checkpoint-write=stall:1.5"}) as url:
-        streams = start_streams(url)
+        streams = start_streams(url, STREAMS, TOKENS, "small-llama0")
         assert wait_until(lambda: sessions(url, "decode-0") >= 1, 60)
         devices = ["cpu:2", "cpu:3"]
         root = fleet_home / "checkpoints"
@@ -213,7 +196,7 @@ def test_migrate_prefill_and_mixed_workers(small_model_dir: Path, expected: list
         fleet = ("--prefill", "1", "--decode", "1", "--devices", "cpu:0,cpu:1", "--max-num-seqs", "2")
         worker, busy = "prefill-0", 3
     with serve(small_model_dir, *fleet, "--dtype", "float32", "--deterministic") as url:
-        streams = start_streams(url)
+        streams = start_streams(url, STREAMS, TOKENS, "small-llama0")
         assert wait_until(lambda: sessions(url, worker) >= busy, 60)
         result = fleetctl("migrate", worker, "--to", "cpu:2", "--url", url, "--json")
         assert result.returncode == 0, result.stderr

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.fake_workers import FakeLauncher, run_fleet
-from support.fleet_checks import all_complete, finished, prompts, shm, until
+from support.fake_workers import FakeLauncher, Faults, run_fleet
+from support.fleet_checks import all_complete, finished, nothing_leaked, prompts, shm, until
 from support.synthetic_fleet import workload, write_store
 
 from fleetctl.domain import WorkerState
@@ -37,8 +37,12 @@ def refused(call: Callable[[], object], status: int, message: str) -> None:
     assert error.value.status == status
 
 
-@pytest.mark.parametrize("force", [False, True])
-def test_rebalance_under_load_loses_no_session(tiny_model_dir: Path, tmp_path: Path, force: bool) -> None:
+@pytest.mark.parametrize(("force", "refuse_moves"), [(False, False), (False, True), (True, False)],
+                         ids=["moves-live", "moves-refused", "force"])
+def test_rebalance_under_load_loses_no_session(tiny_model_dir: Path, tmp_path: Path, force: bool,
+                                               refuse_moves: bool) -> None:
+    """Without --force the decode worker's sessions move to its peer live (no recompute); where the workers
+    refuse live moves they finish in place instead; with --force they are recomputed on the peer."""
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
         rebalancer = fleet.rebalancer
         reqs = [fleet.submit(p, LONG) for p in prompts(8)]
@@ -61,14 +65,22 @@ def test_rebalance_under_load_loses_no_session(tiny_model_dir: Path, tmp_path: P
         assert done["new_worker"] == "prefill-1" and done["device"] == moved["device"]
         if force:
             assert done["sessions_moved"] >= 1
-        else:
+        elif refuse_moves:
             assert (done["sessions_finished"], done["sessions_moved"]) == (moved["sessions"], 0)
+        else:
+            assert done["sessions_moved"] >= 1
+            assert done["sessions_finished"] + done["sessions_moved"] == moved["sessions"]
         assert sorted(roles(fleet).values()) == [("decode", "cpu:1" if moved["device"] == "cpu:2" else "cpu:2"),
                                                  ("prefill", "cpu:0"), ("prefill", moved["device"])]
         await all_complete(fleet, reqs + later)
-        assert "prefill-1" in {r.prefill_worker for r in [*later, *[fleet.submit(p, LONG) for p in prompts(4, 80)]]}
+        assert any(r.recomputes for r in reqs) == force  # moved live or finished in place: never recomputed
+        after = [fleet.submit(p, LONG) for p in prompts(4, 80)]
+        assert "prefill-1" in {r.prefill_worker for r in later + after}
+        await all_complete(fleet, after)
+        await nothing_leaked(fleet, launcher)  # no block reserved or buffer published for a move is left
 
-    run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path)), scenario, timeout=60.0)
+    launcher = FakeLauncher(shm(tmp_path), faults=Faults(refuse_moves=refuse_moves))
+    run_fleet(tiny_model_dir, launcher, scenario, timeout=60.0)
 
 
 def test_rebalance_refusals_change_nothing(tiny_model_dir: Path, tmp_path: Path) -> None:

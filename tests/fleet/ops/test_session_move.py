@@ -3,16 +3,14 @@ session moved mid-stream — greedy and seeded, once, there and back, eight at o
 tokens `fleetctl generate` makes, and a move whose destination or source dies at any stage still ends
 every stream identically, leaving no block held on the survivors."""
 
-import asyncio
 import json
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
-from support.fleet_harness import admin, fleetctl, generate_json, serve, wait_until, worker_pids
+from support.fleet_harness import Stream, admin, fleetctl, generate_json, serve, start_streams, wait_until, worker_pids
 
 from fleetctl.engine.worker.shm_files import SHM_DIR
 
@@ -35,20 +33,13 @@ def expected(small_model_dir: Path) -> list[str]:
     return [next(by_kind[i in SAMPLED])["text"] for i in range(len(PROMPTS))]
 
 
-def start_streams(url: str, count: int) -> "Future[list[str]]":
-    async def run() -> list[str]:
-        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+def session(i: int, request_id: str | None = None) -> Stream:
+    """PROMPTS[i] as these tests stream it (sampled or greedy), sent as s<i> unless `request_id` names it."""
+    sampling = {"temperature": 0.9, "seed": 7} if i in SAMPLED else {}
+    return Stream(PROMPTS[i], request_id=request_id or f"s{i}", **sampling)
 
-        async def one(i: int) -> str:
-            sampling = {"temperature": 0.9, "seed": 7} if i in SAMPLED else {"temperature": 0}
-            stream = await api.completions.create(model="small-llama0", prompt=PROMPTS[i], max_tokens=TOKENS,
-                                                  stream=True, extra_body={"ignore_eos": True},
-                                                  extra_headers={"X-Request-Id": f"s{i}"}, **sampling)
-            return "".join([c.choices[0].text async for c in stream if c.choices])
 
-        return await asyncio.gather(*[one(i) for i in range(count)])
-
-    return ThreadPoolExecutor(1).submit(asyncio.run, run())
+SESSIONS = [session(i) for i in range(len(PROMPTS))]
 
 
 def holders(url: str) -> dict[str, str]:
@@ -87,7 +78,7 @@ def no_blocks_held(url: str) -> bool:
 def test_move_greedy_and_seeded_sessions_there_and_back(small_model_dir: Path, expected: list[str]) -> None:
     # each step slowed (a fault point's stall): s1 must still be decoding after its second move
     with serve(small_model_dir, *FLEET, env={"FLEET_FAULTS": "step=stall:0.1"}) as url:
-        streams = start_streams(url, 2)  # s0 greedy, s1 seeded
+        streams = start_streams(url, SESSIONS[:2], TOKENS, "small-llama0")  # s0 greedy, s1 seeded
         assert wait_until(lambda: {"s0", "s1"} <= holders(url).keys(), 120)
         placed = holders(url)
         result = fleetctl("move", "s0", "--to", other(placed["s0"]), "--url", url, "--json")
@@ -108,7 +99,7 @@ def test_move_greedy_and_seeded_sessions_there_and_back(small_model_dir: Path, e
 
 def test_eight_sessions_move_at_once(small_model_dir: Path, expected: list[str]) -> None:
     with serve(small_model_dir, *FLEET) as url:
-        streams = start_streams(url, 8)
+        streams = start_streams(url, SESSIONS[:8], TOKENS, "small-llama0")
         assert wait_until(lambda: len(holders(url)) == 8, 180)
         placed = holders(url)
         with ThreadPoolExecutor(8) as pool:
@@ -120,7 +111,7 @@ def test_eight_sessions_move_at_once(small_model_dir: Path, expected: list[str])
 
 def test_move_refusals_change_nothing(small_model_dir: Path, expected: list[str]) -> None:
     with serve(small_model_dir, *FLEET) as url:
-        streams = start_streams(url, 1)
+        streams = start_streams(url, SESSIONS[:1], TOKENS, "small-llama0")
         assert wait_until(lambda: "s0" in holders(url), 120)
         source = holders(url)["s0"]
         for request_id, body, status in [
@@ -137,18 +128,6 @@ def test_move_refusals_change_nothing(small_model_dir: Path, expected: list[str]
         assert unauthorised.status_code in (401, 403)
         assert fleetctl("move", "s0", "--to", "prefill-0", "--url", url).returncode != 0
         assert streams.result(timeout=600) == expected[:1]
-
-
-def one_stream(url: str, request_id: str, i: int) -> "Future[str]":
-    async def run() -> str:
-        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
-        sampling = {"temperature": 0.9, "seed": 7} if i in SAMPLED else {"temperature": 0}
-        stream = await api.completions.create(model="small-llama0", prompt=PROMPTS[i], max_tokens=TOKENS, stream=True,
-                                              extra_body={"ignore_eos": True},
-                                              extra_headers={"X-Request-Id": request_id}, **sampling)
-        return "".join([c.choices[0].text async for c in stream if c.choices])
-
-    return ThreadPoolExecutor(1).submit(asyncio.run, run())
 
 
 def running_decode_workers(url: str) -> int:
@@ -177,12 +156,12 @@ def test_a_side_dying_in_any_stage_loses_nothing(small_model_dir: Path, expected
     with serve(small_model_dir, *FLEET, env={"FLEET_FAULTS": faults, "FLEET_FAULTS_DIR": str(tmp_path)}) as url:
         for i, point in enumerate(STAGES[side]):
             request_id = f"kill-{i}"
-            stream = one_stream(url, request_id, i)
+            stream = start_streams(url, [session(i, request_id)], TOKENS, "small-llama0")
             assert wait_until(lambda rid=request_id: rid in holders(url), 120)
             source = holders(url)[request_id]
             op = move(url, request_id, other(source))
             assert op["state"] in ("done", "failed"), op
-            assert stream.result(timeout=600) == expected[i], point
+            assert stream.result(timeout=600) == expected[i:i + 1], point
             assert (tmp_path / f"{point}@kill-{i}.0").exists(), f"{point} did not fire"
             assert wait_until(lambda: running_decode_workers(url) == 2, 120)  # the dead one restarted
             assert wait_until(lambda: no_blocks_held(url), 30), (point, free_blocks(url))
@@ -191,7 +170,7 @@ def test_a_side_dying_in_any_stage_loses_nothing(small_model_dir: Path, expected
 
 def test_drain_move_sends_the_sessions_to_the_peer(small_model_dir: Path, expected: list[str]) -> None:
     with serve(small_model_dir, *FLEET) as url:
-        streams = start_streams(url, 4)
+        streams = start_streams(url, SESSIONS[:4], TOKENS, "small-llama0")
         assert wait_until(lambda: len(holders(url)) == 4, 180)
         result = fleetctl("drain", "decode-0", "--move", "--url", url, "--json")
         assert result.returncode == 0, result.stderr
@@ -207,7 +186,7 @@ def test_worker_migrate_moves_six_streams_live(small_model_dir: Path, expected: 
     """Worker migrate on live moves: the standby on cpu:3 takes every session of decode-0 and its id. Each
     sequence's step is slowed (a fault point's stall) so that the streams outlast the standby's start."""
     with serve(small_model_dir, *FLEET, env={"FLEET_FAULTS": "step=stall:0.03"}) as url:
-        streams = start_streams(url, 6)
+        streams = start_streams(url, SESSIONS[:6], TOKENS, "small-llama0")
         assert wait_until(lambda: len(holders(url)) == 6, 180)
         result = fleetctl("migrate", "decode-0", "--to", "cpu:3", "--url", url, "--json")
         assert result.returncode == 0, result.stderr
