@@ -211,7 +211,8 @@ class FixtureSource:
         pass
 
 
-async def pilot_until(pilot: Pilot, condition: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+async def pilot_until(pilot: Pilot, condition: Callable[[], object], what: str = "the state awaited",
+                      timeout: float = 60.0) -> None:
     """Let the app run until `condition()` holds; fail saying `what` it never showed (a picture taken early
     would differ from the committed one only on a slow machine)."""
     deadline = time.monotonic() + timeout

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.console_fixture import FixtureSource
+from support.console_fixture import FixtureSource, pilot_until
 from support.fleet_harness import Stream, generate_json, serve, start_streams
 
 from fleetctl.console.tui.actions import ACTIONS, READONLY_REASON
@@ -29,14 +29,6 @@ FLEET = ("--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2", "-
          "--deterministic", "--kv-blocks", "256")
 
 
-async def wait_for(pilot, condition, timeout: float = 60.0) -> None:
-    for _ in range(int(timeout / 0.1)):
-        if condition():
-            return
-        await pilot.pause(0.1)
-    raise AssertionError("the console never got there")
-
-
 def select(app: FleetConsole, worker_id: str) -> None:
     table = app.query_one(WorkersTable)
     table.move_cursor(row=[key.value for key in table.rows].index(worker_id))
@@ -48,7 +40,7 @@ def test_readonly_keys_change_nothing_and_say_why() -> None:
     async def run() -> list[str]:
         app = FleetConsole(source, ConsoleSettings(readonly=True))
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.reading.reachable)
+            await pilot_until(pilot, lambda: app.reading.reachable)
             for action in ACTIONS:
                 if action.changes_fleet:
                     await pilot.press(action.keys.split(",")[0])
@@ -67,14 +59,14 @@ def test_plan_screen_applies_the_best_split_after_a_dry_run() -> None:
     async def run() -> None:
         app = FleetConsole(source, ConsoleSettings())
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.reading.reachable)
+            await pilot_until(pilot, lambda: app.reading.reachable)
             await pilot.press("p")
-            await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen) and app.screen.plan is not None)
+            await pilot_until(pilot, lambda: isinstance(app.screen, PlanScreen) and app.screen.plan is not None)
             await pilot.press("a")
-            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+            await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
             assert "decode-2 on cpu:4: decode → prefill" in str(app.screen.question)
             await pilot.press("y")
-            await wait_for(pilot, lambda: len(source.posted) == 2)
+            await pilot_until(pilot, lambda: len(source.posted) == 2)
 
     asyncio.run(run())
     assert source.posted == [("/fleet/rebalance", {"split": "3:3", "apply": False}),
@@ -87,9 +79,9 @@ def test_plan_screen_in_readonly_mode_shows_the_plan_but_applies_nothing() -> No
     async def run() -> list[str]:
         app = FleetConsole(source, ConsoleSettings(readonly=True))
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.reading.reachable)
+            await pilot_until(pilot, lambda: app.reading.reachable)
             await pilot.press("p")
-            await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen) and app.screen.plan is not None)
+            await pilot_until(pilot, lambda: isinstance(app.screen, PlanScreen) and app.screen.plan is not None)
             await pilot.press("a")
             await pilot.pause(0.1)
             return [n.message for n in app._notifications]
@@ -123,13 +115,13 @@ def test_closing_the_progress_dialog_cancels_its_poll_at_once() -> None:
     async def run() -> tuple[bool, bool]:
         app = FleetConsole(source, ConsoleSettings())
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.reading.reachable)
+            await pilot_until(pilot, lambda: app.reading.reachable)
             await pilot.press("down", "down", "m")
             await pilot.pause(0.2)
             await pilot.press("enter")
             await pilot.pause(0.2)
             await pilot.press("y")
-            await wait_for(pilot, lambda: isinstance(app.screen, OperationDialog) and source._polls >= 1)
+            await pilot_until(pilot, lambda: isinstance(app.screen, OperationDialog) and source._polls >= 1)
             dialog = app.screen
             polls = [w for w in app.workers if w.node is dialog]
             dialog.action_close()
@@ -144,9 +136,9 @@ def test_leaving_the_plan_screen_while_it_plans_cancels_the_plan() -> None:
     async def run() -> tuple[bool, bool]:
         app = FleetConsole(SlowSource(30.0), ConsoleSettings())
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.reading.reachable)
+            await pilot_until(pilot, lambda: app.reading.reachable)
             await pilot.press("p")
-            await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen))
+            await pilot_until(pilot, lambda: isinstance(app.screen, PlanScreen))
             plan_screen = app.screen
             planning = [w for w in app.workers if w.node is plan_screen]
             plan_screen.action_back()  # what escape does
@@ -171,19 +163,19 @@ def test_migrate_a_decode_worker_from_the_keyboard(small_model_dir: Path) -> Non
         async def drive() -> tuple[OperationInfo, str]:
             app = FleetConsole(HttpSource(url, read_admin_token()), ConsoleSettings(interval=0.5))
             async with app.run_test(size=(120, 40)) as pilot:
-                await wait_for(pilot, lambda: app.reading.worker("decode-0") is not None)
+                await pilot_until(pilot, lambda: app.reading.worker("decode-0") is not None)
                 select(app, "decode-0")
                 await pilot.press("m")
-                await wait_for(pilot, lambda: isinstance(app.screen, ChoiceDialog))
+                await pilot_until(pilot, lambda: isinstance(app.screen, ChoiceDialog))
                 await pilot.press("enter")  # the first free device: cpu:3
-                await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog))
-                await wait_for(pilot, lambda: getattr(app.reading.worker("decode-0"), "sessions", 0) >= 1)
+                await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+                await pilot_until(pilot, lambda: getattr(app.reading.worker("decode-0"), "sessions", 0) >= 1)
                 assert not texts.done(), "the streams ended before the migration started"
                 await pilot.press("y")
-                await wait_for(pilot, lambda: isinstance(app.screen, OperationDialog))
+                await pilot_until(pilot, lambda: isinstance(app.screen, OperationDialog))
                 dialog = app.screen
-                await wait_for(pilot, lambda: dialog.operation.state is not OpState.RUNNING, 120)
-                await wait_for(pilot, lambda: getattr(app.reading.worker("decode-0"), "device", None) == "cpu:3", 60)
+                await pilot_until(pilot, lambda: dialog.operation.state is not OpState.RUNNING, timeout=120)
+                await pilot_until(pilot, lambda: getattr(app.reading.worker("decode-0"), "device", None) == "cpu:3")
                 await pilot.press("enter")  # close the result
                 return dialog.operation, app.reading.worker("decode-0").state
 
@@ -210,18 +202,19 @@ def test_start_drain_and_stop_a_worker_from_the_keyboard(small_model_dir: Path) 
             app = FleetConsole(HttpSource(url, read_admin_token()), ConsoleSettings(interval=0.5))
             states = []
             async with app.run_test(size=(120, 40)) as pilot:
-                await wait_for(pilot, lambda: app.reading.reachable)
+                await pilot_until(pilot, lambda: app.reading.reachable)
                 await pilot.press("n")  # start: role (decode is listed first), then the first free device
                 await pilot.pause(0.3)
                 await pilot.press("enter")
                 await pilot.pause(0.3)
                 await pilot.press("enter")
-                await wait_for(pilot, lambda: getattr(app.reading.worker("decode-2"), "state", None) == "running", 120)
+                await pilot_until(pilot, lambda: getattr(app.reading.worker("decode-2"), "state", None) == "running",
+                                  timeout=120)
                 await pilot.press("enter")  # close the result
                 states.append(app.reading.worker("decode-2").device)
                 select(app, "decode-2")
                 await pilot.press("d", "y")
-                await wait_for(pilot, lambda: app.reading.worker("decode-2").state == "draining", 60)
+                await pilot_until(pilot, lambda: app.reading.worker("decode-2").state == "draining")
                 await pilot.pause(0.5)
                 await pilot.press("enter")
                 states.append(app.reading.worker("decode-2").state)
@@ -231,7 +224,7 @@ def test_start_drain_and_stop_a_worker_from_the_keyboard(small_model_dir: Path) 
                 await pilot.press("enter")  # "drain first"
                 await pilot.pause(0.3)
                 await pilot.press("y")
-                await wait_for(pilot, lambda: app.reading.worker("decode-2").state == "stopped", 120)
+                await pilot_until(pilot, lambda: app.reading.worker("decode-2").state == "stopped", timeout=120)
                 states.append(app.reading.worker("decode-2").state)
             return states
 
