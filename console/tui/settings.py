@@ -15,6 +15,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleetctl.console.tui.actions import ACTIONS_BY_ID
+
 
 class SettingsError(ValueError):
     """The config file is unreadable or names something that does not exist."""
@@ -52,6 +54,10 @@ def load_settings(path: Path | None = None) -> ConsoleSettings:
     keys = raw.get("keys", {})
     if not isinstance(keys, dict) or not all(isinstance(v, str) for v in keys.values()):
         raise SettingsError(f"{path}: [keys] maps binding ids to key names, e.g. migrate = \"M\"")
+    unknown_ids = set(keys) - set(ACTIONS_BY_ID)
+    if unknown_ids:
+        raise SettingsError(f"{path}: [keys] names no console action: {', '.join(sorted(unknown_ids))} "
+                            f"(binding ids: {', '.join(ACTIONS_BY_ID)})")
     interval = raw.get("interval", 1.0)
     if not isinstance(interval, int | float) or not 0.2 <= interval <= 60:
         raise SettingsError(f"{path}: interval must be a number of seconds in [0.2, 60]")
