@@ -3,6 +3,7 @@
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -16,8 +17,8 @@ import openai
 from fleetctl.console.loadgen.local_fleet import FLEETCTL
 from fleetctl.console.loadgen.local_fleet import local_fleet as serve
 
-__all__ = ["Stream", "admin", "fleetctl", "generate_json", "serve", "start_streams", "wait_until", "worker_pids",
-           "workers"]
+__all__ = ["Stream", "admin", "fleetctl", "free_port", "generate_json", "serve", "start_streams", "wait_until",
+           "worker_pids", "workers"]
 
 
 def admin() -> dict[str, str]:
@@ -42,6 +43,13 @@ def generate_json(model: Path, prompts: list[str], *extra: str) -> list[dict]:
 def worker_pids(url: str) -> dict[str, int]:
     workers = httpx.get(f"{url}/fleet/workers", timeout=10).json()["workers"]
     return {w["id"]: w["pid"] for w in workers}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (at the time of asking)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_until(predicate, timeout: float = 10.0) -> bool:
