@@ -95,9 +95,9 @@ def test_history_of_the_fleets_store(client: TestClient) -> None:
     for prompt in ([5, 6, 7], [8, 9]):
         done = client.post("/v1/completions", json={"model": "tiny-llama0", "prompt": prompt, "max_tokens": 4})
         assert done.status_code == 200
-    deadline = time.monotonic() + 10  # the recorder writes in batches, about once a second
+    deadline = time.monotonic() + 10  # the recorder writes requests and worker samples in batches, about once a second
     history = client.get("/fleet/history", params={"since": 60, "bucket": 5}).json()
-    while history["traffic"]["requests"] < 2 and time.monotonic() < deadline:
+    while (history["traffic"]["requests"] < 2 or len(history["workers"]) < 2) and time.monotonic() < deadline:
         time.sleep(0.1)
         history = client.get("/fleet/history", params={"since": 60, "bucket": 5}).json()
     assert set(history) == {"now", "window_s", "bucket_s", "pools", "workers", "traffic", "events"}
