@@ -7,6 +7,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, ProgressBar
 from textual.widgets.option_list import Option
@@ -92,6 +93,12 @@ class OperationDialog(ModalScreen[OperationInfo | None]):
 
     @work(exclusive=True)
     async def follow(self) -> None:
+        try:
+            await self._follow()
+        except NoMatches:
+            return  # the dialog was taken down (closed, or the console quit) while a poll's answer was on its way
+
+    async def _follow(self) -> None:
         op = self.operation
         while op.state is OpState.RUNNING:
             self.show(op)
@@ -113,6 +120,6 @@ class OperationDialog(ModalScreen[OperationInfo | None]):
             self.query_one("#op-result", Label).update(describe(op) + "\n(enter to close)")
 
     def action_close(self) -> None:
-        # A poll may be in flight: cancel it so that its answer never lands on a screen already taken down.
+        # A poll may be in flight: cancel it (an answer that lands anyway finds no widgets and ends `follow`).
         self.workers.cancel_node(self)
         self.dismiss(self.operation if self.operation.state is not OpState.RUNNING else None)

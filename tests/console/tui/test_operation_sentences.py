@@ -4,11 +4,13 @@ is the end of an operation the fixture fleet runs through its stages; the line `
 line the console's progress dialog leaves on screen are compared. A failure reads the same on both too."""
 
 import asyncio
+import contextlib
 import math
+import time
 
 import pytest
 import typer
-from support.console_fixture import FixtureSource, operation
+from support.console_fixture import FixtureSource, operation, pilot_until
 from textual.geometry import Size
 from textual.widgets import Label
 
@@ -129,3 +131,41 @@ def test_a_failure_reads_the_same_on_both(capsys: pytest.CaptureFixture[str]) ->
         operation_output(failed, as_json=False, timeout=60)
     assert capsys.readouterr().err == f"fleetctl: error: {shown}\n"
     assert shown == "migrate of decode-0 failed: cpu:5 is held by decode-1"
+
+
+
+class LatePolls(FixtureSource):
+    """A fleet whose answer to a poll arrives even though the poll was cancelled (the HTTP stack can finish a
+    request it was asked to drop): the dialog it was for is gone by then."""
+
+    in_flight = False
+    answered_late = False
+
+    async def operation(self, op_id: str) -> OperationInfo:
+        self.in_flight = True
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            ignored_until = time.monotonic() + 0.2  # every cancel is ignored: the answer comes once the dialog is gone
+            while time.monotonic() < ignored_until:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(0.02)
+            self.answered_late = True
+        return await super().operation(op_id)
+
+
+def test_a_poll_answered_after_the_dialog_closed_does_not_crash_the_console() -> None:
+    kind, worker, result = OUTCOMES["drain"]
+    source = LatePolls(results={kind: result})
+
+    async def run() -> bool:
+        app = FleetConsole(source, ConsoleSettings(), refresh=False)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await app.push_screen(OperationDialog(source, source.begin(kind, worker)))
+            await pilot_until(pilot, lambda: source.in_flight)
+            await pilot.press("enter")
+            await pilot_until(pilot, lambda: source.answered_late)
+            await pilot.pause(0.1)
+            return isinstance(app.screen, OperationDialog)
+
+    assert asyncio.run(run()) is False

@@ -46,7 +46,9 @@ def test_rebalance_under_load_loses_no_session(tiny_model_dir: Path, tmp_path: P
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
         rebalancer = fleet.rebalancer
         reqs = [fleet.submit(p, LONG) for p in prompts(8)]
-        await until(lambda: all(len(fleet.views[w].requests) >= 2 for w in ("decode-0", "decode-1")))
+        # every prompt handed off, so no session lands on the moved worker between the preview and the move
+        await until(lambda: all(len(fleet.views[w].requests) >= 2 for w in ("decode-0", "decode-1"))
+                    and sum(len(fleet.views[w].requests) for w in ("decode-0", "decode-1")) == len(reqs))
         preview = rebalancer.preview("2:1", force).model_dump()
         assert preview["current"] == "1:2" and preview["split"] == "2:1"
         assert [(m["worker"], m["from"], m["to"]) for m in preview["moves"]] in (
