@@ -11,9 +11,9 @@ import fleetctl
 from fleetctl.domain import Phase
 from fleetctl.engine.core.block_allocator import KV_LAYOUT_VERSION, blocks_for
 from fleetctl.engine.core.block_hash import KVSalt, Numerics, PrefixDigest
-from fleetctl.engine.core.config import DEFAULT_CPU_KV_BYTES, GPU_KV_FRACTION, EngineConfig
+from fleetctl.engine.core.config import EngineConfig
 from fleetctl.engine.core.decode_compile import compile_refusal, use_fleet_inductor_cache
-from fleetctl.engine.core.devices import available_memory, resolve_dtype, torch_device
+from fleetctl.engine.core.devices import available_memory, kv_budget, resolve_dtype, torch_device, total_memory
 from fleetctl.engine.core.kv_cache import KVCache, KVCacheSpec
 from fleetctl.engine.core.model_runner import ModelRunner, StepStats
 from fleetctl.engine.core.output import RequestOutput, TextStream, token_finish_reason
@@ -97,11 +97,10 @@ class LLMEngine:
         settings = self.config.settings
         if settings.num_kv_blocks:
             return settings.num_kv_blocks
-        free = available_memory(self.device)
-        budget = free * GPU_KV_FRACTION if self.device.type == "cuda" else min(free // 4, DEFAULT_CPU_KV_BYTES)
-        if settings.kv_memory_bytes:
-            budget = min(budget, settings.kv_memory_bytes)
-        return max(1, int(budget // spec.bytes_per_block))
+        gpu_total = total_memory(self.device) if self.device.type == "cuda" else None
+        budget = kv_budget(available_memory(self.device), gpu_total, self.config.memory_share,
+                           settings.kv_memory_bytes)
+        return max(1, budget // spec.bytes_per_block)
 
     def _salt(self, spec: KVCacheSpec) -> KVSalt:
         model_dir = self.config.model_dir
