@@ -1,5 +1,5 @@
-"""Devices as torch sees them: the torch.device of a device name, the dtype an engine computes in,
-and the memory left for the KV pool."""
+"""Devices as torch sees them: the torch.device of a device name, the process's current CUDA device,
+the dtype an engine computes in, and the memory left for the KV pool."""
 
 import os
 import re
@@ -9,7 +9,7 @@ import torch
 
 from fleetctl.domain import DeviceKind
 from fleetctl.engine.core.config import DType
-from fleetctl.engine.core.device_names import check_device
+from fleetctl.engine.core.device_names import check_device, parse_device_name
 
 TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
 
@@ -18,6 +18,15 @@ def torch_device(name: str) -> torch.device:
     """`cpu:N` is a logical CPU slot: it computes on the CPU (the fleet pins it to its cores)."""
     device = check_device(name)
     return torch.device("cpu") if device.kind is DeviceKind.CPU else torch.device("cuda", device.index)
+
+
+def make_current(name: str) -> None:
+    """Make the GPU of device name `name` the process's current CUDA device (nothing for a CPU). Triton
+    launches a kernel on the current device, whichever device its tensors are on: a worker on cuda:1 that
+    left cuda:0 current faults at its first kernel."""
+    device = parse_device_name(name)
+    if device.kind is DeviceKind.CUDA:
+        torch.cuda.set_device(device.index)
 
 
 @cache
