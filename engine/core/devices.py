@@ -2,14 +2,13 @@
 the dtype an engine computes in, and the memory left for the KV pool."""
 
 import os
-import re
-from functools import cache
 
 import torch
 
 from fleetctl.domain import DeviceKind
+from fleetctl.engine.core.auto_dtype import auto_dtype
 from fleetctl.engine.core.config import DType
-from fleetctl.engine.core.device_names import check_device, parse_device_name
+from fleetctl.engine.core.device_names import DeviceName, check_device, parse_device_name
 
 TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
 
@@ -29,21 +28,11 @@ def make_current(name: str) -> None:
         torch.cuda.set_device(device.index)
 
 
-@cache
-def cpu_has_native_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
-
-
 def resolve_dtype(dtype: DType, device: torch.device) -> torch.dtype:
-    """`auto` is bf16 on GPUs and on CPUs with native bf16 (AVX512-BF16/AMX), fp32 otherwise."""
+    """`auto` as for this device alone (`auto_dtype`); a fleet's workers get it resolved for all of them."""
     if dtype is DType.AUTO:
-        native = device.type == "cuda" or cpu_has_native_bf16()
-        return torch.bfloat16 if native else torch.float32
+        kind = DeviceKind.CUDA if device.type == "cuda" else DeviceKind.CPU
+        dtype = auto_dtype([DeviceName(kind, device.index or 0)])
     return TORCH_DTYPES[dtype]
 
 
