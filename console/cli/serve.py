@@ -27,7 +27,7 @@ def serve(
                                                       "--kv-memory)."),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8700, "--port", help="0 picks a free port (printed)."),
-    dtype: DType = typer.Option(DType.AUTO, "--dtype", help="auto: bf16 on GPUs and CPUs with native bf16, else fp32."),
+    dtype: DType = typer.Option(DType.AUTO, "--dtype", help="auto: bf16 if all devices have it natively, else fp32."),
     deterministic: bool = typer.Option(False, "--deterministic", help="Batch-invariant numerics in every worker."),
     prefix_cache: bool = typer.Option(True, "--prefix-cache/--no-prefix-cache",
                                       help="Reuse the KV of prompts' shared leading blocks (on by default)."),

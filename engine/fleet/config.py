@@ -1,12 +1,14 @@
 """A fleet's shape: which workers, with which roles, on which devices (and CPU cores), all sharing one
 set of engine settings."""
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetctl.domain import DeviceKind, WorkerRole
-from fleetctl.engine.core.config import EngineSettings
+from fleetctl.engine.core.auto_dtype import auto_dtype
+from fleetctl.engine.core.config import DType, EngineSettings
 from fleetctl.engine.core.device_names import DeviceError, check_device, gpu_clash, gpu_count, gpu_slots, memory_share
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.engine.worker.shm_files import SHM_DIR
@@ -157,9 +159,13 @@ def pinned_cores(device: str, cpu_devices: set[str]) -> tuple[int, ...]:
 
 def worker_specs(config: FleetConfig) -> list[WorkerSpec]:
     devices = config.devices or default_devices(config.num_workers)
-    cpu_devices = {d for d in devices if check_device(d, indexed=True).kind is DeviceKind.CPU}
+    names = [check_device(d, indexed=True) for d in devices]
+    cpu_devices = {d for d, name in zip(devices, names, strict=True) if name.kind is DeviceKind.CPU}
+    engine = config.engine
+    if engine.dtype is DType.AUTO:  # once for the fleet: a worker cannot adopt KV computed in another dtype
+        engine = dataclasses.replace(engine, dtype=auto_dtype(names))
     return [
-        WorkerSpec(worker_id=worker_id, role=role, device=device, model_dir=config.model_dir, engine=config.engine,
+        WorkerSpec(worker_id=worker_id, role=role, device=device, model_dir=config.model_dir, engine=engine,
                    cores=pinned_cores(device, cpu_devices), store_path=config.store_path,
                    heartbeat_s=config.supervision.heartbeat_s, step_timeout_s=config.supervision.step_timeout_s,
                    shm_dir=config.shm_dir, memory_share=memory_share(device, devices))
