@@ -108,9 +108,12 @@ class CudaIpcExports:
             os.close(export.lease_fd)
 
     def fetch(self, payload: bytes, lease: Path, device: torch.device) -> torch.Tensor:
-        """A copy on `device` of a buffer published by another process; OSError once it is released."""
+        """A copy on `device` of a buffer published by another process; OSError once it is released, or
+        when it was fetched before."""
         fd = os.open(lease, os.O_RDWR)  # FileNotFoundError: released, or never published
         try:
+            if os.pread(fd, 1, 0) == FETCHED:  # torch counts one consumer per export: a second would pay twice
+                raise FileExistsError(f"{lease} was fetched already (a CUDA IPC export is opened once)")
             shared = self.backend.open(payload)
             kv = shared.to(device, copy=True)
             if kv.is_cuda:

@@ -99,6 +99,15 @@ def test_fetch_after_release_raises_and_copies_nothing(producer: KVTransport, ip
     assert opened == []
 
 
+def test_a_second_fetch_raises_instead_of_paying_twice(producer: KVTransport, ipc: FakeIpc) -> None:
+    handle = publish(producer, random_kv(7))
+    producer.fetch(handle, CPU)
+    with pytest.raises(HandoffError, match="fetched already"):
+        producer.fetch(handle, CPU)
+    producer.release(handle)
+    assert producer.cuda_ipc.held == 0 and ipc.unpaid() == 0
+
+
 def test_fetch_of_an_unknown_handle_raises(producer: KVTransport) -> None:
     lease = buffer_path(producer.shm_dir, producer.fleet_pid, os.getpid(), "never")
     handle = KVHandle("never", HandleKind.CUDA_IPC, SHAPE, "float32", 4, str(lease), b"recipe")
