@@ -21,7 +21,7 @@ import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 
@@ -57,7 +57,7 @@ class TorchIpc:
         return rebuild(*args)
 
     def pay(self, reference: object) -> None:
-        counter_handle, counter_offset, device = reference  # type: ignore[misc]
+        counter_handle, counter_offset, device = cast(tuple[bytes, int, int], reference)
         torch.UntypedStorage._release_ipc_counter(counter_handle, counter_offset, device=device)
 
 
