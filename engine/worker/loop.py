@@ -62,15 +62,16 @@ class Worker:
                                   spec.store_path)
 
     def _compile_decode_step(self) -> None:
-        """Compile every batch bucket before reporting ready, saying so on stderr (a cold compile takes a while)."""
+        """Compile the kernels and every decode batch bucket before reporting ready, saying so on stderr when
+        the decode step compiles (a cold compile takes a while)."""
         decoder = self.engine.decoder
-        if decoder is None:
-            return
         name = self.spec.worker_id
-        print(f"fleetctl: {name}: compiling the decode step for batches of {', '.join(map(str, decoder.buckets))}",
-              file=sys.stderr, flush=True)
+        if decoder is not None:
+            print(f"fleetctl: {name}: compiling the decode step for batches of {', '.join(map(str, decoder.buckets))}",
+                  file=sys.stderr, flush=True)
         seconds = self.engine.warm_up()
-        print(f"fleetctl: {name}: decode step compiled in {seconds:.1f} s", file=sys.stderr, flush=True)
+        if decoder is not None:
+            print(f"fleetctl: {name}: decode step compiled in {seconds:.1f} s", file=sys.stderr, flush=True)
 
     def send(self, msg: object) -> None:
         with self._send_lock:
