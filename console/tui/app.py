@@ -136,7 +136,9 @@ class FleetConsole(App[None]):
             case "detail":
                 detail = WorkerDetail(worker)
                 self.push_screen(detail)
-                detail.call_after_refresh(lambda: detail.show(self.reading, None))
+                # its sessions asked for at once: showing it without them first read as "this fleet does not
+                # list sessions" until the next refresh
+                detail.call_after_refresh(lambda: self.run_worker(self.refresh_detail(detail), group="detail"))
             case "plan":
                 self.push_screen(PlanScreen())
             case "sort":

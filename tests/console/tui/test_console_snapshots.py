@@ -5,7 +5,7 @@ progress bar, and the plan screen; and the 80-column layout following a live res
 
 import asyncio
 
-from support.console_fixture import FixtureSource, pilot_until
+from support.console_fixture import SESSIONS, FixtureSource, pilot_until
 from textual.widgets import DataTable
 
 from fleetctl.console.tui.app import FleetConsole
@@ -79,7 +79,8 @@ def test_worker_detail(snap_compare) -> None:
         await loaded(pilot)
         await pilot.press("down", "down", "enter")
         await pilot_until(pilot, lambda: isinstance(screen := pilot.app.screen, WorkerDetail)
-                          and screen.query_one("#sessions", DataTable).row_count, "the worker's sessions")
+                          and screen.query_one("#sessions", DataTable).row_count == len(SESSIONS),
+                          "the worker's sessions")
         await pilot.pause(0.2)
 
     assert snap_compare(console(), terminal_size=WIDE, run_before=open_detail)
