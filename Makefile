@@ -44,19 +44,18 @@ demo: install
 
 # FLEET_REQUIRE_ALL=1: a test that skips for anything but CUDA fails (tests/support/require_all.py)
 test: export FLEET_REQUIRE_ALL ?= 1
-# The fast tests in parallel (they mostly wait: 4 processes on 2 cores), then the real-model and fleet tests one at
-# a time (each starts worker processes that would contend for the cores).
-FAST := -m "not slow and not fleet" -n 4
+# every test, one at a time: timing-bound fleet tests and the console's pictures stay away from parallel load
 test: install browser
 	$(FLEETCTL) models pull smollm2-135m
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q $(FAST)
-	$(VENV)/bin/pytest -q -m "slow or fleet"
+	$(VENV)/bin/pytest -q
 
-# the developer's loop: no real-model tests, no worker processes (`make test` still runs everything)
+# the developer's loop: no real-model tests, no worker processes (`make test` still runs everything); in 4 xdist
+# processes (they mostly wait), then the console's pictures alone (a loaded machine draws a frame late)
 test-fast: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q $(FAST)
+	$(VENV)/bin/pytest -q -m "not slow and not fleet and not pictures" -n 4
+	$(VENV)/bin/pytest -q -m "pictures and not slow and not fleet"
 
 # Debian's chromium for the web-console test (playwright drives it; nothing is downloaded by playwright).
 # Without it `make test` stops here, saying why: the web console would otherwise go unchecked.

@@ -5,6 +5,7 @@ progress bar, and the plan screen; and the 80-column layout following a live res
 
 import asyncio
 
+import pytest
 from support.console_fixture import SESSIONS, FixtureSource, pilot_until
 from textual.widgets import DataTable
 
@@ -13,6 +14,7 @@ from fleetctl.console.tui.screens.worker_detail import WorkerDetail
 from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.widgets.panels import DevicesPanel, EventsPanel
 
+pytestmark = pytest.mark.pictures
 WIDE, NARROW = (120, 40), (80, 24)
 
 
@@ -82,6 +84,7 @@ def test_worker_detail(snap_compare) -> None:
                           and screen.query_one("#sessions", DataTable).row_count == len(SESSIONS),
                           "the worker's sessions")
         await pilot.pause(0.2)
+        await pilot.pause()  # and until the app is idle: the new screen's footer is laid out after its table
 
     assert snap_compare(console(), terminal_size=WIDE, run_before=open_detail)
 
