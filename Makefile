@@ -8,7 +8,7 @@ FLEETCTL := $(VENV)/bin/fleetctl
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: demo test test-fast install browser lint bench clean upgrade-deps
+.PHONY: demo test test-fast install browser lint bench clean upgrade-deps gpu-bundle
 
 install: $(VENV)/.installed
 
@@ -66,6 +66,11 @@ browser:
 
 bench: install
 	$(VENV)/bin/python scripts/bench_decode.py
+
+# The wheels the GPU device machine lacks (Python 3.12; never torch, triton, numpy, nvidia-*) and fleetctl's own, in
+# .gpu-bundle/ for the device tool's `carry`; fails if what a run carries would pass 64 MiB (scripts/gpu_bundle.py).
+gpu-bundle: install
+	$(VENV)/bin/python scripts/gpu_bundle.py .gpu-bundle
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from fleetctl.kernels.triton_support import dot_numerics, interpreting, kernel, next_pow2, sm_count
+from fleetctl.kernels.attention_launch import decode_partition, decode_tiles
+from fleetctl.kernels.triton_support import dot_numerics, interpreting, kernel, next_pow2
 
 if TYPE_CHECKING:
     import triton.language as tl
@@ -264,14 +265,9 @@ def paged_decode_attention_triton(
     _, _, page, num_kv_heads, _ = kv_layer.shape
     out = torch.empty_like(q)
     max_len = max(1, block_tables.shape[1] * page)  # bounds context_lens, known without a sync
-    # tiles without register spills on sm_90 (ptxas -v); the interpreter prefers few large ones
-    fp32 = q.dtype == torch.float32
-    block_n, warps = (64, 4) if interpreting() else (32, 8) if fp32 else (128, 4) if head_dim <= 64 else (64, 8)
+    block_n, warps = decode_tiles(q.dtype, head_dim)
     if partition is None:
-        partition = max_len
-        if q.is_cuda:  # enough programs to fill the GPU twice over, each with >= 256 keys
-            splits = min(-(-2 * sm_count(q.device.index or 0) // max(1, batch * num_kv_heads)), -(-max_len // 256))
-            partition = -(-max_len // max(splits, 1) // block_n) * block_n
+        partition = decode_partition(batch, num_kv_heads, max_len, block_n, q.device)
     num_splits = -(-max_len // partition)
     split = num_splits > 1
     part_acc = q.new_empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32) if split else out

@@ -21,14 +21,16 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 MODES = ("auto", "torch", "interpret")
 _compiled_any = False  # a kernel was wrapped for the GPU compiler; interpretation can't start now
+_launch_records: list[set[Launch]] = []  # the sets `recording_launches` fills, innermost last
 
 
 class TritonUnavailableError(RuntimeError):
@@ -92,9 +94,10 @@ class Kernel:
     """A Triton kernel (or a helper that kernels call) handed to `triton.jit` on first launch:
     `_my_kernel[grid](*args)`.
 
-    On the first launch every `@kernel` of the module is jitted and takes the place of its
-    `Kernel` in the module's globals, where Triton resolves calls between kernels; the module's
-    `tl` (imported there only for type checkers) is bound there too, for the compiler and the
+    On the first launch every `@kernel` of the module is jitted; those that kernels call take the
+    place of their `Kernel` in the module's globals, where Triton resolves calls between kernels (the
+    ones launched from Python stay `Kernel`s, so that `recording_launches` sees every launch); the
+    module's `tl` (imported there only for type checkers) is bound there too, for the compiler and the
     interpreter alike."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
@@ -107,20 +110,80 @@ class Kernel:
             triton = load_triton()
             module_globals = self.fn.__globals__
             module_globals.setdefault("tl", triton.language)
-            for name, value in list(module_globals.items()):
-                if isinstance(value, Kernel):
-                    if value._jitted is None:
-                        value._jitted = triton.jit(value.fn)
+            kernels = {name: value for name, value in module_globals.items() if isinstance(value, Kernel)}
+            called = {name for value in kernels.values() for name in value.fn.__code__.co_names}
+            for name, value in kernels.items():
+                if value._jitted is None:
+                    value._jitted = triton.jit(value.fn)
+                if name in called:
                     module_globals[name] = value._jitted
             _compiled_any = _compiled_any or not interpreting()
         return self._jitted
 
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., Any]:
-        return self.jitted()[grid]
+        launch = self.jitted()[grid]
+        if not _launch_records:
+            return launch
+
+        def recorded(*args: Any, **options: Any) -> Any:
+            for record in _launch_records:
+                record.add(Launch(self.fn.__name__, specialisation(args, options)))
+            return launch(*args, **options)
+
+        return recorded
 
 
 def kernel(fn: Callable[..., Any]) -> Kernel:
     return Kernel(fn)
+
+
+class Launch(NamedTuple):
+    """A kernel launched in one of the variants Triton compiles separately."""
+
+    kernel: str
+    key: tuple[str, ...]
+
+
+def int_class(value: int) -> str:
+    """What Triton specialises an int argument by: 1, a multiple of 16, 64-bit, or any other int."""
+    if value == 1:
+        return "1"
+    if not -(2**31) <= value < 2**31:
+        return "i64"
+    return "x16" if value % 16 == 0 else "i32"
+
+
+def specialisation(args: tuple[Any, ...], options: dict[str, Any]) -> tuple[str, ...]:
+    """Triton's cache key for a launch, as far as it changes between steps: each tensor's dtype and 16-byte
+    alignment, each int's class, and the constexprs and launch options by value."""
+
+    def of(value: Any) -> str:
+        if isinstance(value, torch.Tensor):
+            return f"{value.dtype}{'/16' if value.data_ptr() % 16 == 0 else ''}"
+        if isinstance(value, int) and not isinstance(value, bool):
+            return int_class(value)
+        return type(value).__name__
+
+    return tuple(map(of, args)) + tuple(f"{name}={value}" for name, value in sorted(options.items()))
+
+
+def first_of_each_class(limit: int) -> list[int]:
+    """The smallest n in 1..limit of each `int_class`: one value per specialisation of an int argument."""
+    firsts: dict[str, int] = {}
+    for n in range(1, min(limit, 16) + 1):  # 1, 2 and 16: the 64-bit class is beyond any batch or table
+        firsts.setdefault(int_class(n), n)
+    return list(firsts.values())
+
+
+@contextmanager
+def recording_launches() -> Iterator[set[Launch]]:
+    """Every kernel launch in the block, by specialisation (a warm-up's coverage, and what a step needs)."""
+    record: set[Launch] = set()
+    _launch_records.append(record)
+    try:
+        yield record
+    finally:
+        _launch_records.remove(record)
 
 
 def dot_numerics(dtype: torch.dtype) -> tuple[bool, str]:

@@ -21,10 +21,13 @@ def serve(
     prefill: int = typer.Option(1, "--prefill", help="Prefill workers."),
     decode: int = typer.Option(1, "--decode", help="Decode workers."),
     colocated: int = typer.Option(0, "--colocated", help="Baseline: N mixed workers, no handoff."),
-    devices: str = typer.Option("", "--devices", help="cuda:0,cuda:1,… or cpu:0,cpu:1,… one per worker."),
+    devices: str = typer.Option("", "--devices", help="cuda:0,cuda:1,… or cpu:0,cpu:1,… one per worker; a GPU "
+                                                      "named twice (cuda:0,cuda:0) is split into slots cuda:0#0, "
+                                                      "cuda:0#1, each with an even share of its memory (or "
+                                                      "--kv-memory)."),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8700, "--port", help="0 picks a free port (printed)."),
-    dtype: DType = typer.Option(DType.AUTO, "--dtype", help="auto: bf16 on GPUs and CPUs with native bf16, else fp32."),
+    dtype: DType = typer.Option(DType.AUTO, "--dtype", help="auto: bf16 if all devices have it natively, else fp32."),
     deterministic: bool = typer.Option(False, "--deterministic", help="Batch-invariant numerics in every worker."),
     prefix_cache: bool = typer.Option(True, "--prefix-cache/--no-prefix-cache",
                                       help="Reuse the KV of prompts' shared leading blocks (on by default)."),

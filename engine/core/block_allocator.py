@@ -17,26 +17,34 @@ class OutOfBlocks(RuntimeError):
 
 
 class BlockAllocator:
+    """Hands out blocks in the order of a free list that starts as 0, 1, … num_blocks - 1 and takes freed
+    blocks back at its end, without building that list: a small model on a big GPU has tens of millions of
+    blocks. Blocks never handed out are a range (from a high-water mark); only freed ones are listed."""
+
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        self._never_used_from = 0  # blocks from here to num_blocks were never handed out
+        self._returned: deque[int] = deque()  # freed blocks, oldest first: handed out after the never-used ones
         self._used: set[int] = set()
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self.num_blocks - self._never_used_from + len(self._returned)
 
     @property
     def num_used(self) -> int:
         return len(self._used)
 
     def can_allocate(self, count: int) -> bool:
-        return count <= len(self._free)
+        return count <= self.num_free
 
     def allocate(self, count: int) -> list[int]:
-        if count > len(self._free):
-            raise OutOfBlocks(f"need {count} KV blocks, {len(self._free)} free")
-        blocks = [self._free.popleft() for _ in range(count)]
+        if count > self.num_free:
+            raise OutOfBlocks(f"need {count} KV blocks, {self.num_free} free")
+        start = self._never_used_from
+        self._never_used_from = min(self.num_blocks, start + count)
+        blocks = list(range(start, self._never_used_from))
+        blocks += [self._returned.popleft() for _ in range(count - len(blocks))]
         self._used.update(blocks)
         return blocks
 
@@ -45,4 +53,4 @@ class BlockAllocator:
             if block not in self._used:
                 raise ValueError(f"KV block {block} freed twice or never allocated")
             self._used.remove(block)
-            self._free.append(block)
+            self._returned.append(block)

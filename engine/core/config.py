@@ -64,3 +64,4 @@ class EngineConfig:
     settings: EngineSettings = field(default_factory=EngineSettings)
     detokenize: bool = True  # False in fleet workers: the controller owns text and stop strings
     prefill_only: bool = False  # park sequences after their prefill step (a prefill worker)
+    memory_share: float = 1.0  # of its GPU's KV budget: 1/S for one of S workers sharing the GPU (`cuda:N#S`)

@@ -4,6 +4,7 @@ environment (workers inherit the server's) makes `fault_point(<point>, key)` mis
     stall:S   sleep S seconds (a hung or slow step)
     exit:C    leave the process at once with code C (a crash; no cleanup runs)
     raise     raise InjectedFault (an exception in the code under test)
+    raise:M   raise InjectedFault with message M (one that reads as a CUDA error poisons the device)
 
 `@<key>` narrows a fault to calls whose key (a request id, where the point has one) contains <key>, so a
 test can poison exactly one request (the server takes a client's `X-Request-Id`). `*<n>` lets the fault
@@ -69,6 +70,6 @@ def _fire(fault: Fault) -> None:
     elif kind == "exit":
         os._exit(int(argument or 1))
     elif kind == "raise":
-        raise InjectedFault(f"fault injected at {fault.point}")
+        raise InjectedFault(argument or f"fault injected at {fault.point}")
     else:
         raise ValueError(f"FLEET_FAULTS: unknown action {fault.action!r} for {fault.point}")

@@ -11,9 +11,10 @@ import fleetctl
 from fleetctl.domain import Phase
 from fleetctl.engine.core.block_allocator import KV_LAYOUT_VERSION, blocks_for
 from fleetctl.engine.core.block_hash import KVSalt, Numerics, PrefixDigest
-from fleetctl.engine.core.config import DEFAULT_CPU_KV_BYTES, GPU_KV_FRACTION, EngineConfig
+from fleetctl.engine.core.config import EngineConfig
 from fleetctl.engine.core.decode_compile import compile_refusal, use_fleet_inductor_cache
-from fleetctl.engine.core.devices import available_memory, resolve_dtype, torch_device
+from fleetctl.engine.core.devices import available_memory, kv_budget, resolve_dtype, torch_device, total_memory
+from fleetctl.engine.core.kernel_warmup import needs_kernel_warm_up, warm_up_kernels
 from fleetctl.engine.core.kv_cache import KVCache, KVCacheSpec
 from fleetctl.engine.core.model_runner import ModelRunner, StepStats
 from fleetctl.engine.core.output import RequestOutput, TextStream, token_finish_reason
@@ -27,6 +28,7 @@ from fleetctl.engine.model.loader import load_weights
 from fleetctl.engine.model.prepared import load_cpu_weights, weights_key
 from fleetctl.engine.model.tokenizer import Tokenizer
 from fleetctl.kernels import ops
+from fleetctl.kernels.triton_support import Launch
 
 DIGEST_BLOCKS = 4096  # cap on a prefix digest: 64 KiB of hashes, 65,536 tokens of prefixes
 
@@ -62,9 +64,11 @@ class LLMEngine:
         self.model = LlamaModel(self.model_config, weights, deterministic=settings.deterministic)
         spec = KVCacheSpec.for_model(self.model_config, self.dtype)
         root = self._salt(spec).root() if settings.prefix_cache else None
-        self.kv_cache = KVCache(spec, self._pool_blocks(spec), self.device, root, scratch=self.eager_reason is None)
+        # a scratch block for the compiled step's padding rows, or for the kernels' warm-up
+        scratch = self.eager_reason is None or needs_kernel_warm_up(self.device)
+        self.kv_cache = KVCache(spec, self._pool_blocks(spec), self.device, root, scratch=scratch)
         self.decoder: CompiledDecoder | None = None
-        if self.kv_cache.scratch_block is not None:
+        if self.eager_reason is None and self.kv_cache.scratch_block is not None:
             use_fleet_inductor_cache()
             self.decoder = CompiledDecoder(self.model, self.kv_cache.scratch_block, settings.max_num_seqs)
         self.scheduler = Scheduler(
@@ -82,26 +86,33 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self._streams: dict[str, TextStream] = {}
         self.last_step: StepStats | None = None
+        self.warmed_launches: set[Launch] = set()  # the kernel variants warm_up launched
         self.load_seconds = time.perf_counter() - start
 
     def warm_up(self) -> float:
-        """Compile the decode step for every batch bucket now, instead of at each bucket's first step (a
-        worker does this before it reports ready). Returns the seconds taken."""
-        if self.decoder is None:
-            return 0.0
+        """Compile now what steps would otherwise compile on first use (a worker does this before it reports
+        ready): every Triton kernel variant of an eager step (prefill, and decode unless compiled), and the
+        compiled decode step's batch buckets. Returns the seconds taken."""
         start = time.perf_counter()
-        self.decoder.warm_up(self.kv_cache.tensor)
+        scratch = self.kv_cache.scratch_block
+        if scratch is not None:
+            settings = self.config.settings
+            self.warmed_launches = warm_up_kernels(
+                self.model, self.kv_cache.tensor, scratch, min(settings.max_num_seqs, settings.max_num_batched_tokens),
+                blocks_for(self.max_model_len, self.kv_cache.spec.block_size), prefill=True,
+                decode=self.decoder is None and not self.config.prefill_only)
+        if self.decoder is not None:
+            self.decoder.warm_up(self.kv_cache.tensor)
         return time.perf_counter() - start
 
     def _pool_blocks(self, spec: KVCacheSpec) -> int:
         settings = self.config.settings
         if settings.num_kv_blocks:
             return settings.num_kv_blocks
-        free = available_memory(self.device)
-        budget = free * GPU_KV_FRACTION if self.device.type == "cuda" else min(free // 4, DEFAULT_CPU_KV_BYTES)
-        if settings.kv_memory_bytes:
-            budget = min(budget, settings.kv_memory_bytes)
-        return max(1, int(budget // spec.bytes_per_block))
+        gpu_total = total_memory(self.device) if self.device.type == "cuda" else None
+        budget = kv_budget(available_memory(self.device), gpu_total, self.config.memory_share,
+                           settings.kv_memory_bytes)
+        return max(1, budget // spec.bytes_per_block)
 
     def _salt(self, spec: KVCacheSpec) -> KVSalt:
         model_dir = self.config.model_dir

@@ -1,13 +1,15 @@
 """A fleet's shape: which workers, with which roles, on which devices (and CPU cores), all sharing one
 set of engine settings."""
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetctl.domain import DeviceKind, WorkerRole
-from fleetctl.engine.core.config import EngineSettings
-from fleetctl.engine.core.device_names import DeviceError, check_device, gpu_count
+from fleetctl.engine.core.auto_dtype import auto_dtype
+from fleetctl.engine.core.config import DType, EngineSettings
+from fleetctl.engine.core.device_names import DeviceError, check_device, gpu_clash, gpu_count, gpu_slots, memory_share
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.engine.worker.shm_files import SHM_DIR
 from fleetctl.engine.worker.spec import WorkerSpec
@@ -23,6 +25,16 @@ DEFAULT_LOCAL_PREFILL_TOKENS = 128
 
 class FleetConfigError(ValueError):
     """A fleet layout that cannot be built (bad counts, devices, or a device used twice)."""
+
+
+def _one_worker_each(devices: tuple[str, ...]) -> None:
+    for i, device in enumerate(devices):
+        if (clash := gpu_clash(device, devices[i + 1:])) is not None:
+            if clash == device:
+                raise FleetConfigError(f"{device} is named twice: a CPU slot hosts one worker (name a GPU "
+                                       "twice, or cuda:N#0,cuda:N#1, to split it between workers)")
+            raise FleetConfigError(f"{device} and {clash} are the same GPU named whole and as a slot: name it "
+                                   "one way")
 
 
 @dataclass(frozen=True)
@@ -60,7 +72,8 @@ class FleetConfig:
     prefill: int = 1
     decode: int = 1
     colocated: int = 0  # > 0: the baseline of N mixed workers, no handoff (prefill/decode ignored)
-    devices: tuple[str, ...] = ()  # one per worker; () picks cuda:0.. or cpu:0..
+    devices: tuple[str, ...] = ()  # one per worker; () picks cuda:0.. or cpu:0..; a GPU named twice is split into
+    # slots (`cuda:0,cuda:0` becomes `cuda:0#0,cuda:0#1`), each worker sizing its KV pool by its share
     engine: EngineSettings = field(default_factory=EngineSettings)
     max_queue: int = 256  # requests waiting (not yet generating: queued, prefilling, KV awaiting a handoff) beyond
     # this get "busy" (HTTP 429)
@@ -81,13 +94,13 @@ class FleetConfig:
             raise FleetConfigError("a disaggregated fleet needs --prefill >= 1 and --decode >= 1 (or --colocated N)")
         if self.devices and len(self.devices) != self.num_workers:
             raise FleetConfigError(f"{len(self.devices)} devices given for {self.num_workers} workers: give one each")
-        if len(set(self.devices)) != len(self.devices):
-            raise FleetConfigError("a device may host only one worker")
-        for device in self.devices:
-            try:
+        try:
+            for device in self.devices:
                 check_device(device, indexed=True)
-            except DeviceError as exc:
-                raise FleetConfigError(str(exc)) from None
+            object.__setattr__(self, "devices", gpu_slots(self.devices))  # frozen: normalised once, here
+        except DeviceError as exc:
+            raise FleetConfigError(str(exc)) from None
+        _one_worker_each(self.devices)
         if self.local_prefill_tokens < 0:
             raise FleetConfigError("--local-prefill-tokens must be >= 0")
         if self.autoplan and (self.colocated or self.store_path is None):
@@ -146,11 +159,15 @@ def pinned_cores(device: str, cpu_devices: set[str]) -> tuple[int, ...]:
 
 def worker_specs(config: FleetConfig) -> list[WorkerSpec]:
     devices = config.devices or default_devices(config.num_workers)
-    cpu_devices = {d for d in devices if check_device(d, indexed=True).kind is DeviceKind.CPU}
+    names = [check_device(d, indexed=True) for d in devices]
+    cpu_devices = {d for d, name in zip(devices, names, strict=True) if name.kind is DeviceKind.CPU}
+    engine = config.engine
+    if engine.dtype is DType.AUTO:  # once for the fleet: a worker cannot adopt KV computed in another dtype
+        engine = dataclasses.replace(engine, dtype=auto_dtype(names))
     return [
-        WorkerSpec(worker_id=worker_id, role=role, device=device, model_dir=config.model_dir, engine=config.engine,
+        WorkerSpec(worker_id=worker_id, role=role, device=device, model_dir=config.model_dir, engine=engine,
                    cores=pinned_cores(device, cpu_devices), store_path=config.store_path,
                    heartbeat_s=config.supervision.heartbeat_s, step_timeout_s=config.supervision.step_timeout_s,
-                   shm_dir=config.shm_dir)
+                   shm_dir=config.shm_dir, memory_share=memory_share(device, devices))
         for (worker_id, role), device in zip(config.worker_roles(), devices, strict=True)
     ]

@@ -3,13 +3,12 @@ the consumer copies out of it and acknowledges (through the controller); only th
 released. The controller carries handles, never tensors.
 
 CPU: a file in /dev/shm, memory-mapped by both sides. GPU: CUDA IPC (torch's own tensor sharing):
-the producer keeps the device buffer alive until release. In a Ray fleet a consumer on another node
-than the producer pulls the shm buffer through Ray's object store (`RemotePull`, `worker/ray_actor.py`);
-same-node pairs keep the shared-memory path.
+the producer keeps the device buffer, and pays torch's IPC reference back, until release (cuda_ipc.py).
+In a Ray fleet a consumer on another node than the producer pulls the shm buffer through Ray's object
+store (`RemotePull`, `worker/ray_actor.py`); same-node pairs keep the shared-memory path.
 """
 
 import os
-import pickle
 import time
 import uuid
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Protocol
 
 import torch
 
+from fleetctl.engine.worker.cuda_ipc import CudaIpcExports
 from fleetctl.engine.worker.protocol import HandleKind, KVHandle
 from fleetctl.engine.worker.shm_files import SHM_DIR, buffer_path
 
@@ -43,8 +43,9 @@ class KVTransport:
     """One per worker process: publishes its own KV, fetches its peers'. Buffers are named after the
     fleet (`fleet_pid`: the controller, by default this process's parent) and this process (shm_files)."""
 
-    def __init__(self, shm_dir: Path = SHM_DIR, fleet_pid: int | None = None, remote: RemotePull | None = None) -> None:
-        self._live: dict[str, torch.Tensor] = {}
+    def __init__(self, shm_dir: Path = SHM_DIR, fleet_pid: int | None = None, remote: RemotePull | None = None,
+                 cuda_ipc: CudaIpcExports | None = None) -> None:
+        self.cuda_ipc = cuda_ipc or CudaIpcExports()
         self.shm_dir = shm_dir
         self.fleet_pid = fleet_pid if fleet_pid is not None else os.getppid()
         self.remote = remote
@@ -56,14 +57,11 @@ class KVTransport:
         handle_id = f"{self.fleet_pid}-{os.getpid()}-{unique}"
         dtype = str(kv.dtype).removeprefix("torch.")
         nbytes = kv.numel() * kv.element_size()
-        if kv.is_cuda:
-            from torch.multiprocessing.reductions import reduce_tensor
-
-            buffer = kv.contiguous()
-            self._live[handle_id] = buffer
-            recipe = pickle.dumps(reduce_tensor(buffer))
-            return KVHandle(handle_id, HandleKind.CUDA_IPC, tuple(kv.shape), dtype, nbytes, "", recipe, **self._where)
         path = buffer_path(self.shm_dir, self.fleet_pid, os.getpid(), unique)
+        if kv.is_cuda:
+            payload = self.cuda_ipc.publish(handle_id, kv, path)  # path: the export's lease
+            return KVHandle(handle_id, HandleKind.CUDA_IPC, tuple(kv.shape), dtype, nbytes, str(path), payload,
+                            **self._where)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # private from its first byte
         try:
             try:
@@ -88,8 +86,7 @@ class KVTransport:
             return self._pull(handle).view(dtype).view(handle.shape).to(device, copy=True)
         try:
             if handle.kind is HandleKind.CUDA_IPC:
-                rebuild, args = pickle.loads(handle.payload)
-                return rebuild(*args).to(device, copy=True)
+                return self.cuda_ipc.fetch(handle.payload, Path(handle.location), device)
             numel = handle.nbytes // torch.empty((), dtype=dtype).element_size()
             mapped = torch.from_file(handle.location, shared=False, size=numel, dtype=dtype)
             return mapped.view(handle.shape).to(device, copy=True)
@@ -104,8 +101,9 @@ class KVTransport:
         return self.remote.pull(handle)
 
     def release(self, handle: KVHandle) -> None:
-        """Free the buffer. Safe to call twice, and from a process other than the producer (shm)."""
-        self._live.pop(handle.handle_id, None)
+        """Free the buffer. Safe to call twice, and from a process other than the producer (which, for CUDA IPC,
+        only ends the lease: the device memory is freed by the producer's own release)."""
+        self.cuda_ipc.release(handle.handle_id)
         handle.unlink()
 
 

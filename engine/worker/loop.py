@@ -4,7 +4,11 @@ engine steps, reports out. The controller decides everything else.
 One request cannot take the worker down: an exception while adding, adopting or publishing a request
 drops that request alone (`RequestFailed`, retry), and a step that raises is run again one sequence at
 a time, so that only the sequence that still raises on its own is dropped and its batch-mates continue
-(re-running is safe: a step that raised appended no token, and a re-run rewrites the same KV slots)."""
+(re-running is safe: a step that raised appended no token, and a re-run rewrites the same KV slots).
+
+An error that poisons the device (a sticky CUDA error: `device_errors`) is no request's: every later step
+would fail too, so the worker stops — it says why and its process exits non-zero — and the supervisor
+restarts it on a fresh CUDA context."""
 
 import dataclasses
 import os
@@ -19,6 +23,7 @@ from fleetctl.domain import Phase
 from fleetctl.engine.checkpoint.engine_io import current_compat, restore_engine, write_engine_checkpoint
 from fleetctl.engine.checkpoint.format import CheckpointError, read_checkpoint
 from fleetctl.engine.core.block_allocator import OutOfBlocks
+from fleetctl.engine.core.device_errors import poisons_device
 from fleetctl.engine.core.faults import InjectedFault, fault_point
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.output import RequestOutput
@@ -57,15 +62,16 @@ class Worker:
                                   spec.store_path)
 
     def _compile_decode_step(self) -> None:
-        """Compile every batch bucket before reporting ready, saying so on stderr (a cold compile takes a while)."""
+        """Compile the kernels and every decode batch bucket before reporting ready, saying so on stderr when
+        the decode step compiles (a cold compile takes a while)."""
         decoder = self.engine.decoder
-        if decoder is None:
-            return
         name = self.spec.worker_id
-        print(f"fleetctl: {name}: compiling the decode step for batches of {', '.join(map(str, decoder.buckets))}",
-              file=sys.stderr, flush=True)
+        if decoder is not None:
+            print(f"fleetctl: {name}: compiling the decode step for batches of {', '.join(map(str, decoder.buckets))}",
+                  file=sys.stderr, flush=True)
         seconds = self.engine.warm_up()
-        print(f"fleetctl: {name}: decode step compiled in {seconds:.1f} s", file=sys.stderr, flush=True)
+        if decoder is not None:
+            print(f"fleetctl: {name}: decode step compiled in {seconds:.1f} s", file=sys.stderr, flush=True)
 
     def send(self, msg: object) -> None:
         with self._send_lock:
@@ -105,7 +111,10 @@ class Worker:
             self._drop(request_id, exc)
 
     def _drop(self, request_id: str, exc: Exception) -> None:
-        """Serving `request_id` raised: forget it here (blocks, published KV) and say so."""
+        """Serving `request_id` raised: forget it here (blocks, published KV) and say so; unless `exc`
+        poisoned the device: then it is raised on, out of the loop, and the worker stops."""
+        if poisons_device(exc):
+            raise exc
         if os.environ.get("FLEET_DEBUG"):
             traceback.print_exc()
         print(f"fleetctl: {self.spec.worker_id}: request {request_id} failed: {type(exc).__name__}: {exc}",

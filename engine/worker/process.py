@@ -27,8 +27,10 @@ def run_worker(spec: WorkerSpec, conn: Connection, transport: object | None = No
     try:
         import torch
 
+        from fleetctl.engine.core.devices import make_current
         from fleetctl.engine.worker.loop import Worker
 
+        make_current(spec.engine_config().device)  # before any CUDA work: kernels launch on the current device
         torch.set_num_threads(max(1, len(spec.cores) or torch.get_num_threads()))
         conn.send(m.WorkerLoading(spec.worker_id, os.getpid()))
         Worker(spec, conn, transport).run()

@@ -27,7 +27,7 @@ class KVHandle:
     shape: tuple[int, ...]
     dtype: str
     nbytes: int
-    location: str  # shm: file path; cuda-ipc: "" (the payload carries it)
+    location: str  # shm: file path; cuda-ipc: its lease's path (the payload carries the buffer)
     payload: bytes = b""  # cuda-ipc: pickled torch IPC rebuild recipe
     node: str = ""  # Ray fleets: the producer's node id (a consumer elsewhere pulls through Ray); "": local
     owner: str = ""  # Ray fleets: the producer's actor name, which serves pulls of its buffers
@@ -37,9 +37,9 @@ class KVHandle:
         return self.kind is HandleKind.SHM
 
     def unlink(self) -> None:
-        """Free a shared-memory buffer; safe twice and from any process. Device memory is the
-        producer's to free."""
-        if self.kind is HandleKind.SHM:
+        """Free a shared-memory buffer, or end a CUDA IPC lease (fetches raise from then on); safe twice
+        and from any process. Device memory is the producer's to free."""
+        if self.location:
             Path(self.location).unlink(missing_ok=True)
 
 

@@ -14,7 +14,7 @@ from fleetctl.engine.worker.shm_files import SHM_DIR
 class WorkerSpec:
     worker_id: str
     role: WorkerRole
-    device: str  # "cpu:N" or "cuda:N", or on a named Ray node "node2/cuda:N"
+    device: str  # "cpu:N", "cuda:N" or a GPU's slot "cuda:N#S", or on a named Ray node "node2/cuda:N"
     model_dir: Path
     engine: EngineSettings = field(default_factory=EngineSettings)
     cores: tuple[int, ...] = ()  # CPU cores to pin to (cpu:N slots); () leaves affinity alone
@@ -23,9 +23,11 @@ class WorkerSpec:
     step_timeout_s: float = 120.0  # a step running longer is hung: the heartbeat falls silent
     shm_dir: Path = SHM_DIR  # where KV handoff buffers are published (CPU)
     fleet_pid: int | None = None  # the controller's pid, naming the handoff buffers (None: the parent process's)
+    memory_share: float = 1.0  # of its GPU, when it is one of several workers there (`device_names.memory_share`)
 
     def engine_config(self) -> EngineConfig:
         device = parse_device_name(self.device)
         on_cpu = device.kind is DeviceKind.CPU
-        return EngineConfig(model_dir=self.model_dir, device="cpu" if on_cpu else device.local, settings=self.engine,
-                            detokenize=False, prefill_only=self.role is WorkerRole.PREFILL)
+        return EngineConfig(model_dir=self.model_dir, device="cpu" if on_cpu else device.physical,
+                            settings=self.engine, detokenize=False, prefill_only=self.role is WorkerRole.PREFILL,
+                            memory_share=self.memory_share)

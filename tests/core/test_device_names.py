@@ -1,6 +1,5 @@
 """Device names parsed and checked without torch; the GPU count from (simulated) NVML."""
 
-from collections.abc import Iterator
 
 import pynvml
 import pytest
@@ -71,18 +70,6 @@ def test_check_device_rejects_a_cuda_index_that_does_not_exist() -> None:
         check_device(f"cuda:{count}")
     assert "cuda:0 does not exist" in str(exc.value)
     assert "has 0 CUDA device(s)" in str(exc.value)
-
-
-@pytest.fixture
-def four_gpus(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """NVML reporting 4 GPUs; yields the calls made to it."""
-    calls: list[str] = []
-    monkeypatch.setattr(device_names.pynvml, "nvmlInit", lambda: calls.append("init"))
-    monkeypatch.setattr(device_names.pynvml, "nvmlDeviceGetCount", lambda: calls.append("count") or 4)
-    monkeypatch.setattr(device_names.pynvml, "nvmlShutdown", lambda: calls.append("shutdown"))
-    gpu_count.cache_clear()
-    yield calls
-    gpu_count.cache_clear()
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,13 @@ def test_a_keyed_fault_hits_only_matching_requests(monkeypatch: pytest.MonkeyPat
         fault_point("adopt", "anything")
 
 
+def test_a_raised_fault_can_say_what(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_FAULTS", "step=raise:CUDA error: an illegal memory access was encountered")
+    with pytest.raises(InjectedFault) as raised:
+        fault_point("step", "req-1")
+    assert str(raised.value) == "CUDA error: an illegal memory access was encountered"
+
+
 def _fire(_: int) -> bool:
     try:
         fault_point("step", "req-x")

@@ -1,6 +1,7 @@
 """A real worker loop (tiny model, in a thread, over a real pipe) under fault points keyed by request id:
 one request that raises while it is added or stepped is dropped alone — the worker keeps serving its
 batch-mates, token-identical to an undisturbed run — and the heartbeat falls silent while a step hangs.
+An error that poisons the device (a sticky CUDA error) is no request's: the worker stops and says why.
 
 Token identity relies on `deterministic` (batch invariance): the survivors of a failed batch are re-run
 one at a time, a different batch composition than the undisturbed run's."""
@@ -19,7 +20,7 @@ from fleetctl.domain import WorkerRole
 from fleetctl.engine.core.config import DType, EngineSettings
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.worker import protocol as m
-from fleetctl.engine.worker.loop import Worker
+from fleetctl.engine.worker.process import run_worker
 from fleetctl.engine.worker.spec import WorkerSpec
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -31,6 +32,7 @@ class Running:
     conn: object
     thread: threading.Thread
     messages: list[object] = field(default_factory=list)
+    went_on: list[bool] = field(default_factory=list)  # what run_worker returned, once it has
 
     def send(self, msg: object) -> None:
         self.conn.send(msg)
@@ -66,9 +68,10 @@ def worker(tiny_model_dir: Path, tmp_path: Path) -> Iterator:
         settings = EngineSettings(dtype=DType.FLOAT32, deterministic=True, num_kv_blocks=64)
         options = {"heartbeat_s": 0.05, "step_timeout_s": 60.0, "shm_dir": tmp_path} | spec
         worker_spec = WorkerSpec("mixed-0", WorkerRole.MIXED, "cpu:0", tiny_model_dir, settings, **options)
-        thread = threading.Thread(target=lambda: Worker(worker_spec, child).run(), daemon=True)
+        went_on: list[bool] = []
+        thread = threading.Thread(target=lambda: went_on.append(run_worker(worker_spec, child)), daemon=True)
         thread.start()
-        running = Running(parent, thread)
+        running = Running(parent, thread, went_on=went_on)
         running.until(lambda: running.of(m.WorkerReady))
         started.append(running)
         return running
@@ -117,3 +120,16 @@ def test_the_heartbeat_goes_silent_while_a_step_hangs(worker, monkeypatch: pytes
     beats = [at for at, msg in running.messages if isinstance(msg, m.Heartbeat)]
     assert max(b - a for a, b in itertools.pairwise(beats)) > 1.0  # silent while the step hung
     running.until(lambda: len([1 for at, msg in running.messages if isinstance(msg, m.Heartbeat)]) > len(beats))
+
+
+@pytest.mark.parametrize("point", ["step", "run-request"])
+def test_a_sticky_cuda_error_stops_the_worker(worker, monkeypatch: pytest.MonkeyPatch, point: str) -> None:
+    monkeypatch.setenv("FLEET_FAULTS", f"{point}@poison=raise:CUDA error: an illegal memory access was encountered")
+    running = worker()
+    submit(running, ["ok-a", "poison-b", "ok-c"])
+    running.until(lambda: running.of(m.WorkerFailed))
+    [failed] = running.of(m.WorkerFailed)
+    assert "CUDA error: an illegal memory access" in failed.reason
+    running.thread.join(30)
+    assert running.went_on == [False]  # worker_main exits non-zero: the supervisor restarts it
+    assert running.of(m.RequestFailed) == []  # its requests are recovered as a crashed worker's, none failed here

@@ -29,7 +29,10 @@ def devices_text(reading: FleetReading) -> str:
     lines = [f"host {host.get('host', '?')}"]
     for gpu in host.get("gpus", []):
         power = f"{gpu['power_w']:.0f} W" if gpu["power_w"] is not None else "— W"
-        lines.append(f"cuda:{gpu['index']}  SM {percent(gpu['sm_util'])}  mem {nbytes(gpu['mem_used_bytes'])}  {power}")
+        name = f"cuda:{gpu['index']}"
+        lines.append(f"{name}  SM {percent(gpu['sm_util'])}  mem {nbytes(gpu['mem_used_bytes'])}  {power}")
+        lines += [f"  {'#' + slot if slot else 'whole':<5} {worker.id}" for worker in reading.workers
+                  for gpu_name, _, slot in [worker.device.partition("#")] if gpu_name == name]
     processes = host.get("processes", {})
     for worker in reading.workers:
         cpu = processes.get(worker.pid)

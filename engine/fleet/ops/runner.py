@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from fleetctl.domain import DeviceKind, WorkerRole, WorkerState
 from fleetctl.engine.checkpoint.format import CheckpointError
-from fleetctl.engine.core.device_names import DeviceError, check_device
+from fleetctl.engine.core.device_names import DeviceError, check_device, gpu_clash, memory_share
 from fleetctl.engine.fleet.config import pinned_cores
 from fleetctl.engine.fleet.errors import FleetError, OperationCancelled, OperationFailed, OperationRefused
 from fleetctl.engine.fleet.ops.moves_in_flight import MovesInFlight
@@ -116,8 +116,9 @@ class OperationRunner:
         except DeviceError as exc:
             raise OperationRefused(400, str(exc)) from None
         for view in self.state.views.values():
-            if view.device == device and view.state in LIVE and view.worker_id != exclude:
-                raise OperationRefused(409, f"{device} already hosts {view.worker_id}")
+            if view.state in LIVE and view.worker_id != exclude and gpu_clash(device, [view.device]):
+                where = "" if view.device == device else f" on {view.device} (the same GPU, named whole and as a slot)"
+                raise OperationRefused(409, f"{device} already hosts {view.worker_id}{where}")
         for op in self.ops.values():
             if op.state is OpState.RUNNING and op.device == device:
                 raise OperationRefused(409, f"{device} is the target of another operation ({op.kind.value} {op.id})")
@@ -237,7 +238,9 @@ class OperationRunner:
         cpu_devices = {v.device for v in self.state.views.values()
                        if check_device(v.device, indexed=True).kind is DeviceKind.CPU}
         return dataclasses.replace(base, worker_id=worker_id, role=role, device=device,
-                                   cores=pinned_cores(device, cpu_devices))
+                                   cores=pinned_cores(device, cpu_devices),
+                                   memory_share=memory_share(device, [v.device for v in self.state.views.values()
+                                                                      if v.state in LIVE]))
 
     @staticmethod
     async def shut_down(link: WorkerLink) -> None:

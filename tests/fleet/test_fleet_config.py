@@ -1,0 +1,43 @@
+"""A fleet's worker specs: `--dtype auto` resolved once for the whole fleet, so that every worker computes
+its KV in the dtype every other one can adopt."""
+
+from pathlib import Path
+
+import pytest
+
+from fleetctl.engine.core import auto_dtype, device_names
+from fleetctl.engine.core.config import DType, EngineSettings
+from fleetctl.engine.fleet.config import FleetConfig, worker_specs
+
+
+@pytest.fixture(autouse=True)
+def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_names, "gpu_count", lambda: 2)
+
+
+def dtypes(tmp_path: Path, devices: tuple[str, ...], dtype: DType = DType.AUTO) -> set[DType]:
+    config = FleetConfig(tmp_path, prefill=1, decode=len(devices) - 1, devices=devices,
+                         engine=EngineSettings(dtype=dtype))
+    return {spec.engine.dtype for spec in worker_specs(config)}
+
+
+@pytest.mark.parametrize(("cpu_native", "expected"), [(False, DType.FLOAT32), (True, DType.BFLOAT16)])
+def test_auto_is_one_dtype_for_a_gpu_and_cpu_fleet(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                   cpu_native: bool, expected: DType) -> None:
+    monkeypatch.setattr(auto_dtype, "cpu_has_native_bf16", lambda: cpu_native)
+    assert dtypes(tmp_path, ("cuda:0", "cpu:0", "cuda:1")) == {expected}
+
+
+def test_auto_on_gpus_alone_is_bf16(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(auto_dtype, "cpu_has_native_bf16", lambda: False)
+    assert dtypes(tmp_path, ("cuda:0", "cuda:1")) == {DType.BFLOAT16}
+
+
+def test_another_nodes_cpu_counts_as_not_native(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(auto_dtype, "cpu_has_native_bf16", lambda: True)  # this machine's, not node2's
+    assert dtypes(tmp_path, ("cuda:0", "node2/cpu:0")) == {DType.FLOAT32}
+
+
+def test_a_dtype_given_is_kept(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(auto_dtype, "cpu_has_native_bf16", lambda: False)
+    assert dtypes(tmp_path, ("cuda:0", "cpu:0"), DType.FLOAT16) == {DType.FLOAT16}

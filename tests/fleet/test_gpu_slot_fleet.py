@@ -1,0 +1,54 @@
+"""A prefill/decode fleet on one GPU: the layout accepts a GPU named twice as two slots, gives each worker its
+share of the memory, refuses a GPU named whole beside one of its slots, and an operation refuses the same."""
+
+from pathlib import Path
+
+import pytest
+from support.fake_workers import FakeLauncher, run_fleet
+from support.fleet_checks import finished
+
+from fleetctl.engine.fleet.config import FleetConfig, FleetConfigError, worker_specs
+from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.fleet.errors import OperationRefused
+from fleetctl.engine.fleet.ops.record import OpState
+
+
+def test_one_gpu_hosts_a_prefill_and_a_decode_worker(four_gpus: list[str], tmp_path: Path) -> None:
+    config = FleetConfig(tmp_path, prefill=1, decode=2, devices=("cuda:0", "cuda:0", "cuda:1"), shm_dir=tmp_path)
+    assert config.devices == ("cuda:0#0", "cuda:0#1", "cuda:1")
+    specs = worker_specs(config)
+    assert [(s.worker_id, s.device, s.memory_share) for s in specs] == [
+        ("prefill-0", "cuda:0#0", 0.5), ("decode-0", "cuda:0#1", 0.5), ("decode-1", "cuda:1", 1.0)]
+    engine = specs[1].engine_config()
+    assert (engine.device, engine.memory_share) == ("cuda:0", 0.5)  # torch computes on the GPU itself
+    assert all(s.cores == () for s in specs)  # a GPU worker is not pinned to a CPU slot's cores
+
+
+@pytest.mark.parametrize(("devices", "message"), [
+    (("cuda:0", "cuda:0#1"), "named whole and as a slot"),
+    (("cuda:0#1", "cuda:0#1"), "cuda:0#1 is named twice"),
+    (("cpu:0", "cpu:0"), "cpu:0 is named twice"),
+    (("cuda:0#0", "cuda:7#0"), "cuda:7#0 does not exist: this machine has 4"),
+])
+def test_layouts_that_cannot_share_a_device_are_refused(four_gpus: list[str], tmp_path: Path,
+                                                        devices: tuple[str, ...], message: str) -> None:
+    with pytest.raises(FleetConfigError, match=message):
+        FleetConfig(tmp_path, prefill=1, decode=1, devices=devices, shm_dir=tmp_path)
+
+
+def test_a_worker_started_on_a_split_gpu_takes_a_slot_and_its_share(four_gpus: list[str], tiny_model_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        with pytest.raises(OperationRefused, match=r"cuda:0 already hosts prefill-0 on cuda:0#0 \(the same GPU") as e:
+            fleet.lifecycle.start("decode", "cuda:0")
+        assert e.value.status == 409
+        with pytest.raises(OperationRefused, match="cuda:0#1 already hosts decode-0"):
+            fleet.lifecycle.start("decode", "cuda:0#1")
+        op = fleet.lifecycle.start("decode", "cuda:0#2")
+        await finished(op)
+        assert op.state is OpState.DONE, op.error
+        spec = launcher.workers[op.worker_id].spec
+        assert (spec.device, spec.memory_share) == ("cuda:0#2", pytest.approx(1 / 3))
+
+    run_fleet(tiny_model_dir, FakeLauncher(tmp_path), scenario, prefill=1, decode=1,
+              devices=("cuda:0", "cuda:0"))
