@@ -3,6 +3,7 @@ set of engine settings."""
 
 import dataclasses
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,27 +147,33 @@ def cpu_slot_cores(slot: int, num_slots: int, cores: list[int]) -> tuple[int, ..
     return tuple(cores[slot * per_slot : (slot + 1) * per_slot])
 
 
-def pinned_cores(device: str, cpu_devices: set[str]) -> tuple[int, ...]:
-    """The cores of `device` when the fleet's CPU slots are `cpu_devices` (() for a GPU). Slots on
-    different nodes of a Ray cluster do not share cores: only the slots of `device`'s node count."""
+def pinned_cores(device: str, fleet_devices: Iterable[str]) -> tuple[int, ...]:
+    """The cores `device` is pinned to among the fleet's devices (() leaves a worker unpinned). The CPU slots of a
+    node share its cores evenly. Where a node mixes CPU slots with GPU workers, each GPU worker keeps one core of
+    its own and the slots share the rest: a GPU worker's kernel launches would otherwise wait behind the slots'
+    matmuls. GPU workers with no CPU slot beside them are left unpinned. Slots on different nodes of a Ray cluster
+    do not share cores: only `device`'s node counts."""
     name = check_device(device, indexed=True)
+    here = [peer for peer in {check_device(d, indexed=True) for d in fleet_devices} | {name} if peer.node == name.node]
+    cpu_slots = sorted(peer.index for peer in here if peer.kind is DeviceKind.CPU)
+    gpu_workers = sorted(peer.local for peer in here if peer.kind is not DeviceKind.CPU)
+    cores = sorted(os.sched_getaffinity(0))
+    reserved = len(gpu_workers) if cpu_slots and len(cores) > len(gpu_workers) else 0
+    shared = cores[:len(cores) - reserved]
     if name.kind is not DeviceKind.CPU:
-        return ()
-    peers = [check_device(d, indexed=True) for d in cpu_devices]
-    slots = sorted({peer.index for peer in peers if peer.node == name.node} | {name.index})
-    return cpu_slot_cores(slots.index(name.index), len(slots), sorted(os.sched_getaffinity(0)))
+        return (cores[len(shared) + gpu_workers.index(name.local)],) if reserved else ()
+    return cpu_slot_cores(cpu_slots.index(name.index), len(cpu_slots), shared)
 
 
 def worker_specs(config: FleetConfig) -> list[WorkerSpec]:
     devices = config.devices or default_devices(config.num_workers)
     names = [check_device(d, indexed=True) for d in devices]
-    cpu_devices = {d for d, name in zip(devices, names, strict=True) if name.kind is DeviceKind.CPU}
     engine = config.engine
     if engine.dtype is DType.AUTO:  # once for the fleet: a worker cannot adopt KV computed in another dtype
         engine = dataclasses.replace(engine, dtype=auto_dtype(names))
     return [
         WorkerSpec(worker_id=worker_id, role=role, device=device, model_dir=config.model_dir, engine=engine,
-                   cores=pinned_cores(device, cpu_devices), store_path=config.store_path,
+                   cores=pinned_cores(device, devices), store_path=config.store_path,
                    heartbeat_s=config.supervision.heartbeat_s, step_timeout_s=config.supervision.step_timeout_s,
                    shm_dir=config.shm_dir, memory_share=memory_share(device, devices))
         for (worker_id, role), device in zip(config.worker_roles(), devices, strict=True)

@@ -24,6 +24,19 @@ def test_one_gpu_hosts_a_prefill_and_a_decode_worker(four_gpus: list[str], tmp_p
     assert all(s.cores == () for s in specs)  # a GPU worker is not pinned to a CPU slot's cores
 
 
+def test_beside_cpu_slots_each_gpu_worker_keeps_a_core_of_its_own(four_gpus: list[str], tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU worker's launches would queue behind the CPU slots' matmuls if the slots pinned every core."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
+    config = FleetConfig(tmp_path, prefill=2, decode=2, devices=("cuda:0", "cuda:0", "cpu:0", "cpu:1"),
+                         shm_dir=tmp_path)
+    assert {s.device: s.cores for s in worker_specs(config)} == {
+        "cuda:0#0": (6,), "cuda:0#1": (7,), "cpu:0": (0, 1, 2), "cpu:1": (3, 4, 5)}
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})  # as many cores as GPU workers: none kept
+    assert {s.device: s.cores for s in worker_specs(config)} == {
+        "cuda:0#0": (), "cuda:0#1": (), "cpu:0": (0,), "cpu:1": (1,)}
+
+
 @pytest.mark.parametrize(("devices", "message"), [
     (("cuda:0", "cuda:0#1"), "named whole and as a slot"),
     (("cuda:0#1", "cuda:0#1"), "cuda:0#1 is named twice"),

@@ -186,14 +186,21 @@ from fleetctl.kernels import ops
 
 model_dir, device, prompts = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
 engine = LLMEngine(EngineConfig(model_dir, device=device, settings=EngineSettings(dtype="float32", num_kv_blocks=64)))
-results = engine.generate(prompts, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True))
-print(json.dumps({"mode": ops.MODE, "triton": "triton" in sys.modules, "tokens": [r.token_ids for r in results]}))
+params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=2)
+ids = [engine.add_request(p, params).request_id for p in prompts]
+steps = {i: [] for i in ids}  # per request, per token: [token, its logprob, the runner-up's logprob]
+while engine.has_unfinished():
+    for out in engine.step():
+        steps[out.request_id].append([out.token_id, out.logprobs.logprob, out.logprobs.top[1][1]])
+print(json.dumps({"mode": ops.MODE, "triton": "triton" in sys.modules, "steps": [steps[i] for i in ids]}))
 """
 PROMPTS = [
     "The quick brown fox",
     "Once upon a time there was a small model that served many requests on one node. Numbers 0 1 2",
     "def",
 ]
+NEAR_TIE = 1e-3  # a reference step whose best two logprobs are closer than this may go either way in fp32
+LOGPROB_ATOL = 1e-4
 
 
 def start_generation(model_dir: Path, device: str, mode: str) -> subprocess.Popen[str]:
@@ -210,6 +217,16 @@ def finish_generation(proc: subprocess.Popen[str]) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+def greedy_agreement(ours: list[list[float]], ref: list[list[float]]) -> int:
+    """How many greedy steps of one request agree (same token, logprob within LOGPROB_ATOL) before the first
+    near-tie of the reference, after which the two may rightly part; fails at a step that disagrees before."""
+    for step, ((token, logprob, _), (ref_token, ref_logprob, runner_up)) in enumerate(zip(ours, ref, strict=True)):
+        if ref_logprob - runner_up < NEAR_TIE:
+            return step
+        assert (token, logprob) == (ref_token, pytest.approx(ref_logprob, abs=LOGPROB_ATOL)), f"step {step}"
+    return len(ref)
+
+
 @pytest.mark.slow  # over ~10 s: `make test` runs it, `make test-fast` does not
 @pytest.mark.parametrize(
     ("device", "mode"),
@@ -219,13 +236,16 @@ def finish_generation(proc: subprocess.Popen[str]) -> dict:
     ],
 )
 def test_generation_through_kernels_matches_torch(tiny_model_dir: Path, device: str, mode: str) -> None:
+    """The tiny model's random logits are near-flat: fp32 Triton and torch may pick differently at a near-tie,
+    so the tokens are compared up to each request's first one, and most steps must come before it."""
     kernels = start_generation(tiny_model_dir, device, mode)
     reference = start_generation(tiny_model_dir, device, "torch")
     ours, ref = finish_generation(kernels), finish_generation(reference)
     assert ours["mode"] == mode and ours["triton"], "the Triton kernels did not run"
     assert ref["mode"] == "torch" and not ref["triton"]
-    assert ours["tokens"] == ref["tokens"]
-    assert all(len(t) == 10 for t in ours["tokens"])
+    assert [len(steps) for steps in ours["steps"]] == [10] * len(PROMPTS)
+    agreed = [greedy_agreement(a, b) for a, b in zip(ours["steps"], ref["steps"], strict=True)]
+    assert sum(agreed) >= 0.8 * 10 * len(PROMPTS), agreed
 
 
 def test_kernel_selection_without_triton() -> None:

@@ -11,7 +11,7 @@ from collections.abc import Coroutine
 from enum import StrEnum
 from typing import Any, Protocol
 
-from fleetctl.domain import DeviceKind, WorkerRole, WorkerState
+from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.checkpoint.format import CheckpointError
 from fleetctl.engine.core.device_names import DeviceError, check_device, gpu_clash, memory_share
 from fleetctl.engine.fleet.config import pinned_cores
@@ -232,15 +232,12 @@ class OperationRunner:
     def spec_for(self, worker_id: str, role: WorkerRole, device: str) -> WorkerSpec:
         """The spec `worker_id` runs with on `device`: its own, or for a worker this fleet did not start
         (a new one, or another fleet's checkpoint) its peers', with that id and role; pinned to its
-        CPU slot's cores as the fleet's slots are."""
+        cores as the fleet's slots are."""
         specs = self.state.specs
         base = specs[worker_id] if worker_id in specs else next(iter(specs.values()))
-        cpu_devices = {v.device for v in self.state.views.values()
-                       if check_device(v.device, indexed=True).kind is DeviceKind.CPU}
+        live = [v.device for v in self.state.views.values() if v.state in LIVE]
         return dataclasses.replace(base, worker_id=worker_id, role=role, device=device,
-                                   cores=pinned_cores(device, cpu_devices),
-                                   memory_share=memory_share(device, [v.device for v in self.state.views.values()
-                                                                      if v.state in LIVE]))
+                                   cores=pinned_cores(device, live), memory_share=memory_share(device, live))
 
     @staticmethod
     async def shut_down(link: WorkerLink) -> None:
