@@ -40,7 +40,8 @@ def demo(
     as_json: bool = typer.Option(False, "--json", help="Headless: one JSON object on stdout."),
 ) -> None:
     r"""Embedded fleet + synthetic traffic + console: the default model on all local devices (one worker
-    per GPU: 1 prefill + the rest decode; without GPUs 1 prefill + 2 decode CPU slots), driven by
+    per GPU: 1 prefill + the rest decode, on one GPU two slots of it; without GPUs 1 prefill + 2 decode CPU
+    slots), driven by
     streamed completions that alternate every --phase-seconds between a rag-like phase (long prompts,
     short answers) and an agent-like phase (short prompts, long answers). In the console press ? for
     its keys, q to quit.

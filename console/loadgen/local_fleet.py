@@ -18,19 +18,17 @@ CPU_DECODE_WORKERS = 2  # on a machine without GPUs: 1 prefill + 2 decode logica
 
 def embedded_fleet_args(store: Path | None = None) -> list[str]:
     """The `fleetctl serve` arguments (all but --model) of the embedded fleet on this machine's devices:
-    one worker per GPU, 1 prefill + the rest decode (one GPU: a single colocated worker); without GPUs
-    1 prefill + 2 decode on the logical slots cpu:0..2. `store` defaults to $FLEET_HOME/fleet.db."""
+    one worker per GPU, 1 prefill + the rest decode (one GPU: a prefill and a decode worker on two slots of it);
+    without GPUs 1 prefill + 2 decode on the logical slots cpu:0..2. `store` defaults to $FLEET_HOME/fleet.db."""
     from fleetctl.engine.core.device_names import gpu_count
     from fleetctl.engine.paths import default_store_path
 
     gpus = gpu_count()
     if gpus == 1:
-        layout = ["--colocated", "1", "--devices", "cuda:0"]
+        devices = ["cuda:0", "cuda:0"]
     else:
-        workers = gpus or (1 + CPU_DECODE_WORKERS)
-        kind = "cuda" if gpus else "cpu"
-        layout = ["--prefill", "1", "--decode", str(workers - 1),
-                  "--devices", ",".join(f"{kind}:{i}" for i in range(workers))]
+        devices = [f"cuda:{i}" for i in range(gpus)] if gpus else [f"cpu:{i}" for i in range(1 + CPU_DECODE_WORKERS)]
+    layout = ["--prefill", "1", "--decode", str(len(devices) - 1), "--devices", ",".join(devices)]
     return [*layout, "--store", str(store or default_store_path())]
 
 

@@ -130,11 +130,11 @@ class FleetConfig:
 
 
 def default_devices(count: int) -> tuple[str, ...]:
+    """A GPU per worker; with more workers than GPUs they are dealt round the GPUs as slots (a one-GPU machine
+    runs a prefill and a decode worker on cuda:0#0 and cuda:0#1); with no GPU, a CPU slot each."""
     gpus = gpu_count()
     if gpus:
-        if count > gpus:
-            raise FleetConfigError(f"{count} workers need {count} devices; this machine has {gpus} GPU(s)")
-        return tuple(f"cuda:{i}" for i in range(count))
+        return gpu_slots(f"cuda:{i % gpus}" for i in range(count))
     return tuple(f"cpu:{i}" for i in range(count))
 
 

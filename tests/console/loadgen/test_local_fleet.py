@@ -10,7 +10,7 @@ from fleetctl.engine.core import device_names
 
 @pytest.mark.parametrize(("gpus", "layout"), [
     (0, ["--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2"]),
-    (1, ["--colocated", "1", "--devices", "cuda:0"]),
+    (1, ["--prefill", "1", "--decode", "1", "--devices", "cuda:0,cuda:0"]),  # two slots of the one GPU
     (2, ["--prefill", "1", "--decode", "1", "--devices", "cuda:0,cuda:1"]),
     (8, ["--prefill", "1", "--decode", "7", "--devices", ",".join(f"cuda:{i}" for i in range(8))]),
 ])
