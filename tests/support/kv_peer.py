@@ -9,6 +9,7 @@ import os
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -113,8 +114,8 @@ class Peer:
         self.process.start()
         child.close()
 
-    def call(self, name: str, *args: object) -> object:
-        """Run `name` in the child; its exception, if it raised, is raised here."""
+    def call(self, name: str, *args: object) -> Any:
+        """What `name` returned in the child; its exception, if it raised, is raised here."""
         self._conn.send((name, args))
         if not self._conn.poll(CALL_TIMEOUT_S):
             raise TimeoutError(f"the peer did not answer {name} within {CALL_TIMEOUT_S} s")
