@@ -9,25 +9,25 @@ Version history:
 """
 
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from sqlalchemy.exc import DBAPIError
 from sqlite_utils import Database
 from sqlmodel import SQLModel, create_engine
 
+from fleetctl.store.errors import StoreVersionError, diagnose, store_file_errors
 from fleetctl.store.schema import REQUEST_PREFIX_DEFAULTS, SCHEMA_VERSION, TABLES, WORKER_INDEX_COLUMNS
 
 BUSY_TIMEOUT_S = 10.0
 Answer = TypeVar("Answer")
 
 
-class StoreVersionError(RuntimeError):
-    """The file was written by a newer fleetctl than this one."""
-
-
 def open_db(path: Path | str, *, check_same_thread: bool = True) -> Database:
-    """Open the store at `path` (created if missing, upgraded if older).
+    """Open the store at `path` (created if missing, upgraded if older); StoreFileError says what is wrong with a
+    file that cannot be (not a database, a newer schema, read-only, a full disk).
 
     WAL lets the console read while the fleet writes; synchronous=NORMAL is durable across a
     process crash (not a power cut) at a fraction of FULL's fsyncs; the busy timeout makes a second
@@ -35,12 +35,31 @@ def open_db(path: Path | str, *, check_same_thread: bool = True) -> Database:
     mode: writes that must be atomic open their own transaction.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=check_same_thread)
-    if schema_version(conn) != SCHEMA_VERSION:
-        upgrade(path)
-    conn.execute("PRAGMA synchronous=NORMAL")
+    with store_file_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                               check_same_thread=check_same_thread)
+        try:
+            if schema_version(conn) != SCHEMA_VERSION:
+                upgrade(path)
+            conn.execute("PRAGMA synchronous=NORMAL")
+        except DBAPIError as exc:  # SQLAlchemy's wrapping of sqlite's error, from creating the tables
+            conn.close()
+            raise diagnose(path, exc.orig) from exc
+        except BaseException:
+            conn.close()
+            raise
     return Database(conn)
+
+
+def move_aside(path: Path) -> Path:
+    """Rename the store at `path` (and its WAL files) to `<name>.corrupt-<UTC time>`; returns the new name."""
+    aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    for suffix in ("", "-wal", "-shm"):
+        companion = Path(f"{path}{suffix}")
+        if companion.exists():
+            companion.rename(f"{aside}{suffix}")
+    return aside
 
 
 def read_store(path: Path | str, query: Callable[[Database], Answer]) -> Answer:
@@ -86,9 +105,7 @@ def upgrade(path: Path) -> int:
             try:
                 found = schema_version(raw)
                 if found > SCHEMA_VERSION:
-                    raise StoreVersionError(
-                        f"{path} has schema version {found}; this fleetctl reads up to {SCHEMA_VERSION}"
-                    )
+                    raise StoreVersionError(path, found, SCHEMA_VERSION)
                 if found == 0:
                     SQLModel.metadata.create_all(conn, tables=TABLES)
                 else:

@@ -16,6 +16,7 @@ from fleetctl.console.cli.ops import checkpoint, checkpoints, drain, migrate, mo
 from fleetctl.console.cli.planning import classify, plan, rebalance
 from fleetctl.console.cli.serve import serve
 from fleetctl.console.cli.status import status, workers
+from fleetctl.store.errors import StoreFileError
 
 try:  # newer typer vendors click
     from typer import _click as click
@@ -112,6 +113,9 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
+    except StoreFileError as exc:  # whichever command opened the store
+        print(f"fleetctl: error: {exc}", file=sys.stderr)
+        sys.exit(1)
     except typer.Abort:
         print("fleetctl: error: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -55,8 +55,11 @@ def console(
 def attach(url: str | None, *, token: str | None, store: Path | None, settings: "ConsoleSettings",
            model: str) -> None:
     from fleetctl.console.tui.app import run_console
+    from fleetctl.store.db import open_db
 
     if url is not None:
+        if store is not None:
+            open_db(store).close()  # a store that cannot be read is one line here, not an error inside the console
         run_console(fleet_url(url), store=store, token=token, settings=settings)
         return
     fleet_store = store or store_path("")

@@ -12,10 +12,13 @@ from fleetctl.console.cli.models import resolve_model
 
 @contextmanager
 def embedded_fleet(model: str, store: Path) -> Iterator[str]:
-    """Yields the URL of an embedded fleet of `model` writing the metrics store `store`; a model that cannot be
-    had, or a fleet that does not start, is one error line."""
+    """Yields the URL of an embedded fleet of `model` writing the metrics store `store`; a store or a model that
+    cannot be had, or a fleet that does not start, is one error line (the store is opened first: its error comes
+    before a model is loaded)."""
     from fleetctl.console.loadgen.local_fleet import FleetStartError, embedded_fleet_args, local_fleet
+    from fleetctl.store.db import open_db
 
+    open_db(store).close()
     with user_errors():
         model_dir = resolve_model(model)
     try:

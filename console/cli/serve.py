@@ -5,6 +5,7 @@ import errno
 import os
 import socket
 import sys
+from pathlib import Path
 
 import typer
 
@@ -38,6 +39,9 @@ def serve(
     kv_memory: int = typer.Option(0, "--kv-memory", min=0, help="Cap each worker's KV pool, MiB (0: from memory)."),
     kv_blocks: int = typer.Option(0, "--kv-blocks", min=0, help="Exact KV blocks per worker (overrides --kv-memory)."),
     store: str = STORE_OPTION,
+    store_reset: bool = typer.Option(False, "--store-reset", help="If the store is not a database (corrupt, or "
+                                                                  "another file), move it aside and start a fresh "
+                                                                  "one (the new name is printed)."),
     max_queue: int = typer.Option(FleetConfig.max_queue, "--max-queue", min=0,
                                   help="Requests waiting to generate (queued, prefilling, KV awaiting a decode "
                                        "worker) beyond this get HTTP 429 with Retry-After."),
@@ -96,6 +100,8 @@ def serve(
     from fleetctl.engine.server.graceful import GracefulServer
 
     listener = bind(host, port)  # first: a taken port fails in milliseconds, before a model is even looked at
+    if store_reset:
+        reset_if_corrupt(store_path(store))
     with user_errors(on_error=listener.close):
         try:
             engine = EngineSettings(dtype=dtype, deterministic=deterministic, max_num_seqs=max_num_seqs,
@@ -138,6 +144,21 @@ def serve(
             raise
     if app.state.startup_error:
         raise fail(app.state.startup_error)
+
+
+def reset_if_corrupt(path: Path) -> None:
+    """--store-reset: a store that is not a database is moved aside (a sound one, or one with another problem, is
+    left for the fleet to open or to refuse)."""
+    from fleetctl.store.db import move_aside, open_db
+    from fleetctl.store.errors import StoreFileError, StoreProblem
+
+    try:
+        open_db(path).close()
+    except StoreFileError as exc:
+        if exc.problem is not StoreProblem.NOT_A_DATABASE:
+            raise
+        print(f"fleetctl: the store {exc.path} was not a database: moved it aside to {move_aside(exc.path)}; "
+              f"starting a fresh one", file=sys.stderr)
 
 
 def ray_launcher(address: str):
