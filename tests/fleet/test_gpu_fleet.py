@@ -29,9 +29,9 @@ pytestmark = pytest.mark.fleet
 
 CHATS = ["The quick brown fox", "Write a function that adds two numbers.", "Count from 0 to 9.", "Once upon a time"]
 MAX_TOKENS = 16
-# fp32 kernels against torch (exact "ieee" dots, other summation orders): logits agree to ~1e-5; a flip
-# between two tokens further apart than this is a bug, not rounding
-NEAR_TIE = 1e-3  # nats
+# float32 kernels against torch: exact ("ieee") dots, other summation orders, so logits differ by rounding, grown
+# through 30 layers; a kernel bug moves them by far more. (Not measured on a GPU yet: the first run will tell.)
+NEAR_TIE = 1e-2  # nats
 
 
 @dataclass(frozen=True)
