@@ -73,7 +73,7 @@ def run_backend(setup: Setup, model_dir: Path, kernels: str) -> dict[str, object
     command = [sys.executable, __file__, str(model_dir), setup.device, setup.dtype,
                ",".join(map(str, setup.batches)), str(setup.steps)]
     result = subprocess.run(command, env={**env, "FLEET_KERNELS": kernels}, capture_output=True, text=True,
-                            timeout=240)
+                            timeout=120)  # each well under a minute on a GPU
     if result.returncode:
         raise SystemExit(f"engine benchmark (FLEET_KERNELS={kernels}) exited {result.returncode}:\n"
                          f"{result.stderr[-3000:]}")
