@@ -1,7 +1,8 @@
 """scripts/gpu-check's benchmarks: paged decode attention's achieved GB/s vs the device's peak (1k/4k/16k context,
-batch 1/32; target >= 70% at 4k) and prefill attention vs torch SDPA (target <= 1.3x). Misses are reported, not
-failed. `--tiny` runs them tiny, on CPU through the Triton interpreter, to check this code where there is no GPU.
-FLEET_PEAK_GBPS=... overrides the peak bandwidth."""
+batch 1/32; target >= 70% at 4k) and prefill attention vs torch SDPA (target <= 1.3x), then decode tokens/s through
+the engine, kernels vs torch (scripts/engine_bench.py). Misses are reported, not failed. `--tiny` runs them tiny,
+on CPU through the Triton interpreter, to check this code where there is no GPU. FLEET_PEAK_GBPS=... overrides the
+peak bandwidth."""
 
 import os
 import sys
@@ -11,6 +12,7 @@ from collections.abc import Callable
 SMOKE = "--tiny" in sys.argv[1:]
 if SMOKE:
     os.environ["FLEET_KERNELS"] = "interpret"  # before anything imports triton
+import engine_bench
 import torch
 import torch.nn.functional as F
 
@@ -147,5 +149,8 @@ for block_m, block_n in [(None, None), (128, 32), (128, 64), (64, 64), (64, 32)]
     ms = bench_ms(lambda: prefill_attention_triton(q, kv_layer, tables, cu, lens, SCALE, block_m, block_n))  # noqa: B023
     cells.append(f"{block_m or 'auto'}x{block_n or 'auto'}: {ms:.3f} ms")
 print(f"prefill tiles (BLOCK_M x BLOCK_N) at {seqs}x{length}: " + ", ".join(cells))
+
+print()
+engine_bench.report(tiny=SMOKE)
 
 print("\nperformance targets: " + ("all met" if not misses else "; ".join(misses)))

@@ -38,6 +38,13 @@ def small_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_shaped_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Random weights in the default model's shape (0.5 GB in float32): for GPUs, where smollm2-135m's own weights
+    cannot be carried."""
+    return tiny_model.write_tiny_llama(tmp_path_factory.mktemp("smollm2-shaped"), **tiny_model.SMOLLM2_135M)
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The default model, pulled once into the persistent model store (kept between runs)."""
     from fleetctl.engine.model.store import ModelStore

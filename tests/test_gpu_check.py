@@ -21,7 +21,7 @@ def gpu_check(*args: str | Path) -> subprocess.CompletedProcess[str]:
 def test_a_dry_run_collects_the_gpu_tests_runs_the_benchmarks_and_writes_its_summary(tmp_path: Path) -> None:
     result = gpu_check("--dry-run", "--json", tmp_path / "summary.json")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for table in ("decode attention", "prefill attention", "performance targets:"):
+    for table in ("decode attention", "prefill attention", "decode through LLMEngine", "performance targets:"):
         assert table in result.stdout
     assert result.stdout.rstrip().endswith("gpu-check: dry run (no CUDA) passed")
 

@@ -33,9 +33,9 @@ def fleetctl(*args: str, env: dict | None = None, timeout: float = 300) -> subpr
                           env={**os.environ, **(env or {})})
 
 
-def generate_json(model: Path, prompts: list[str], *extra: str) -> list[dict]:
-    """`fleetctl generate --json` for the prompts (one batch), parsed."""
-    result = fleetctl("generate", "--model", str(model), "--json", *extra, *prompts)
+def generate_json(model: Path, prompts: list[str], *extra: str, env: dict | None = None) -> list[dict]:
+    """`fleetctl generate --json` for the prompts (one batch), parsed; `env` adds to the environment."""
+    result = fleetctl("generate", "--model", str(model), "--json", *extra, *prompts, env=env)
     assert result.returncode == 0, result.stderr
     return [json.loads(line) for line in result.stdout.splitlines()]
 

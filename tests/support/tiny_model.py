@@ -1,5 +1,6 @@
 """Writes a tiny random Llama as a normal Hugging Face directory, with a small real byte-level BPE
-tokenizer trained on a fixed text, so the engine's loader, tokenizer and chat template all run."""
+tokenizer trained on a fixed text, so the engine's loader, tokenizer and chat template all run; or, with
+SMOLLM2_135M's shape, a random model as big as the default one (the GPU check's, where no weights can be carried)."""
 
 import json
 from pathlib import Path
@@ -37,6 +38,24 @@ TINY_CONFIG = {
     "eos_token_id": 2,
     "torch_dtype": "float32",
 }
+# smollm2-135m's config.json (the default model, as `make install` stores it), random weights in its shape. Its
+# 49152-token vocabulary is beyond what the tokenizer learns from CORPUS (a few hundred tokens): the embedding
+# (tied, so also the LM head) keeps all 49152 rows, so every matmul and the logits are smollm2's size, but the rows
+# past the tokenizer's vocabulary are zeros: their logits are 0, far below the best real token's, so greedy
+# decoding only ever picks a token the tokenizer can write out.
+SMOLLM2_135M = {
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 100000.0,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+}
 
 
 def _tokenizer(vocab_size: int) -> Tokenizer:
@@ -53,12 +72,16 @@ def _tokenizer(vocab_size: int) -> Tokenizer:
     return tok
 
 
-def write_tiny_llama(out_dir: Path, seed: int = 0, vocab_size: int = 384, **shape: int) -> Path:
-    """`shape` overrides config fields (hidden_size, num_hidden_layers, …) for a bigger test model."""
+def write_tiny_llama(out_dir: Path, seed: int = 0, tokenizer_vocab: int = 384, **shape: float) -> Path:
+    """`shape` overrides config fields (hidden_size, num_hidden_layers, …; SMOLLM2_135M: all of them) for a
+    bigger test model. A `vocab_size` in it beyond the tokenizer's (`tokenizer_vocab` at most) pads the embedding
+    with zero rows (see SMOLLM2_135M)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok = _tokenizer(vocab_size)
+    tok = _tokenizer(tokenizer_vocab)
     tok.save(str(out_dir / "tokenizer.json"))
-    config = dict(TINY_CONFIG, vocab_size=tok.get_vocab_size(), **shape)
+    config = {**TINY_CONFIG, "vocab_size": tok.get_vocab_size(), **shape}
+    if config["vocab_size"] < tok.get_vocab_size():
+        raise ValueError(f"vocab_size {config['vocab_size']} is below the tokenizer's {tok.get_vocab_size()}")
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     (out_dir / "tokenizer_config.json").write_text(
         json.dumps(
@@ -80,8 +103,14 @@ def write_tiny_llama(out_dir: Path, seed: int = 0, vocab_size: int = 384, **shap
     def rand(*shape: int, std: float = 0.15) -> torch.Tensor:
         return torch.randn(*shape, generator=gen) * std
 
-    tensors = {"model.embed_tokens.weight": rand(vocab, d, std=1.0), "model.norm.weight": 1 + rand(d, std=0.1)}
-    tensors["lm_head.weight"] = rand(vocab, d, std=0.3)
+    def vocabulary_rows(std: float) -> torch.Tensor:
+        rows = rand(vocab, d, std=std)
+        rows[tok.get_vocab_size():] = 0  # rows no token of the tokenizer has
+        return rows
+
+    tensors = {"model.embed_tokens.weight": vocabulary_rows(1.0), "model.norm.weight": 1 + rand(d, std=0.1)}
+    if not config["tie_word_embeddings"]:
+        tensors["lm_head.weight"] = vocabulary_rows(0.3)
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         tensors |= {
