@@ -1,6 +1,7 @@
 """The worker's side of checkpoints: snapshot the engine and write it from a forked child (so the
 write can fail or be killed without touching the serving process), and restore an engine from one."""
 
+import errno
 import os
 import shutil
 import time
@@ -35,6 +36,8 @@ from fleetctl.engine.core.block_allocator import KV_LAYOUT_VERSION
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.metrics.gpu_sampler import driver_version
 from fleetctl.engine.model.prepared import weights_key
+
+ROOM_BESIDE_KV = 1 << 20  # the manifest and the sessions' tokens (a guess: a write that still runs short fails cleanly)
 
 
 @dataclass(frozen=True)
@@ -73,22 +76,47 @@ def write_engine_checkpoint(
     else:
         records, kv = snapshot(engine)
         payload = payload_of(kv)
+    check_room(root, payload.nbytes + ROOM_BESIDE_KV)
+    why_read, why_write = os.pipe()  # the writer's last words: why it failed
     pid = os.fork()
     if pid == 0:  # the writer: no torch, no threads; always leaves through os._exit
         code = 1
         try:
+            os.close(why_read)
             write_checkpoint(root, name, worker_id, role, compat, records, payload)
             code = 0
+        except BaseException as exc:
+            os.write(why_write, write_failure(exc, root).encode())
         finally:
             os._exit(code)
+    os.close(why_write)
     on_writer(pid)
     _, status = os.waitpid(pid, 0)
+    with os.fdopen(why_read, "rb") as said:
+        why = said.read().decode(errors="replace")
     if os.waitstatus_to_exitcode(status) != 0:
         shutil.rmtree(root / (name + PARTIAL_SUFFIX), ignore_errors=True)
-        how = f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else "failed"
+        how = f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"failed: {why or 'no reason'}"
         raise CheckpointError(f"the checkpoint writer {how}; nothing was saved")
     path = root / name
     return path, len(records), sum(f.stat().st_size for f in path.iterdir())
+
+
+def check_room(root: Path, needed: int) -> None:
+    """Refuse a checkpoint the disk under `root` has no room for, before anything is written."""
+    folder = next(p for p in (root, *root.parents) if p.exists())
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        raise CheckpointError(f"no room for the checkpoint in {root}: it needs {needed / 2**20:.1f} MiB and its disk "
+                              f"has {free / 2**20:.1f} MiB free; free some space there")
+
+
+def write_failure(exc: BaseException, root: Path) -> str:
+    """Why the writer failed, for the operation's error: an OS error by its name (a full disk, an I/O error)."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        where = exc.filename or root
+        return f"{exc.strerror} ({errno.errorcode.get(exc.errno, exc.errno)}) writing {where}"
+    return f"{exc.__class__.__name__}: {exc}"
 
 
 def restore_engine(engine: LLMEngine, checkpoint: SavedCheckpoint, compat: Compat) -> RestoreResult:

@@ -5,6 +5,7 @@ environment (workers inherit the server's) makes `fault_point(<point>, key)` mis
     exit:C    leave the process at once with code C (a crash; no cleanup runs)
     raise     raise InjectedFault (an exception in the code under test)
     raise:M   raise InjectedFault with message M (one that reads as a CUDA error poisons the device)
+    oserror:E raise the OSError a full or failing disk gives, E an errno name (ENOSPC, EIO, EROFS)
 
 `@<key>` narrows a fault to calls whose key (a request id, where the point has one) contains <key>, so a
 test can poison exactly one request (the server takes a client's `X-Request-Id`). `*<n>` lets the fault
@@ -13,6 +14,7 @@ fire at most n times in all the processes of a fleet together, counted with mark
 
 Without the variable a fault point is one dictionary lookup."""
 
+import errno
 import os
 import time
 from dataclasses import dataclass
@@ -71,5 +73,8 @@ def _fire(fault: Fault) -> None:
         os._exit(int(argument or 1))
     elif kind == "raise":
         raise InjectedFault(argument or f"fault injected at {fault.point}")
+    elif kind == "oserror":
+        code = getattr(errno, argument)
+        raise OSError(code, os.strerror(code))
     else:
         raise ValueError(f"FLEET_FAULTS: unknown action {fault.action!r} for {fault.point}")

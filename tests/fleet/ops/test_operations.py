@@ -111,6 +111,25 @@ def test_checkpoint_then_restore_with_tampered_compat_cold_starts(small_model_di
         assert streams.result(timeout=300) == expected
 
 
+def test_a_checkpoint_the_disk_refuses_says_why_and_its_worker_serves_on(small_model_dir: Path, expected: list[str],
+                                                                         fleet_home: Path) -> None:
+    """The writer fails as on a full disk (the fault point raises the OSError ENOSPC gives, after the KV is written):
+    the operation fails with that reason, the worker keeps every session (the streams end exact) and nothing is
+    left or listed."""
+    with serve(small_model_dir, *FLEET, env={"FLEET_FAULTS": "checkpoint-write=oserror:ENOSPC"}) as url:
+        streams = start_streams(url, STREAMS, TOKENS, "small-llama0")
+        assert wait_until(lambda: sessions(url, "decode-0") == len(expected), 60)
+        op = finished(url, operation(url, "/fleet/workers/decode-0/checkpoint", {}))
+        root = fleet_home / "checkpoints"
+        assert op["state"] == "failed"
+        assert f"No space left on device (ENOSPC) writing {root}; nothing was saved" in op["error"], op["error"]
+        workers = {w["id"]: w for w in httpx.get(f"{url}/fleet/workers", timeout=10).json()["workers"]}
+        assert workers["decode-0"]["state"] == "running"
+        assert httpx.get(f"{url}/fleet/checkpoints", timeout=10).json()["checkpoints"] == []
+        assert not root.exists() or not any(root.iterdir())
+        assert streams.result(timeout=300) == expected
+
+
 def test_destination_failure_leaves_the_source_serving(small_model_dir: Path, expected: list[str]) -> None:
     with serve(small_model_dir, *FLEET) as url:
         streams = start_streams(url, STREAMS, TOKENS, "small-llama0")
