@@ -18,6 +18,7 @@ class StoreProblem(Enum):
     NEWER_SCHEMA = "newer schema"
     READ_ONLY = "read-only"
     DISK_FULL = "disk full"
+    IO_ERROR = "I/O error"
     UNOPENABLE = "cannot be opened"
 
 
@@ -53,6 +54,9 @@ def diagnose(path: Path, exc: sqlite3.Error | OSError) -> StoreFileError:
             or unwritable:
         return StoreFileError(path, StoreProblem.READ_ONLY, f"the store {path} is read-only: make it (and its folder) "
                                                             f"writable, {ELSEWHERE}")
+    if (isinstance(exc, OSError) and exc.errno == errno.EIO) or "i/o error" in text:
+        return StoreFileError(path, StoreProblem.IO_ERROR, f"the store {path} cannot be written: its disk gives I/O "
+                                                           f"errors ({exc}): check the disk, {ELSEWHERE}")
     if isinstance(exc, sqlite3.DatabaseError) and ("not a database" in text or "malformed" in text):
         return StoreFileError(path, StoreProblem.NOT_A_DATABASE,
                               f"the store {path} is not a fleetctl store (not an SQLite database, or a damaged one): "

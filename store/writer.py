@@ -3,8 +3,12 @@ background thread writes whatever is queued once a second (or sooner when a batc
 transaction per flush, with sqlite-utils' `insert_all`. It also runs retention every minute.
 
 A record that fails validation, or a worker sample for a worker the store has never seen, is
-rejected: counted, logged (the 1st, 2nd, 4th, 8th, … of each table), and dropped. A
-failing write loses that table's rows of that flush and is logged; the thread carries on.
+rejected: counted, logged (the 1st, 2nd, 4th, 8th, … of each table), and dropped. A write that
+fails for its rows' sake (a constraint) loses that table's rows of that flush and is logged. A
+write the file itself refuses (a full disk, an I/O error, a read-only volume: sqlite's
+OperationalError) keeps the whole flush queued, up to `max_pending_rows` (rows beyond it are
+dropped and counted), and is tried again each flush: the writer reports itself failing (`health`) until a
+write succeeds. Nothing the fleet serves ever waits on the store.
 """
 
 import logging
@@ -18,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from fleetctl.store.db import open_db
+from fleetctl.store.errors import StoreFileError, diagnose
 from fleetctl.store.records import ROW_GETTERS, DeviceRecord, Record, WorkerRecord, WorkerSample, columns
 from fleetctl.store.retention import RetentionConfig, apply_retention
 from fleetctl.store.validate import problem
@@ -43,6 +48,17 @@ class WriterConfig:
 
 
 @dataclass(frozen=True)
+class StoreFailure:
+    """The store refusing writes: since when (time.time()), what (StoreProblem's words) and why (one line naming
+    the file and what to do), and the rows kept."""
+
+    since: float
+    problem: str
+    error: str
+    kept_rows: int
+
+
+@dataclass(frozen=True)
 class WriterStats:
     written: dict[str, int]  # rows per table
     rejected: dict[str, int]  # failed validation or unknown worker
@@ -52,10 +68,12 @@ class WriterStats:
 class MetricsWriter:
     def __init__(self, db_path: Path | str, config: WriterConfig | None = None) -> None:
         self.config = config or WriterConfig()
+        self.path = Path(db_path)
         self._db = open_db(db_path, check_same_thread=False)  # used under _db_lock only
         self._known_workers = {row[0] for row in self._db.execute("SELECT id FROM workers")}
         self._pending: dict[type, list[tuple]] = {}
         self._pending_rows = 0
+        self._flushing = 0  # rows taken out for the flush under way (kept, if the file refuses it)
         self._written: Counter[str] = Counter()
         self._rejected: Counter[str] = Counter()
         self._dropped: Counter[str] = Counter()
@@ -64,6 +82,8 @@ class MetricsWriter:
         self._wake = threading.Event()
         self._closed = False
         self._retention_since = 0.0
+        self._failing: tuple[float, StoreFileError] | None = None  # (since, why) while the file refuses writes
+        self._refusals = 0
         self._thread = threading.Thread(target=self._run, name="metrics-writer", daemon=True)
         self._thread.start()
 
@@ -101,7 +121,7 @@ class MetricsWriter:
         """Write everything queued so far, in one transaction. Returns the rows written."""
         with self._db_lock:
             with self._lock:
-                batch, self._pending, self._pending_rows = self._pending, {}, 0
+                batch, self._pending, self._flushing, self._pending_rows = self._pending, {}, self._pending_rows, 0
             if not batch:
                 return 0
             written: Counter[str] = Counter()
@@ -109,7 +129,7 @@ class MetricsWriter:
             try:
                 with self._db.atomic():
                     for record_type, rows in batch.items():
-                        # a savepoint per table: a failing table loses its rows, not the whole flush
+                        # a savepoint per table: a table whose rows fail loses them, not the whole flush
                         try:
                             with self._db.atomic():
                                 self._db[record_type.TABLE].insert_all(
@@ -118,9 +138,14 @@ class MetricsWriter:
                                     batch_size=1000,
                                 )
                             written[record_type.TABLE] += len(rows)
+                        except sqlite3.OperationalError:
+                            raise  # the file, not these rows: the whole flush waits for it
                         except sqlite3.Error:
                             log.exception("metrics store: writing %d %s rows failed", len(rows), record_type.TABLE)
                             failed[record_type.TABLE] += len(rows)
+            except sqlite3.OperationalError as exc:
+                self._keep(batch, exc)
+                return 0
             except sqlite3.Error:  # the commit itself failed
                 log.exception("metrics store: flush of %d rows failed", written.total())
                 failed.update(written)
@@ -128,7 +153,43 @@ class MetricsWriter:
             with self._lock:
                 self._written.update(written)
                 self._dropped.update(failed)
+                recovered, self._failing, self._refusals, self._flushing = self._failing, None, 0, 0
+            if recovered:
+                log.warning("metrics store %s: writing again after %.0f s", self.path, time.time() - recovered[0])
             return written.total()
+
+    def _keep(self, batch: dict[type, list[tuple]], exc: sqlite3.OperationalError) -> None:
+        """The file refused the flush: queue its rows again, ahead of what came since, up to the cap."""
+        why = diagnose(self.path, exc)
+        with self._lock:
+            for record_type, rows in batch.items():
+                self._pending[record_type] = rows + self._pending.get(record_type, [])
+                self._pending_rows += len(rows)
+            self._flushing = 0
+            self._drop_oldest_beyond_cap()
+            self._failing = (self._failing[0] if self._failing else time.time(), why)
+            self._refusals += 1
+            refusals, kept = self._refusals, self._pending_rows
+        if refusals & (refusals - 1) == 0:
+            log.warning("metrics store: %s (%d rows kept, refusal %d)", why, kept, refusals)
+
+    def _drop_oldest_beyond_cap(self) -> None:
+        while self._pending_rows > self.config.max_pending_rows:
+            record_type, rows = max(self._pending.items(), key=lambda item: len(item[1]))
+            excess = min(len(rows), self._pending_rows - self.config.max_pending_rows)
+            del rows[:excess]
+            self._pending_rows -= excess
+            self._dropped[record_type.TABLE] += excess
+
+    @property
+    def health(self) -> StoreFailure | None:
+        """None while writes succeed; else since when and why the store refuses them, and the rows kept."""
+        with self._lock:
+            if self._failing is None:
+                return None
+            since, why = self._failing
+            return StoreFailure(since=since, problem=why.problem.value, error=str(why),
+                                kept_rows=self._pending_rows + self._flushing)
 
     def run_retention(self, now: float | None = None) -> None:
         if self.config.retention is None:
@@ -154,6 +215,8 @@ class MetricsWriter:
         self._thread.join()
         self.flush()
         self._db.close()
+        if (failure := self.health) is not None:
+            log.warning("metrics store: %d rows were never written: %s", failure.kept_rows, failure.error)
 
     def __enter__(self) -> "MetricsWriter":
         return self

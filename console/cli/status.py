@@ -36,6 +36,8 @@ def status(url: str = URL_OPTION, as_json: bool = JSON_OPTION) -> None:
         print(f"{name:<8} workers {pool.workers}  busy {pool.busy:.1%}  mfu {pool.mfu:.2%}  "
               f"mbu {pool.mbu:.2%}  queue {pool.queue}  prefix hits {pool.prefix_hit_ratio:.1%}")
     print(f"local prefills (decode workers, no handoff): {data.local_prefills}")
+    if data.store and data.store.failing:
+        print(f"metrics store FAILING: {data.store.error} ({data.store.kept_rows} rows kept; serving goes on)")
     _worker_table(data.workers)
 
 

@@ -93,10 +93,14 @@ class FleetConsole(App[None]):
     def show(self, reading: FleetReading) -> None:
         """Render a reading; when the fleet does not answer, keep the last picture under a banner."""
         banner = self.query_one("#banner", Static)
-        banner.set_class(not reading.reachable, "shown")
+        store = reading.status.store if reading.status else None
+        banner.set_class(not reading.reachable or bool(store and store.failing), "shown")
         if not reading.reachable:
             banner.update(f"fleet unreachable: {reading.error} — retrying every {self.settings.interval:g} s")
             return
+        if store and store.failing:
+            banner.update(f"metrics store failing ({store.problem}): {store.kept_rows} rows kept, serving goes on · "
+                          f"`fleetctl status` says why")
         self.reading = reading
         self._match_pools(list(reading.pools))
         for panel in self.query(PoolPanel):

@@ -53,6 +53,7 @@ from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.launcher import Launcher, LocalLauncher
 from fleetctl.engine.worker.shm_files import sweep, sweep_dead_fleets
 from fleetctl.engine.worker.spec import WorkerSpec
+from fleetctl.store.writer import StoreFailure
 
 log = logging.getLogger("fleetctl.stats")
 STATS_LOG_S = 10.0
@@ -98,6 +99,11 @@ class Fleet:
     @property
     def views(self) -> dict[str, WorkerView]:
         return self.state.views
+
+    @property
+    def store_failure(self) -> StoreFailure | None:
+        """None while the metrics store takes writes (or the fleet keeps none); else why it refuses them."""
+        return self.state.recorder.writer.health if self.state.recorder else None
 
     @property
     def stats(self) -> FleetStats:

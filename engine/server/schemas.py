@@ -71,6 +71,18 @@ class PoolInfo(_Open):
     prefix_hit_ratio: float
 
 
+class StoreInfo(_Open):
+    """The metrics store the fleet writes: failing while its file refuses writes (a full disk, an I/O error), the
+    rows kept meanwhile; requests never wait on it."""
+
+    path: str
+    failing: bool
+    problem: str | None = None  # "disk full", "I/O error", "read-only", …
+    error: str | None = None  # the whole line: the file, what is wrong, what to do
+    failing_since: float | None = None  # time.time() of the first refused write
+    kept_rows: int = 0
+
+
 class FleetStatus(_Open):
     model: str
     url: str
@@ -79,6 +91,7 @@ class FleetStatus(_Open):
     workers: list[WorkerInfo]
     pools: dict[str, PoolInfo]  # by role
     local_prefills: int
+    store: StoreInfo | None = None  # None: the fleet keeps no store
 
 
 class WorkerList(_Open):

@@ -6,7 +6,7 @@ import os
 from fleetctl.domain import WorkerState
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.stats import BUSY_WINDOW_S
-from fleetctl.engine.server.schemas import FleetStatus, PoolInfo, WorkerInfo
+from fleetctl.engine.server.schemas import FleetStatus, PoolInfo, StoreInfo, WorkerInfo
 
 
 def workers_status(fleet: Fleet) -> list[WorkerInfo]:
@@ -49,4 +49,16 @@ def fleet_status(fleet: Fleet) -> FleetStatus:
             prefix_hit_ratio=round(fleet.stats.hit_ratio_of([w.id for w in workers if w.role == role.value]), 4),
         )
     return FleetStatus(model=fleet.model_name, url=fleet.url, pid=os.getpid(), window_s=BUSY_WINDOW_S,
-                       workers=workers, pools=pools, local_prefills=fleet.stats.local_prefill_count)
+                       workers=workers, pools=pools, local_prefills=fleet.stats.local_prefill_count,
+                       store=store_info(fleet))
+
+
+def store_info(fleet: Fleet) -> StoreInfo | None:
+    path = fleet.config.store_path
+    if path is None:
+        return None
+    failure = fleet.store_failure
+    if failure is None:
+        return StoreInfo(path=str(path), failing=False)
+    return StoreInfo(path=str(path), failing=True, problem=failure.problem, error=failure.error,
+                     failing_since=failure.since, kept_rows=failure.kept_rows)

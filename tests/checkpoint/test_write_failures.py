@@ -5,11 +5,11 @@ same tokens. The full volume is a real tmpfs mount where this machine lets the t
 disk's free space is what a full one reports."""
 
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.volumes import tmpfs
 
 from fleetctl.domain import WorkerRole
 from fleetctl.engine.checkpoint.engine_io import current_compat, write_engine_checkpoint
@@ -77,18 +77,11 @@ def small_volume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     """A folder whose disk has 64 KiB free: a tmpfs of that size, or where mounting is not allowed a folder whose
     disk says so."""
     folder = tmp_path / "volume"
-    folder.mkdir()
-    try:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)],
-                                 capture_output=True).returncode == 0
-    except FileNotFoundError:
-        mounted = False
-    if not mounted:
-        real = shutil.disk_usage
-        monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=64 * 1024))
-    yield folder
-    if mounted:
-        subprocess.run(["umount", "-l", str(folder)], check=True)
+    with tmpfs(folder, "64k") as mounted:
+        if not mounted:
+            real = shutil.disk_usage
+            monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=64 * 1024))
+        yield folder
 
 
 def test_a_disk_without_room_is_refused_before_writing(small_model_dir: Path, small_volume: Path) -> None:

@@ -3,11 +3,11 @@ database, a newer schema, a read-only volume, a full disk. The volumes are real 
 lets the tests mount them; elsewhere sqlite is made to raise the error such a volume gives."""
 
 import sqlite3
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.volumes import fill, tmpfs
 
 from fleetctl.store import db as store_db
 from fleetctl.store.db import move_aside, open_db
@@ -15,36 +15,23 @@ from fleetctl.store.errors import StoreFileError, StoreProblem
 from fleetctl.store.schema import SCHEMA_VERSION
 
 
-def mount_tmpfs(folder: Path, options: str) -> bool:
-    folder.mkdir()
-    try:
-        return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
-                              capture_output=True).returncode == 0
-    except FileNotFoundError:  # no mount(8) here
-        return False
-
-
 @pytest.fixture
 def volume(tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A folder on a full (request.param "full") or read-only ("ro") volume."""
     folder = tmp_path / "volume"
-    if mount_tmpfs(folder, "size=64k"):
-        if request.param == "full":
-            with (folder / "filler").open("wb") as filler, pytest.raises(OSError):
-                filler.write(b"\0" * (128 * 1024))
-                filler.flush()
-        else:
-            subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+    with tmpfs(folder, "64k", read_only=request.param == "ro") as mounted:
+        if mounted:
+            if request.param == "full":
+                fill(folder)
+            yield folder
+            return
+        message = {"full": "database or disk is full", "ro": "attempt to write a readonly database"}[request.param]
+
+        def failing_connect(*args: object, **kwargs: object) -> sqlite3.Connection:
+            raise sqlite3.OperationalError(message)
+
+        monkeypatch.setattr(store_db.sqlite3, "connect", failing_connect)
         yield folder
-        subprocess.run(["umount", "-l", str(folder)], check=True)
-        return
-    message = {"full": "database or disk is full", "ro": "attempt to write a readonly database"}[request.param]
-
-    def failing_connect(*args: object, **kwargs: object) -> sqlite3.Connection:
-        raise sqlite3.OperationalError(message)
-
-    monkeypatch.setattr(store_db.sqlite3, "connect", failing_connect)
-    yield folder
 
 
 def refusal(path: Path) -> StoreFileError:

@@ -27,6 +27,7 @@ from fleetctl.engine.server.schemas import (
     RoleChanged,
     SessionInfo,
     SessionMoved,
+    StoreInfo,
     WorkerInfo,
     WorkerSessions,
 )
@@ -154,8 +155,9 @@ class FixtureSource:
     url = "http://fixture:8700"
 
     def __init__(self, reachable: bool = True, hold_at: int | None = None,
-                 results: Mapping[OpKind, OperationResult] | None = None) -> None:
+                 results: Mapping[OpKind, OperationResult] | None = None, store: StoreInfo | None = None) -> None:
         self.reachable = reachable
+        self.store = store  # what /fleet/status says of the metrics store (None: the fleet keeps none)
         self.hold_at = hold_at  # an operation stays at this stage (a picture of the progress dialog)
         self.results = {**RESULTS, **(results or {})}
         self.posted: list[tuple[str, dict[str, object]]] = []
@@ -165,7 +167,8 @@ class FixtureSource:
     async def read(self) -> FleetReading:
         if not self.reachable:
             return FleetReading(reachable=False, error=f"no fleet answers at {self.url} (ConnectError)")
-        return FleetReading(reachable=True, status=STATUS, history=HISTORY, host=HOST)
+        return FleetReading(reachable=True, status=STATUS.model_copy(update={"store": self.store}), history=HISTORY,
+                            host=HOST)
 
     async def start(self, path: str, body: dict[str, object]) -> OperationInfo:
         """The operation a route starts, at its first stage; refused (409) for one the fixture has no result of."""

@@ -20,6 +20,13 @@ from support.fleet_harness import wait_until
 def fake_fleet_url(model_dir: Path, tmp_path: Path, store: Path | None = None) -> Iterator[str]:
     """Serve a fleet of fakes (prefill-0, decode-0, decode-1 on cpu:0-2; its metrics store `store`, if any) on
     127.0.0.1 (a free port) until the block ends."""
+    with fake_fleet(model_dir, tmp_path, store) as (url, _):
+        yield url
+
+
+@contextmanager
+def fake_fleet(model_dir: Path, tmp_path: Path, store: Path | None = None) -> Iterator[tuple[str, Fleet]]:
+    """As `fake_fleet_url`, and the Fleet itself (its parts to look at or to break)."""
     shm = tmp_path / "shm"
     shm.mkdir(exist_ok=True)
     config = FleetConfig(model_dir, prefill=1, decode=2, devices=("cpu:0", "cpu:1", "cpu:2"), shm_dir=shm,
@@ -31,7 +38,7 @@ def fake_fleet_url(model_dir: Path, tmp_path: Path, store: Path | None = None) -
     thread.start()
     assert wait_until(lambda: server.started, 30)
     try:
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}", fleet
     finally:
         server.should_exit = True
         thread.join(30)

@@ -6,13 +6,14 @@ progress bar, and the plan screen; and the 80-column layout following a live res
 import asyncio
 
 import pytest
-from support.console_fixture import SESSIONS, FixtureSource, pilot_until
+from support.console_fixture import NOW, SESSIONS, FixtureSource, pilot_until
 from textual.widgets import DataTable
 
 from fleetctl.console.tui.app import FleetConsole
 from fleetctl.console.tui.screens.worker_detail import WorkerDetail
 from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.widgets.panels import DevicesPanel, EventsPanel
+from fleetctl.engine.server.schemas import StoreInfo
 
 pytestmark = pytest.mark.pictures
 WIDE, NARROW = (120, 40), (80, 24)
@@ -65,6 +66,15 @@ def test_readonly_dashboard(snap_compare) -> None:
 def test_unreachable_fleet_banner(snap_compare) -> None:
     assert snap_compare(console(FixtureSource(reachable=False)), terminal_size=NARROW,
                         run_before=lambda pilot: pilot.pause(0.3))
+
+
+def test_failing_store_banner(snap_compare) -> None:
+    """The fleet answers but its metrics store refuses writes: the banner says so over a live dashboard."""
+    path = "/home/op/.local/share/fleetctl/fleet.db"
+    failing = StoreInfo(path=path, failing=True, kept_rows=1840, problem="disk full", failing_since=NOW - 95,
+                        error=f"the store {path} cannot be written: its disk is full (0.0 MiB free): free some space, "
+                              f"or give another file with --store")
+    assert snap_compare(console(FixtureSource(store=failing)), terminal_size=NARROW, run_before=loaded)
 
 
 def test_help(snap_compare) -> None:
