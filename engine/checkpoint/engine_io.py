@@ -103,8 +103,11 @@ def write_engine_checkpoint(
 
 
 def check_room(root: Path, needed: int) -> None:
-    """Refuse a checkpoint the disk under `root` has no room for, before anything is written."""
+    """Refuse a checkpoint that cannot be written under `root` (a read-only volume, a disk without room for it)
+    before anything is written."""
     folder = next(p for p in (root, *root.parents) if p.exists())
+    if not os.access(folder, os.W_OK):
+        raise CheckpointError(f"cannot write the checkpoint in {root}: {folder} is read-only")
     free = shutil.disk_usage(folder).free
     if free < needed:
         raise CheckpointError(f"no room for the checkpoint in {root}: it needs {needed / 2**20:.1f} MiB and its disk "

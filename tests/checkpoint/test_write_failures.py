@@ -1,8 +1,8 @@
-"""A checkpoint that cannot be written says why: a disk without room for it is refused before anything is
-written (with how much it needs), and a writer that fails mid-write (ENOSPC, EIO) reports that error by name;
-either way nothing partial is left or listed and the engine keeps every session it held, decoding on to the
-same tokens. The full volume is a real tmpfs mount where this machine lets the tests mount one; elsewhere the
-disk's free space is what a full one reports."""
+"""A checkpoint that cannot be written says why: a read-only volume, or a disk without room for it (with how much
+it needs), is refused before anything is written, and a writer that fails mid-write (ENOSPC, EIO, EROFS) reports
+that error by name; either way nothing partial is left or listed and the engine keeps every session it held,
+decoding on to the same tokens. The volumes are real tmpfs mounts where this machine lets the tests mount them;
+elsewhere the disk says what such a volume would (tests/support/volumes.py)."""
 
 import shutil
 from collections.abc import Iterator
@@ -98,8 +98,24 @@ def test_a_disk_without_room_is_refused_before_writing(small_model_dir: Path, sm
     serves_on(eng, tokens, earlier)
 
 
+def test_a_read_only_volume_is_refused_before_writing(tiny_model_dir: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      uninterrupted: dict[str, list[int]]) -> None:
+    eng, tokens = midway(tiny_model_dir)
+    folder = tmp_path / "volume"
+    with tmpfs(folder, "1m", read_only=True) as mounted:
+        if not mounted:
+            monkeypatch.setattr("os.access", lambda path, mode: Path(path) != folder)
+        with pytest.raises(CheckpointError, match=rf"cannot write the checkpoint in {folder}/checkpoints: {folder} "
+                                                  r"is read-only"):
+            checkpoint(eng, folder / "checkpoints")
+        nothing_left(folder / "checkpoints")
+    serves_on(eng, tokens, uninterrupted)
+
+
 @pytest.mark.parametrize(("error", "reason"), [("ENOSPC", "No space left on device (ENOSPC)"),
-                                               ("EIO", "Input/output error (EIO)")])
+                                               ("EIO", "Input/output error (EIO)"),
+                                               ("EROFS", "Read-only file system (EROFS)")])
 def test_a_writer_that_fails_mid_write_says_why(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                 uninterrupted: dict[str, list[int]], error: str, reason: str) -> None:
     monkeypatch.setenv("FLEET_FAULTS", f"checkpoint-write=oserror:{error}")  # after the KV file, before the manifest
