@@ -29,13 +29,8 @@ class Admission:
         for role in state.config.roles:
             if not state.serves(role):
                 raise NoWorkers(f"no {role.value} worker is available{state.lost_nodes_note(role)}")
-        self.check_capacity(arriving)
-
-    def check_capacity(self, arriving: int = 1) -> None:
-        """Raises FleetBusy when `arriving` more requests would pass max_queue: the whole check when it fails, and
-        cheap, so the server asks it before reading a request's body (a burst is refused without tokenizing)."""
         waiting = self.dispatcher.waiting()
-        if waiting + arriving > self.state.config.max_queue:
+        if waiting + arriving > state.config.max_queue:
             self._record_refusal(waiting)
             raise FleetBusy(f"{waiting} requests are already waiting")
 

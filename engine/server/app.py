@@ -17,7 +17,6 @@ from fleetctl.engine.server.errors import APIError, api_error, invalid_request, 
 from fleetctl.engine.server.fleet_routes import fleet_router
 from fleetctl.engine.server.guard import BodyTooLarge, FleetGuard
 from fleetctl.engine.server.openai_routes import openai_router
-from fleetctl.engine.server.overload import RefuseWhenBusy
 from fleetctl.engine.server.utility_routes import utility_router
 
 
@@ -41,7 +40,6 @@ def create_app(fleet: Fleet, admin_token: str | None, bound_host: str = "127.0.0
     app.add_exception_handler(APIError, api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, invalid_request)  # type: ignore[arg-type]
     app.add_exception_handler(BodyTooLarge, too_large)  # type: ignore[arg-type]
-    app.add_middleware(RefuseWhenBusy, admission=fleet.admission)  # inside the guard: who may ask comes first
     app.add_middleware(FleetGuard, bound_host=bound_host, admin_token=admin_token, api_key=api_key)
 
     app.include_router(openai_router(fleet))
