@@ -45,6 +45,10 @@ def serve(
     max_queue: int = typer.Option(FleetConfig.max_queue, "--max-queue", min=0,
                                   help="Requests waiting to generate (queued, prefilling, KV awaiting a decode "
                                        "worker) beyond this get HTTP 429 with Retry-After."),
+    limit_concurrency: int = typer.Option(0, "--limit-concurrency", min=0,
+                                          help="Open connections (or requests in progress) beyond this get HTTP "
+                                               "503 with Retry-After, before any work (0: no limit). /health is "
+                                               "always answered, and counts toward the limit."),
     max_num_seqs: int = typer.Option(EngineSettings.max_num_seqs, "--max-num-seqs", min=1,
                                      help="Sequences per worker batch."),
     max_num_batched_tokens: int = typer.Option(EngineSettings.max_num_batched_tokens, "--max-num-batched-tokens",
@@ -98,6 +102,7 @@ def serve(
     from fleetctl.engine.server.admin_auth import AdminTokenError, load_or_create_admin_token
     from fleetctl.engine.server.app import create_app
     from fleetctl.engine.server.graceful import GracefulServer
+    from fleetctl.engine.server.overload import ConnectionLimit
 
     listener = bind(host, port)  # first: a taken port fails in milliseconds, before a model is even looked at
     if store_reset:
@@ -134,6 +139,8 @@ def serve(
     logging.getLogger("uvicorn.access").setLevel(logging.INFO if access_log else logging.WARNING)
     logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)  # failures are reported below, in one line
     server = GracefulServer(server_config, fleet, grace)
+    if limit_concurrency:  # counted from uvicorn's own tally of the server's connections and requests
+        server_config.app = ConnectionLimit(app, limit_concurrency, server.server_state)
     announce(server, fleet, host)
     try:
         server.run(sockets=[listener])

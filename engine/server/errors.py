@@ -7,6 +7,8 @@ from fastapi.responses import JSONResponse
 from fleetctl.engine.server.guard import TOO_LARGE
 from fleetctl.engine.server.openai_protocol import error_body
 
+RETRY_AFTER_S = 1  # what a refusal for load (429 past max_queue, 503 past --limit-concurrency) asks clients to wait
+
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, kind: str, code: str | None = None,

@@ -43,11 +43,11 @@ class FleetGuard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         refusal = self._refusal(scope, headers)
         if refusal is not None:
-            await _answer(send, *refusal)
+            await send_error(send, *refusal)
             return
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            await _answer(send, 413, TOO_LARGE, "invalid_request_error")
+            await send_error(send, 413, TOO_LARGE, "invalid_request_error")
             return
         await self.app(scope, _capped(receive), send)
 
@@ -103,8 +103,11 @@ class BodyTooLarge(Exception):
     """Raised inside the app when a streamed body passes the cap; answered 413 by the app's handler."""
 
 
-async def _answer(send: Send, status: int, message: str, kind: str) -> None:
+async def send_error(send: Send, status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> None:
+    """An answer with OpenAI's error body, from an ASGI middleware (before any route runs)."""
     body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}).encode()
+    extra = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *extra]})
     await send({"type": "http.response.body", "body": body})

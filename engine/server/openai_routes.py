@@ -19,7 +19,7 @@ from fleetctl.engine.fleet.request import StreamEvent
 from fleetctl.engine.model.tokenizer import TokenizerError
 from fleetctl.engine.server import openai_protocol as oai
 from fleetctl.engine.server.choices import Choice, Choices
-from fleetctl.engine.server.errors import APIError
+from fleetctl.engine.server.errors import RETRY_AFTER_S, APIError
 from fleetctl.engine.server.openai_logprobs import LogprobsFormat, SampledToken
 
 # (choice, its event, the event's token with logprobs if asked for) -> one SSE payload
@@ -40,7 +40,8 @@ def request_id_of(request: Request) -> str:
 
 def admission_error(exc: Exception) -> APIError:
     if isinstance(exc, FleetBusy):
-        return APIError(429, f"the fleet is busy: {exc}", "rate_limit_error", headers={"Retry-After": "1"})
+        return APIError(429, f"the fleet is busy: {exc}", "rate_limit_error",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(exc, NoWorkers):
         return APIError(503, str(exc), "service_unavailable")
     return APIError(400, str(exc), "invalid_request_error")
