@@ -29,10 +29,20 @@ class Admission:
         for role in state.config.roles:
             if not state.serves(role):
                 raise NoWorkers(f"no {role.value} worker is available{state.lost_nodes_note(role)}")
-        waiting = self.dispatcher.waiting()
-        if waiting + arriving > state.config.max_queue:
+        waiting = self.busy(arriving)
+        if waiting is not None:
             self._record_refusal(waiting)
             raise FleetBusy(f"{waiting} requests are already waiting")
+
+    def busy(self, arriving: int = 1) -> int | None:
+        """How many requests wait to generate when `arriving` more would be past `max_queue`; None while there is
+        room for them."""
+        waiting = self.dispatcher.waiting()
+        return waiting if waiting + arriving > self.state.config.max_queue else None
+
+    def refused_early(self, waiting: int) -> None:
+        """A request refused for capacity before it was read (the server's admission gate): counted as any 429."""
+        self._record_refusal(waiting)
 
     def _record_refusal(self, waiting: int) -> None:
         """Count 429s; one store event per BUSY_EVENT_S says how many (a burst must not flood the store)."""

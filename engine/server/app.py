@@ -13,6 +13,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import FleetError
+from fleetctl.engine.server.admission_gate import AdmissionGate
 from fleetctl.engine.server.errors import APIError, api_error, invalid_request, too_large
 from fleetctl.engine.server.fleet_routes import fleet_router
 from fleetctl.engine.server.guard import BodyTooLarge, FleetGuard
@@ -40,6 +41,7 @@ def create_app(fleet: Fleet, admin_token: str | None, bound_host: str = "127.0.0
     app.add_exception_handler(APIError, api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, invalid_request)  # type: ignore[arg-type]
     app.add_exception_handler(BodyTooLarge, too_large)  # type: ignore[arg-type]
+    app.add_middleware(AdmissionGate, fleet=fleet)  # inside the guard: only a request let in counts
     app.add_middleware(FleetGuard, bound_host=bound_host, admin_token=admin_token, api_key=api_key)
 
     app.include_router(openai_router(fleet))

@@ -18,6 +18,7 @@ from fleetctl.engine.fleet.errors import FleetBusy, NoWorkers, RequestIdInUse
 from fleetctl.engine.fleet.request import StreamEvent
 from fleetctl.engine.model.tokenizer import TokenizerError
 from fleetctl.engine.server import openai_protocol as oai
+from fleetctl.engine.server.admission_gate import prepared
 from fleetctl.engine.server.choices import Choice, Choices
 from fleetctl.engine.server.errors import RETRY_AFTER_S, APIError
 from fleetctl.engine.server.openai_logprobs import LogprobsFormat, SampledToken
@@ -83,6 +84,8 @@ def openai_router(fleet: Fleet) -> APIRouter:
             for choice in choices:
                 fleet.cancel(choice.req)
             raise admission_error(exc) from None
+        finally:
+            prepared()
         return Choices(fleet, choices, base if many else choices[0].req.request_id)
 
     async def tokenize(text: str) -> list[int]:
