@@ -168,7 +168,9 @@ def describe(op: OperationInfo) -> str:
     """One sentence for people: what a done operation did, why one failed or was called off, or where one
     still running is."""
     if op.state is OpState.FAILED:
-        return f"{op.kind.value} of {op.worker} failed: {op.error}"
+        failed = f"{op.kind.value} of {op.worker} failed"
+        error = op.error or "no reason given"  # a checkpoint's own step failing says it already (not twice)
+        return error if error.startswith(failed) else f"{failed}: {error}"
     if op.state is OpState.CANCELLED:
         return f"{op.kind.value} of {op.worker} called off: {op.error}"
     if op.state is OpState.RUNNING or op.result is None:

@@ -36,6 +36,7 @@ from fleetctl.engine.server.schemas import (
     SessionMoved,
     StartResult,
     StopResult,
+    describe,
 )
 
 CKPT = "/home/op/.local/share/fleetctl/checkpoints/decode-1-20261201T204500Z"
@@ -132,6 +133,12 @@ def test_a_failure_reads_the_same_on_both(capsys: pytest.CaptureFixture[str]) ->
     assert capsys.readouterr().err == f"fleetctl: error: {shown}\n"
     assert shown == "migrate of decode-0 failed: cpu:5 is held by decode-1"
 
+
+def test_a_failure_that_names_its_operation_is_not_named_twice() -> None:
+    """A checkpoint's writer failing says "checkpoint of W failed: …" (so a migration through it reads right)."""
+    error = "checkpoint of decode-0 failed: no room for the checkpoint in /ckpt: it needs 9.0 MiB and its disk has 0.5 MiB"
+    assert describe(operation(OpKind.CHECKPOINT, "decode-0", None, error=error)) == error
+    assert describe(operation(OpKind.MIGRATE, "decode-0", None, error=error)) == f"migrate of decode-0 failed: {error}"
 
 
 class LatePolls(FixtureSource):
