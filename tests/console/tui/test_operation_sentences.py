@@ -136,7 +136,7 @@ def test_a_failure_reads_the_same_on_both(capsys: pytest.CaptureFixture[str]) ->
 
 def test_a_failure_that_names_its_operation_is_not_named_twice() -> None:
     """A checkpoint's writer failing says "checkpoint of W failed: …" (so a migration through it reads right)."""
-    error = "checkpoint of decode-0 failed: no room for the checkpoint in /ckpt: it needs 9.0 MiB and its disk has 0.5 MiB"
+    error = "checkpoint of decode-0 failed: no room for the checkpoint in /ckpt: it needs 9.0 MiB"
     assert describe(operation(OpKind.CHECKPOINT, "decode-0", None, error=error)) == error
     assert describe(operation(OpKind.MIGRATE, "decode-0", None, error=error)) == f"migrate of decode-0 failed: {error}"
 
