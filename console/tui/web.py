@@ -24,10 +24,15 @@ def serve_web(url: str, *, port: int, token: str | None, readonly: bool, host: s
         command.append("--readonly")
     mode = "read-only" if "--readonly" in command else "admin"
     print(f"fleetctl: console for {url} on http://{host}:{port} ({mode})", flush=True)
-    try:
-        Server(shlex.join(command), host=host, port=port, title="fleetctl").serve()
-    finally:
+    ConsoleServer(shlex.join(command), host=host, port=port, title="fleetctl").serve()
+
+
+class ConsoleServer(Server):
+    def request_exit(self) -> None:
+        """On SIGTERM/SIGINT: the sessions' consoles first (their websockets then close at once; the server
+        would otherwise wait for them), then the server."""
         end_sessions()
+        super().request_exit()
 
 
 def end_sessions() -> None:
