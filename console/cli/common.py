@@ -75,9 +75,9 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from fleetctl.engine.core.prompt import PromptError
     from fleetctl.engine.core.sequence import SamplingError
     from fleetctl.engine.model.config import ModelConfigError
-    from fleetctl.engine.model.loader import WeightLoadError
     from fleetctl.engine.model.store import ModelStoreError
     from fleetctl.engine.model.tokenizer import TokenizerError
+    from fleetctl.engine.model.weight_errors import WeightLoadError
 
     return (DeviceError, PromptError, ModelConfigError, WeightLoadError, ModelStoreError, TokenizerError,
             SamplingError)

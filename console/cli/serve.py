@@ -13,6 +13,7 @@ from fleetctl.console.cli.common import STORE_OPTION, fail, store_path, user_err
 from fleetctl.console.cli.models import resolve_model
 from fleetctl.engine.core.config import CompileMode, DType, EngineSettings
 from fleetctl.engine.fleet.config import DEFAULT_LOCAL_PREFILL_TOKENS, FleetConfig, FleetConfigError, Supervision
+from fleetctl.engine.fleet.shutdown_budget import DEFAULT_GRACE_S, SERVER_CLOSE_S, STOP_RESERVE_S, WORKER_EXIT_S
 from fleetctl.engine.model.registry import DEFAULT_MODEL
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 
@@ -66,9 +67,11 @@ def serve(
     api_key: str = typer.Option("", "--api-key", envvar="FLEET_API_KEY",
                                 help="Require `Authorization: Bearer KEY` on /v1/* (also $FLEET_API_KEY)."),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="One line per HTTP request."),
-    grace: float = typer.Option(30.0, "--grace", min=0.0, help="On SIGTERM/SIGINT: seconds requests in flight "
-                                                                "get to finish (new ones get 503) before the rest "
-                                                                "end with an error and the workers stop."),
+    grace: float = typer.Option(DEFAULT_GRACE_S, "--grace", min=0.0,
+                                help=f"On SIGTERM/SIGINT: seconds the whole shutdown takes at most. Requests in "
+                                     f"flight get all but {STOP_RESERVE_S:g} s of it (at least half) to finish "
+                                     f"(new ones get 503), the rest end with an error, then workers get up to "
+                                     f"{WORKER_EXIT_S:g} s to exit before they are killed."),
     restart: bool = typer.Option(True, "--restart/--no-restart", help="Restart workers that die (with backoff)."),
     heartbeat_timeout: float = typer.Option(Supervision.heartbeat_timeout_s, "--heartbeat-timeout", min=0.1,
                                             help="Seconds of silence after which a worker counts as hung and is "
@@ -135,7 +138,8 @@ def serve(
         raise fail(str(exc)) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     app = create_app(fleet, token, bound_host=host, api_key=api_key or None)
-    server_config = uvicorn.Config(app, log_level="warning", access_log=access_log, log_config=None)
+    server_config = uvicorn.Config(app, log_level="warning", access_log=access_log, log_config=None,
+                                   timeout_graceful_shutdown=SERVER_CLOSE_S)
     logging.getLogger("uvicorn.access").setLevel(logging.INFO if access_log else logging.WARNING)
     logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)  # failures are reported below, in one line
     server = GracefulServer(server_config, fleet, grace)

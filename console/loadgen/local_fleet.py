@@ -14,12 +14,14 @@ from pathlib import Path
 
 FLEETCTL = [sys.executable, "-m", "fleetctl.console"]
 CPU_DECODE_WORKERS = 2  # on a machine without GPUs: 1 prefill + 2 decode logical cpu slots
+EMBEDDED_GRACE_S = 4.0  # the embedded fleet's --grace: quitting the console ends it, workers and all, within this
 
 
 def embedded_fleet_args(store: Path | None = None) -> list[str]:
     """The `fleetctl serve` arguments (all but --model) of the embedded fleet on this machine's devices:
     one worker per GPU, 1 prefill + the rest decode (one GPU: a prefill and a decode worker on two slots of it);
-    without GPUs 1 prefill + 2 decode on the logical slots cpu:0..2. `store` defaults to $FLEET_HOME/fleet.db."""
+    without GPUs 1 prefill + 2 decode on the logical slots cpu:0..2. `store` defaults to $FLEET_HOME/fleet.db.
+    Its grace is short: the person who quits the console is not serving anyone else."""
     from fleetctl.engine.core.device_names import gpu_count
     from fleetctl.engine.paths import default_store_path
 
@@ -29,7 +31,7 @@ def embedded_fleet_args(store: Path | None = None) -> list[str]:
     else:
         devices = [f"cuda:{i}" for i in range(gpus)] if gpus else [f"cpu:{i}" for i in range(1 + CPU_DECODE_WORKERS)]
     layout = ["--prefill", "1", "--decode", str(len(devices) - 1), "--devices", ",".join(devices)]
-    return [*layout, "--store", str(store or default_store_path())]
+    return [*layout, "--grace", f"{EMBEDDED_GRACE_S:g}", "--store", str(store or default_store_path())]
 
 
 class FleetStartError(RuntimeError):

@@ -1,6 +1,8 @@
 """The fleet console (Textual): the dashboard, refreshed from a FleetSource off the UI thread, and
 every worker action from the keyboard or the command palette. `run_console` is the entry point."""
 
+import asyncio
+import signal
 from pathlib import Path
 
 from textual import work
@@ -63,6 +65,8 @@ class FleetConsole(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        # SIGTERM (a stopped `console --web`, a closed session) ends the console as `q` does, the terminal restored
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.exit)
         for theme in THEMES.values():
             self.register_theme(theme)
         self.theme = self.settings.theme if self.settings.theme in THEMES else DEFAULT_THEME

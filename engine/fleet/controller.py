@@ -39,6 +39,7 @@ from fleetctl.engine.fleet.ops.session_move import SessionMoves
 from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.recovery import Recovery
 from fleetctl.engine.fleet.request import StreamEvent, TrackedRequest
+from fleetctl.engine.fleet.shutdown_budget import WORKER_EXIT_S
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.fleet.stats import FleetStats
 from fleetctl.engine.fleet.supervisor import Supervisor
@@ -95,6 +96,7 @@ class Fleet:
         self._launcher = launcher or LocalLauncher()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
+        self._stopped: asyncio.Task | None = None  # Fleet.stop under way or done: a second call waits on it
 
     @property
     def views(self) -> dict[str, WorkerView]:
@@ -164,9 +166,15 @@ class Fleet:
         for req in list(self.state.requests.values()):
             self.dispatcher.abandon(req, f"the fleet shut down before this request finished ({grace_s:g} s grace)")
 
-    async def stop(self) -> None:
-        """Shut every worker down and fail what is still in flight; workers exiting now are stopped, not failed
-        (nothing restarts them), and the store's rows say so."""
+    async def stop(self, worker_exit_s: float = WORKER_EXIT_S) -> None:
+        """Shut every worker down (one that has not exited `worker_exit_s` after being asked is killed) and fail
+        what is still in flight; workers exiting now are stopped, not failed (nothing restarts them), and the
+        store's rows say so. Once: a later call waits for the first one's end."""
+        if self._stopped is None:
+            self._stopped = asyncio.create_task(self._stop(worker_exit_s))
+        await asyncio.shield(self._stopped)
+
+    async def _stop(self, worker_exit_s: float) -> None:
         self.state.stopping = True
         for task in self._tasks:
             task.cancel()
@@ -175,7 +183,7 @@ class Fleet:
         links = list(self.state.links.values())
         for link in links:
             link.send(m.Shutdown())
-        await asyncio.gather(*(asyncio.to_thread(link.join, 10.0) for link in links))
+        await asyncio.gather(*(asyncio.to_thread(link.join, worker_exit_s) for link in links))
         await asyncio.sleep(0.1)  # let the reader threads' exit notices run
         for req in list(self.state.requests.values()):
             self.dispatcher.fail(req, "the fleet is shutting down")

@@ -9,10 +9,7 @@ from safetensors import safe_open
 
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.llama import LayerWeights, LlamaWeights
-
-
-class WeightLoadError(ValueError):
-    """The weights on disk do not match what config.json describes."""
+from fleetctl.engine.model.weight_errors import WeightLoadError
 
 
 def weight_files(model_dir: Path) -> list[Path]:

@@ -1,6 +1,7 @@
-"""The server's way down on SIGTERM or SIGINT: the fleet stops admitting (new requests get 503), the requests
-in flight finish for up to the grace and the rest end with one clear error (Fleet.drain); then uvicorn
-stops and, through the app's lifespan, the fleet's workers. A second signal stops at once."""
+"""The server's way down on SIGTERM or SIGINT, all of it within the grace (ShutdownBudget): the fleet stops
+admitting (new requests get 503), the requests in flight finish for the streams' part of the grace and the rest
+end with one clear error (Fleet.drain); the workers are asked to exit and killed if they do not in time
+(Fleet.stop); then uvicorn stops. A second signal stops at once."""
 
 import asyncio
 import logging
@@ -10,6 +11,7 @@ from types import FrameType
 import uvicorn
 
 from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.fleet.shutdown_budget import ShutdownBudget
 
 log = logging.getLogger("fleetctl.server")
 
@@ -33,15 +35,16 @@ class GracefulServer(uvicorn.Server):
             return
         self._signalled = True
         self._captured_signals.append(sig)  # re-raised once uvicorn is down, as its own handler does
-        self._loop.call_soon_threadsafe(self._begin_drain)
+        budget = ShutdownBudget(self.grace_s)  # counted from the signal, not from when the loop gets to it
+        self._loop.call_soon_threadsafe(self._begin_drain, budget)
 
-    def _begin_drain(self) -> None:
+    def _begin_drain(self, budget: ShutdownBudget) -> None:
         assert self._loop is not None
-        self._draining = self._loop.create_task(self._drain())
+        self._draining = self._loop.create_task(self._drain(budget))
 
-    async def _drain(self) -> None:
-        in_flight = self.fleet.in_flight
-        log.warning("shutting down: %d request(s) in flight get up to %g s to finish (signal again to stop now)",
-                    in_flight, self.grace_s)
-        await self.fleet.drain(self.grace_s)
+    async def _drain(self, budget: ShutdownBudget) -> None:
+        log.warning("shutting down within %g s: %d request(s) in flight get up to %g s to finish (signal again "
+                    "to stop now)", budget.grace_s, self.fleet.in_flight, budget.streams_s)
+        await self.fleet.drain(budget.streams_s)
+        await self.fleet.stop(budget.worker_exit_s())
         self.should_exit = True

@@ -17,7 +17,7 @@ from fleetctl.engine.core import device_names
 def test_one_worker_per_device_one_of_them_prefill(monkeypatch: pytest.MonkeyPatch, gpus: int,
                                                    layout: list[str]) -> None:
     monkeypatch.setattr(device_names, "gpu_count", lambda: gpus)
-    assert embedded_fleet_args(Path("/s/fleet.db")) == [*layout, "--store", "/s/fleet.db"]
+    assert embedded_fleet_args(Path("/s/fleet.db")) == [*layout, "--grace", "4", "--store", "/s/fleet.db"]
 
 
 def test_the_store_defaults_to_fleet_home(fleet_home: Path) -> None:
