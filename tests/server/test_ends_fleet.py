@@ -79,7 +79,7 @@ def test_sigterm_drains_then_stops_and_leaves_no_buffer(small_model_dir: Path) -
     stale = buffer_path(SHM_DIR, dead.pid, dead.pid, "left-by-a-killed-fleet")
     stale.write_bytes(b"kv")
     # every step that runs a long request takes 50 ms more: they cannot finish within the grace, short ones can
-    layout = ("--prefill", "1", "--decode", "1", "--devices", "cpu:0,cpu:1", "--dtype", "float32", "--grace", "4")
+    layout = ("--prefill", "1", "--decode", "1", "--devices", "cpu:0,cpu:1", "--dtype", "float32", "--grace", "6")
     with serve(small_model_dir, *layout, env={"FLEET_FAULTS": "step@long=stall:0.05"}) as url:
         assert not stale.exists()  # swept as the fleet started
         pid, model = status(url)["pid"], small_model_dir.name
@@ -116,6 +116,6 @@ def test_sigterm_drains_then_stops_and_leaves_no_buffer(small_model_dir: Path) -
             assert results[rid][-1] == "data: [DONE]" and '"finish_reason": "length"' in results[rid][-2]
         for rid in ("long-0", "long-1"):
             assert results[rid][-1] == "data: [DONE]"
-            assert "the fleet shut down before this request finished (4 s grace)" in results[rid][-2]
+            assert "the fleet shut down before this request finished (3 s grace)" in results[rid][-2]
     assert wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in [pid, *workers]), 30)  # reaped
     assert not fleet_buffers(pid)
