@@ -5,7 +5,8 @@ as the first burst admitted, unloaded (at most --max-queue at a time), for the T
 
 Without --model it writes the tests' tiny random Llama to a temporary directory. Prints each burst's answers by
 status (200 / 429 / 5xx), the 429s without a clear answer (Retry-After of whole seconds, the API's error body),
-TTFT p50/p99 of the admitted streams against the unloaded run, /health's p99 during the bursts, and the `serve`
+TTFT p50/p99 of the admitted streams against the unloaded run, /health's p99 during the bursts, the CPU seconds
+the load, the controller and the workers spent in each burst (they share this machine's cores), and the `serve`
 process's RSS before, after the first burst and after the second.
 """
 
@@ -14,6 +15,7 @@ import asyncio
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -41,21 +43,37 @@ def summary(result: BurstResult) -> dict:
                        "p99_s": round(health.p99 or 0.0, 4), "max_s": round(max(result.health_s, default=0.0), 4)}}
 
 
+def cpu_seconds(controller: psutil.Process) -> dict[str, float]:
+    """CPU seconds so far of this process (the load), the controller, and its workers (the profile of a burst on
+    a machine where they all share the cores)."""
+    def spent(process: psutil.Process) -> float:
+        times = process.cpu_times()
+        return times.user + times.system
+
+    workers = controller.children(recursive=True)
+    return {"client": spent(psutil.Process()), "controller": spent(controller),
+            "workers": sum(spent(worker) for worker in workers)}
+
+
 def measure(model: Path, requests: int, max_queue: int, max_tokens: int) -> dict:
     with local_fleet(model, *fleet_args(max_queue)) as url:
         controller = psutil.Process(httpx.get(f"{url}/fleet/status", timeout=10).json()["pid"])
         name = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
         asyncio.run(burst(url, name, max_queue, max_tokens))  # warm: first requests, first compiled paths
         rss = [controller.memory_info().rss]
-        bursts = []
+        bursts, cpu = [], []
         for _ in range(2):
+            before, started = cpu_seconds(controller), time.monotonic()
             bursts.append(asyncio.run(burst(url, name, requests, max_tokens)))
+            cpu.append({who: round(spent - before[who], 2) for who, spent in cpu_seconds(controller).items()}
+                       | {"wall": round(time.monotonic() - started, 2)})
             rss.append(controller.memory_info().rss)
         admitted = len(bursts[0].ttft_s)
         unloaded = asyncio.run(burst(url, name, admitted, max_tokens, streamed_share=1.0, in_flight=max_queue))
     loaded_ttft, unloaded_ttft = percentiles(bursts[0].ttft_s), percentiles(unloaded.ttft_s)
     return {"requests": requests, "max_queue": max_queue, "max_tokens": max_tokens,
-            "bursts": [summary(b) for b in bursts], "unloaded": summary(unloaded),
+            "bursts": [summary(b) | {"cpu_s": c} for b, c in zip(bursts, cpu, strict=True)],
+            "unloaded": summary(unloaded),
             "ttft_ratio": {"p50": round((loaded_ttft.p50 or 0.0) / (unloaded_ttft.p50 or 1.0), 2),
                            "p99": round((loaded_ttft.p99 or 0.0) / (unloaded_ttft.p99 or 1.0), 2)},
             "rss_mib": {"before": round(rss[0] / MiB, 1), "after_first": round(rss[1] / MiB, 1),
@@ -85,7 +103,8 @@ def main() -> None:
               f"429s: {b['unclear_refusals']}, broken streams: {b['stream_errors']}); admitted streams "
               f"{b['admitted_streams']}, TTFT p50 {b['ttft_s']['p50']:.3f} s p99 {b['ttft_s']['p99']:.3f} s; "
               f"/health {b['health']['calls']} calls {b['health']['statuses']}, p99 {b['health']['p99_s']:.3f} s "
-              f"max {b['health']['max_s']:.3f} s")
+              f"max {b['health']['max_s']:.3f} s; CPU s over {b['cpu_s']['wall']} s: client {b['cpu_s']['client']}, "
+              f"controller {b['cpu_s']['controller']}, workers {b['cpu_s']['workers']}")
     u = report["unloaded"]
     print(f"unloaded: {u['admitted_streams']} streams (<= {report['max_queue']} at a time) -> {u['statuses']}, "
           f"TTFT p50 {u['ttft_s']['p50']:.3f} s p99 {u['ttft_s']['p99']:.3f} s; burst/unloaded ratio p50 "

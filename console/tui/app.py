@@ -65,8 +65,10 @@ class FleetConsole(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        # SIGTERM (a stopped `console --web`, a closed session) ends the console as `q` does, the terminal restored
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.exit)
+        # SIGTERM (a stopped `console --web`, a closed session) and SIGHUP (its terminal closed) end the console as
+        # `q` does: the terminal restored, an embedded fleet stopped
+        for ending in (signal.SIGTERM, signal.SIGHUP):
+            asyncio.get_running_loop().add_signal_handler(ending, self.exit)
         for theme in THEMES.values():
             self.register_theme(theme)
         self.theme = self.settings.theme if self.settings.theme in THEMES else DEFAULT_THEME

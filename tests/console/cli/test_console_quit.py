@@ -1,6 +1,6 @@
 """The console quits promptly, in a real terminal (a pseudo-terminal): `q` on the embedded fleet leaves no
 process of it (console, `fleetctl serve`, workers) and no handoff buffer within 5 s; a console whose fleet is
-gone exits within 2 s of SIGTERM."""
+gone exits within 2 s of SIGTERM, or of SIGHUP (its terminal closed)."""
 
 import signal
 import time
@@ -34,12 +34,13 @@ def test_q_on_the_embedded_fleet_leaves_no_process_and_no_buffer_within_5_s(tiny
     assert took <= QUIT_S, f"{took:.1f} s"
 
 
-def test_a_console_whose_fleet_is_gone_exits_within_2_s_of_sigterm() -> None:
+@pytest.mark.parametrize("ending", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP-terminal-closed"])
+def test_a_console_whose_fleet_is_gone_exits_within_2_s_of_sigterm(ending: signal.Signals) -> None:
     console = TerminalConsole("--url", f"http://127.0.0.1:{free_port()}")
     try:
         console.wait_for(b"unreachable", timeout=60)
         signalled = time.monotonic()
-        console.process.send_signal(signal.SIGTERM)
+        console.process.send_signal(ending)
         took = seconds_until_all_gone([process_tree(console.process.pid)[0]], signalled, timeout=30,
                                       poll=console.drain)
     finally:
