@@ -117,16 +117,19 @@ def test_a_checkpoint_the_disk_refuses_says_why_and_its_worker_serves_on(small_m
     the operation fails with that reason, the worker keeps every session (the streams end exact) and nothing is
     left or listed."""
     with serve(small_model_dir, *FLEET, env={"FLEET_FAULTS": "checkpoint-write=oserror:ENOSPC"}) as url:
+        root = fleet_home / "checkpoints"  # this test session's: other tests' checkpoints are there too
+        earlier = {p.name for p in root.iterdir()} if root.exists() else set()
+        listed = {c["name"] for c in httpx.get(f"{url}/fleet/checkpoints", timeout=10).json()["checkpoints"]}
         streams = start_streams(url, STREAMS, TOKENS, "small-llama0")
         assert wait_until(lambda: sessions(url, "decode-0") == len(expected), 60)
         op = finished(url, operation(url, "/fleet/workers/decode-0/checkpoint", {}))
-        root = fleet_home / "checkpoints"
         assert op["state"] == "failed"
         assert f"No space left on device (ENOSPC) writing {root}; nothing was saved" in op["error"], op["error"]
         workers = {w["id"]: w for w in httpx.get(f"{url}/fleet/workers", timeout=10).json()["workers"]}
         assert workers["decode-0"]["state"] == "running"
-        assert httpx.get(f"{url}/fleet/checkpoints", timeout=10).json()["checkpoints"] == []
-        assert not root.exists() or not any(root.iterdir())
+        now_listed = {c["name"] for c in httpx.get(f"{url}/fleet/checkpoints", timeout=10).json()["checkpoints"]}
+        assert now_listed == listed
+        assert ({p.name for p in root.iterdir()} if root.exists() else set()) == earlier
         assert streams.result(timeout=300) == expected
 
 
