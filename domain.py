@@ -11,6 +11,16 @@ class WorkerRole(StrEnum):
     MIXED = "mixed"  # colocated baseline: both phases, no handoff
 
 
+class Quantization(StrEnum):
+    """The format of a worker's linear weights (`--quantization`); auto is int4 for a model whose kept GGUF
+    holds 4-bit blocks, none otherwise."""
+
+    AUTO = "auto"
+    NONE = "none"
+    INT8 = "int8"
+    INT4 = "int4"
+
+
 class Phase(StrEnum):
     """What a model step (and the time spent in it) serves."""
 

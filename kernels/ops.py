@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fleetctl.kernels import triton_support
+from fleetctl.kernels import packed_linear, quantized_linear, triton_support
 from fleetctl.kernels.batch_invariant import invariant_attention, per_row_tile
-from fleetctl.kernels.packed_linear import linear
 from fleetctl.kernels.paged_attention import (
     DecodeKeys,
     decode_keys,
@@ -130,6 +129,13 @@ def prefill_attention(
     if _use_triton(q):
         return prefill_attention_triton(q, kv_layer, block_tables, cu_seqlens_q, context_lens, scale)
     return prefill_attention_ref(q, kv_layer, block_tables, cu_seqlens_q, context_lens, scale)
+
+
+def linear(x: torch.Tensor, weight: "torch.Tensor | quantized_linear.QuantizedWeight") -> torch.Tensor:
+    """x [T, K] @ weight [N, K]ᵀ -> [T, N]: a dense weight (plain or packed) or a weight-only quantized one."""
+    if isinstance(weight, quantized_linear.QuantizedWeight):
+        return quantized_linear.linear(x, weight)
+    return packed_linear.linear(x, weight)
 
 
 @dataclass(frozen=True)

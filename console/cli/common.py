@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from fleetctl.console.client import FleetClient, FleetClientError, FleetUnreachable
+from fleetctl.domain import Quantization
 
 if TYPE_CHECKING:
     from fleetctl.engine.server.schemas import OperationInfo
@@ -28,6 +29,11 @@ START_A_FLEET = "start one with `fleetctl serve` or `fleetctl demo`, or point --
 URL_OPTION = typer.Option(None, "--url", help="Fleet URL (default $FLEET_URL or http://127.0.0.1:8700).")
 JSON_OPTION = typer.Option(False, "--json", help="One JSON object on stdout.")
 TIMEOUT_OPTION = typer.Option(600.0, "--timeout", help="Seconds to follow the operation before giving up on it.")
+QUANTIZATION_OPTION = typer.Option(
+    Quantization.NONE, "--quantization", help="Linear weights: none (the model's dtype), int8 (per channel), int4 "
+                                              "(groups of --quant-group-size; a pulled GGUF's own 4-bit blocks at "
+                                              "32), or auto (int4 when the model's GGUF holds 4-bit blocks).")
+QUANT_GROUP_OPTION = typer.Option(32, "--quant-group-size", help="Inputs per int4 scale: 32, 64 or 128.")
 STORE_OPTION = typer.Option("", "--store", help="SQLite metrics store (default $FLEET_HOME/fleet.db).")
 
 # `plan`, `classify` and `devices`: the store's reports, read from a store file or asked of a fleet (`fleet_to_ask`)

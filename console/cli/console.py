@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from fleetctl.console.cli.common import fail, store_path
+from fleetctl.console.cli.common import QUANTIZATION_OPTION, fail, store_path
 from fleetctl.console.cli.embedded import embedded_fleet
 from fleetctl.console.client import DEFAULT_URL, FleetClient, FleetRefused, FleetUnreachable, fleet_url
+from fleetctl.domain import Quantization
 from fleetctl.engine.model.registry import DEFAULT_MODEL
 from fleetctl.themes import THEME_NAMES
 
@@ -27,6 +28,7 @@ def console(
     theme: str = typer.Option(None, "--theme", help=f"{' or '.join(THEME_NAMES)} (remembered when switched with t)."),
     interval: float = typer.Option(None, "--interval", min=0.2, max=60.0, help="Seconds between refreshes (1)."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="The embedded fleet's model."),
+    quantization: Quantization = QUANTIZATION_OPTION,
     web: bool = typer.Option(False, "--web", help="Serve the console to a browser instead (textual-serve)."),
     port: int = typer.Option(8710, "--port", help="With --web: the port to serve on (127.0.0.1)."),
 ) -> None:
@@ -49,11 +51,12 @@ def console(
 
         serve_web(target, port=port, token=token, readonly=settings.readonly)
         return
-    attach(target, token=token, store=Path(store).expanduser() if store else None, settings=settings, model=model)
+    attach(target, token=token, store=Path(store).expanduser() if store else None, settings=settings, model=model,
+           quantization=quantization)
 
 
 def attach(url: str | None, *, token: str | None, store: Path | None, settings: "ConsoleSettings",
-           model: str) -> None:
+           model: str, quantization: Quantization = Quantization.NONE) -> None:
     from fleetctl.console.tui.app import run_console
     from fleetctl.store.db import open_db
 
@@ -64,7 +67,7 @@ def attach(url: str | None, *, token: str | None, store: Path | None, settings: 
         return
     fleet_store = store or store_path("")
     print(f"fleetctl: no fleet answers at {DEFAULT_URL}: starting an embedded one ({model}) …", flush=True)
-    with embedded_fleet(model, fleet_store) as embedded:
+    with embedded_fleet(model, fleet_store, quantization) as embedded:
         run_console(embedded, embedded=True, store=fleet_store, token=token, settings=settings)
 
 

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from fleetctl.console.cli.common import EXIT_INTERRUPTED, fail, fleet_errors, store_path
+from fleetctl.console.cli.common import EXIT_INTERRUPTED, QUANTIZATION_OPTION, fail, fleet_errors, store_path
 from fleetctl.console.cli.embedded import embedded_fleet
+from fleetctl.domain import Quantization
 from fleetctl.engine.model.registry import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ def demo(
     store: str = typer.Option("", "--store", help="The metrics store the fleet writes (default "
                                                   "$FLEET_HOME/fleet.db)."),
     as_json: bool = typer.Option(False, "--json", help="Headless: one JSON object on stdout."),
+    quantization: Quantization = QUANTIZATION_OPTION,
 ) -> None:
     r"""Embedded fleet + synthetic traffic + console: the default model on all local devices (one worker
     per GPU: 1 prefill + the rest decode, on one GPU two slots of it; without GPUs 1 prefill + 2 decode CPU
@@ -78,7 +80,7 @@ def demo(
             return
         if sys.stderr.isatty():
             print(f"fleetctl: starting an embedded fleet of {model}…", file=sys.stderr)
-        with embedded_fleet(model, run.store) as embedded:
+        with embedded_fleet(model, run.store, quantization) as embedded:
             _drive(run, embedded, embedded=True)
     except KeyboardInterrupt:
         raise fail("interrupted", EXIT_INTERRUPTED) from None

@@ -5,8 +5,9 @@ import sys
 
 import typer
 
-from fleetctl.console.cli.common import fail, user_errors
+from fleetctl.console.cli.common import QUANT_GROUP_OPTION, QUANTIZATION_OPTION, fail, user_errors
 from fleetctl.console.cli.models import resolve_model
+from fleetctl.domain import Quantization
 from fleetctl.engine.core.config import CompileMode, DType
 from fleetctl.engine.model.registry import DEFAULT_MODEL
 
@@ -30,6 +31,8 @@ def generate(
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Keep generating past EOS (benchmarks, tests)."),
     chat: bool = typer.Option(False, "--chat", help="Wrap each prompt as a user message (chat template)."),
     dtype: DType = typer.Option(DType.AUTO, "--dtype", help="auto: bf16 on GPUs and CPUs with native bf16, else fp32."),
+    quantization: Quantization = QUANTIZATION_OPTION,
+    quant_group_size: int = QUANT_GROUP_OPTION,
     device: str = typer.Option("", "--device", help="cpu or cuda:N (default: cuda:0 if present, else cpu)."),
     deterministic: bool = typer.Option(
         False, "--deterministic", help="Batch-invariant numerics: each output independent of its batch."
@@ -55,7 +58,8 @@ def generate(
         )
         model_dir = resolve_model(model)
         settings = EngineSettings(dtype=dtype, deterministic=deterministic, prefix_cache=prefix_cache,
-                                  compile=compile_mode)
+                                  compile=compile_mode, quantization=quantization,
+                                  quant_group_size=quant_group_size)
         config = EngineConfig(model_dir=model_dir, device=device or default_device(), settings=settings)
         engine = LLMEngine(config)
         texts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) if chat else p for p in prompts]

@@ -9,8 +9,16 @@ from pathlib import Path
 
 import typer
 
-from fleetctl.console.cli.common import STORE_OPTION, fail, store_path, user_errors
+from fleetctl.console.cli.common import (
+    QUANT_GROUP_OPTION,
+    QUANTIZATION_OPTION,
+    STORE_OPTION,
+    fail,
+    store_path,
+    user_errors,
+)
 from fleetctl.console.cli.models import resolve_model
+from fleetctl.domain import Quantization
 from fleetctl.engine.core.config import CompileMode, DType, EngineSettings
 from fleetctl.engine.fleet.config import DEFAULT_LOCAL_PREFILL_TOKENS, FleetConfig, FleetConfigError, Supervision
 from fleetctl.engine.fleet.shutdown_budget import DEFAULT_GRACE_S, SERVER_CLOSE_S, STOP_RESERVE_S, WORKER_EXIT_S
@@ -31,6 +39,8 @@ def serve(
     port: int = typer.Option(8700, "--port", help="0 picks a free port (printed)."),
     dtype: DType = typer.Option(DType.AUTO, "--dtype", help="auto: bf16 if all devices have it natively, else fp32."),
     deterministic: bool = typer.Option(False, "--deterministic", help="Batch-invariant numerics in every worker."),
+    quantization: Quantization = QUANTIZATION_OPTION,
+    quant_group_size: int = QUANT_GROUP_OPTION,
     prefix_cache: bool = typer.Option(True, "--prefix-cache/--no-prefix-cache",
                                       help="Reuse the KV of prompts' shared leading blocks (on by default)."),
     local_prefill_tokens: int = typer.Option(
@@ -116,7 +126,8 @@ def serve(
                                     max_num_batched_tokens=max_num_batched_tokens,
                                     kv_memory_bytes=kv_memory * 2**20 or None, num_kv_blocks=kv_blocks or None,
                                     max_model_len=max_model_len or None, prefix_cache=prefix_cache,
-                                    compile=compile_mode)
+                                    compile=compile_mode, quantization=quantization,
+                                    quant_group_size=quant_group_size)
             config = FleetConfig(
                 model_dir=resolve_model(model), prefill=prefill, decode=decode, colocated=colocated,
                 devices=tuple(d.strip() for d in devices.split(",") if d.strip()), engine=engine,

@@ -61,6 +61,7 @@ def current_compat(engine: LLMEngine, device_name: str) -> Compat:
         dtype=str(engine.dtype).removeprefix("torch."),
         kv_layout=KV_LAYOUT_VERSION,
         block_size=engine.kv_cache.spec.block_size,
+        weights=engine.weight_format,
     )
 
 

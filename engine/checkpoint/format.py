@@ -63,6 +63,7 @@ class Compat(_Record):
     dtype: str
     kv_layout: int
     block_size: int
+    weights: str = "none"  # the layers' weight format (quantize.weight_source); older checkpoints were dense
 
 
 class StopCriteria(_Record):

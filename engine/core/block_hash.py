@@ -48,7 +48,7 @@ class Numerics(StrEnum):
 class KVSalt:
     """The conditions a block's K/V bits were computed under (see the module docstring for why each)."""
 
-    model: str  # weights key and config digest
+    model: str  # weights key, config digest and weight format (quantized weights give other K/V)
     dtype: str
     numerics: Numerics
     device_kind: str  # cpu, cuda

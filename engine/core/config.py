@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from fleetctl.domain import Quantization
+
+INT4_GROUP_SIZES = (32, 64, 128)  # those torch's int4 kernels take
+
 
 class DType(StrEnum):
     """The dtype an engine computes in; `auto` is bf16 on GPUs and on CPUs with native bf16, fp32 otherwise."""
@@ -42,12 +46,17 @@ class EngineSettings:
     num_kv_blocks: int | None = None  # exact pool size (tests); overrides kv_memory_bytes
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     compile: CompileMode = CompileMode.OFF  # the decode step compiled once per batch bucket
+    quantization: Quantization = Quantization.NONE  # the layers' weight format (engine/model/quantize)
+    quant_group_size: int = 32  # inputs per int4 scale: 32, 64 or 128 (32 takes a GGUF's own 4-bit blocks)
 
     def __post_init__(self) -> None:
         if self.dtype not in tuple(DType):
             raise ValueError(f"dtype must be one of {', '.join(DType)}, got {self.dtype!r}")
         object.__setattr__(self, "dtype", DType(self.dtype))
         object.__setattr__(self, "compile", CompileMode(self.compile))
+        object.__setattr__(self, "quantization", Quantization(self.quantization))
+        if self.quant_group_size not in INT4_GROUP_SIZES:
+            raise ValueError(f"quant_group_size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")

@@ -10,8 +10,9 @@ from fleetctl.engine.core.config import CompileMode, EngineConfig
 from fleetctl.engine.paths import fleet_home
 
 
-def compile_refusal(config: EngineConfig, device: torch.device) -> str | None:
-    """Why this engine decodes eagerly, or None when it compiles its decode step."""
+def compile_refusal(config: EngineConfig, device: torch.device, quantized: bool = False) -> str | None:
+    """Why this engine decodes eagerly, or None when it compiles its decode step (`quantized`: its layers'
+    weights are int8/int4)."""
     settings = config.settings
     if settings.compile is CompileMode.OFF:
         return "--compile off"
@@ -19,6 +20,8 @@ def compile_refusal(config: EngineConfig, device: torch.device) -> str | None:
         return "deterministic mode runs eagerly (its batch invariance rests on fixed row tiles)"
     if config.prefill_only:
         return "a prefill worker does not decode"
+    if quantized:
+        return "quantized weights run eagerly (the compiled step multiplies dense ones)"
     if device.type == "cpu" and shutil.which(os.environ.get("CXX", "g++")) is None:
         return "no C++ compiler (g++) for inductor's CPU kernels"
     return None

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 import fleetctl
-from fleetctl.domain import Phase
+from fleetctl.domain import Phase, Quantization
 from fleetctl.engine.core.block_allocator import KV_LAYOUT_VERSION, blocks_for
 from fleetctl.engine.core.block_hash import KVSalt, Numerics, PrefixDigest
 from fleetctl.engine.core.config import EngineConfig
@@ -26,6 +26,7 @@ from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.llama import LlamaModel
 from fleetctl.engine.model.loader import load_weights
 from fleetctl.engine.model.prepared import load_cpu_weights, weights_key
+from fleetctl.engine.model.quantize import quantize_weights, resolve_quantization, weight_source
 from fleetctl.engine.model.tokenizer import Tokenizer
 from fleetctl.kernels import ops
 from fleetctl.kernels.triton_support import Launch
@@ -53,12 +54,21 @@ class LLMEngine:
         self.dtype = resolve_dtype(settings.dtype, self.device)
         self.model_config = ModelConfig.from_file(config.model_dir / "config.json")
         self.tokenizer = Tokenizer(config.model_dir, self.model_config.eos_token_ids)
+        self.quantization = resolve_quantization(settings.quantization, config.model_dir)
+        # names the weights' layout (none, int8, int4-g64, int4-gguf) for the prefix cache's salt and checkpoints
+        self.weight_format = weight_source(self.quantization, settings.quant_group_size, config.model_dir)
+        # what an operator reads: the dtype for dense weights, else the format
+        self.weights_label = str(self.dtype).removeprefix("torch.") if self.weight_format == "none" else \
+            self.weight_format
         if self.device.type == "cpu":
-            weights = load_cpu_weights(config.model_dir, self.model_config, self.dtype)
+            weights = load_cpu_weights(config.model_dir, self.model_config, self.dtype, self.quantization,
+                                       settings.quant_group_size)
         else:
-            weights = load_weights(config.model_dir, self.model_config, self.dtype, self.device)
+            dense = load_weights(config.model_dir, self.model_config, self.dtype, self.device)
+            weights = quantize_weights(dense, self.quantization, settings.quant_group_size, config.model_dir,
+                                       self.model_config)
         # why decode steps run eagerly (None: compiled, each batch bucket on first use or at warm_up)
-        self.eager_reason = compile_refusal(config, self.device)
+        self.eager_reason = compile_refusal(config, self.device, self.quantization is not Quantization.NONE)
         if self.eager_reason is not None:  # a compiled graph cannot take packed (opaque oneDNN) weights
             weights = weights.packed()
         self.model = LlamaModel(self.model_config, weights, deterministic=settings.deterministic)
@@ -118,7 +128,7 @@ class LLMEngine:
         model_dir = self.config.model_dir
         config_digest = hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()
         return KVSalt(
-            model=f"{weights_key(model_dir)}:{config_digest}",
+            model=f"{weights_key(model_dir)}:{config_digest}:{self.weight_format}",
             dtype=str(self.dtype).removeprefix("torch."),
             numerics=Numerics.DETERMINISTIC if self.config.settings.deterministic else Numerics.FAST,
             device_kind=self.device.type,

@@ -87,8 +87,8 @@ class WorkerInbox:
                 view.num_kv_blocks, view.block_size = msg.num_kv_blocks, msg.block_size
                 view.free_blocks = msg.num_kv_blocks
                 view.prefix.clear()  # a new process: its cache starts empty, its changes start with a reset
-                view.device_name, view.peak_flops, view.peak_bytes_per_s = (
-                    msg.device_name, msg.peak_flops, msg.peak_bytes_per_s)
+                view.device_name, view.peak_flops, view.peak_bytes_per_s, view.weights = (
+                    msg.device_name, msg.peak_flops, msg.peak_bytes_per_s, msg.weights)
                 self.watchdog.heard(wid)
                 if recorder:
                     recorder.worker_started(view)

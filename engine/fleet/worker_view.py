@@ -29,6 +29,7 @@ class WorkerView:
     device_name: str = ""
     peak_flops: float = 0.0
     peak_bytes_per_s: float = 0.0
+    weights: str = ""  # its layers' weight format as it reported when ready (bfloat16, int8, int4-gguf)
     last_error: str = ""  # why the worker's last process exited, in its own words
     last_heard: float = 0.0  # time.monotonic() of its last message (the watchdog's clock)
     prefix: PrefixIndex = field(default_factory=PrefixIndex)  # what its prefix cache holds, as last reported

@@ -11,7 +11,8 @@ Norms, RoPE, SiLU, softmax and the embedding lookup are O(hidden) per token and 
 the usual 2·N·D estimate.
 
 Bytes:
-- every matmul weight is read once per step (params × weight element size); the embedding rows
+- every matmul weight is read once per step (params × weight element size; quantized layers: their codes
+  and scales as stored, `layer_bytes`); the embedding rows
   looked up are a few KB and are left out, except that with tied embeddings the lm_head read is
   that same matrix, counted once;
 - KV read: each sequence's whole context, once (paged attention streams each block once per step);
@@ -38,6 +39,8 @@ class CostModel:
     config: ModelConfig
     weight_bytes: int  # bytes per weight element: 4 fp32, 2 bf16/fp16
     kv_bytes: int  # bytes per KV-cache element
+    layer_bytes: int | None = None  # the decoder layers' matrices as stored (quantized: codes + scales); None:
+    # layer_params × weight_bytes
 
     def __post_init__(self) -> None:
         if self.weight_bytes <= 0 or self.kv_bytes <= 0:
@@ -58,7 +61,8 @@ class CostModel:
     @property
     def weight_bytes_per_step(self) -> int:
         """Every matmul weight, read once (the lm_head once even when tied to the embedding)."""
-        return (self.layer_params + self.lm_head_params) * self.weight_bytes
+        layers = self.layer_params * self.weight_bytes if self.layer_bytes is None else self.layer_bytes
+        return layers + self.lm_head_params * self.weight_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:

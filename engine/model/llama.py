@@ -12,17 +12,20 @@ from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.rope import inverse_frequencies
 from fleetctl.kernels import ops
 from fleetctl.kernels.packed_linear import pack
+from fleetctl.kernels.quantized_linear import QuantizedWeight
+
+Matrix = torch.Tensor | QuantizedWeight  # a layer's weight matrix: dense, or weight-only quantized
 
 
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor  # [D]
-    qkv: torch.Tensor  # [(H + 2*Hkv) * d, D]
+    qkv: Matrix  # [(H + 2*Hkv) * d, D]
     qkv_bias: torch.Tensor | None  # [(H + 2*Hkv) * d]
-    o_proj: torch.Tensor  # [D, H * d]
+    o_proj: Matrix  # [D, H * d]
     post_norm: torch.Tensor  # [D]
-    gate_up: torch.Tensor  # [2 * I, D]
-    down: torch.Tensor  # [D, I]
+    gate_up: Matrix  # [2 * I, D]
+    down: Matrix  # [D, I]
 
 
 @dataclass
@@ -33,11 +36,28 @@ class LlamaWeights:
     lm_head: torch.Tensor  # [V, D]; the embedding itself when tied
 
     def packed(self) -> "LlamaWeights":
-        """The weight matrices packed for the CPU's GEMM (kernels/packed_linear; unchanged on a GPU); the
-        embedding and norms as they are. A tied head becomes a packed copy, the embedding stays indexable."""
-        layers = [replace(layer, qkv=pack(layer.qkv), o_proj=pack(layer.o_proj), gate_up=pack(layer.gate_up),
-                          down=pack(layer.down)) for layer in self.layers]
+        """The dense weight matrices packed for the CPU's GEMM (kernels/packed_linear; unchanged on a GPU or
+        quantized); the embedding and norms as they are. A tied head becomes a packed copy, the embedding stays
+        indexable."""
+        layers = [replace(layer, qkv=_pack(layer.qkv), o_proj=_pack(layer.o_proj), gate_up=_pack(layer.gate_up),
+                          down=_pack(layer.down)) for layer in self.layers]
         return replace(self, layers=layers, lm_head=pack(self.lm_head))
+
+    @property
+    def layer_matrix_bytes(self) -> int:
+        """Bytes of the decoder layers' matrices as stored (quantized: codes and scales): what a step reads."""
+        return sum(_matrix_bytes(getattr(layer, name)) for layer in self.layers
+                   for name in ("qkv", "o_proj", "gate_up", "down"))
+
+
+def _matrix_bytes(matrix: Matrix) -> int:
+    if isinstance(matrix, QuantizedWeight):
+        return matrix.nbytes
+    return matrix.numel() * matrix.element_size()
+
+
+def _pack(matrix: Matrix) -> Matrix:
+    return matrix if isinstance(matrix, QuantizedWeight) else pack(matrix)
 
 
 @dataclass

@@ -1,9 +1,9 @@
-"""A cache of weights already in the engine's layout (Q/K/V and gate/up fused, in the target dtype),
-so later loads on a CPU memory-map them with no copy. Worker processes on one machine then share one
-copy of the weights in the page cache.
+"""A cache of weights already in the engine's layout (Q/K/V and gate/up fused, in the target dtype and
+weight format), so later loads on a CPU memory-map them with no copy. Worker processes on one machine then
+share one copy of the weights in the page cache.
 
-`$FLEET_HOME/cache/weights/<model>-<key>-<dtype>.safetensors`, written to a temporary name and renamed,
-so a killed write never leaves a file that looks complete. The key changes whenever the source
+`$FLEET_HOME/cache/weights/<model>-<key>-<dtype>[-<format>].safetensors`, written to a temporary name and
+renamed, so a killed write never leaves a file that looks complete. The key changes whenever the source
 weights do (their sha256 from the model store, else their paths, sizes and modification times).
 """
 
@@ -18,11 +18,14 @@ from filelock import FileLock, Timeout
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from fleetctl.domain import Quantization
 from fleetctl.engine.model.config import ModelConfig
-from fleetctl.engine.model.llama import LayerWeights, LlamaWeights
+from fleetctl.engine.model.llama import LayerWeights, LlamaWeights, Matrix
 from fleetctl.engine.model.loader import load_weights, weight_files
+from fleetctl.engine.model.quantize import quantize_weights, weight_source
 from fleetctl.engine.model.store import MANIFEST
 from fleetctl.engine.paths import fleet_home
+from fleetctl.kernels.quantized_linear import QuantFormat, QuantizedWeight
 
 LAYER_FIELDS = [f.name for f in fields(LayerWeights)]
 BUILD_TIMEOUT_S = 600.0  # a slow disk converting a large model; waiters then fall back to plain copies
@@ -37,49 +40,73 @@ def weights_key(model_dir: Path) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
 
-def cache_path(model_dir: Path, dtype: torch.dtype) -> Path:
+def cache_path(model_dir: Path, dtype: torch.dtype, layout: str = "none") -> Path:
+    """`layout` is `quantize.weight_source`'s name for the weight format (none: the dense weights)."""
     key = hashlib.sha256(f"{weights_key(model_dir)}|{model_dir.resolve()}".encode()).hexdigest()[:16]
     dtype_name = str(dtype).removeprefix("torch.")
-    return fleet_home() / "cache" / "weights" / f"{model_dir.name}-{key}-{dtype_name}.safetensors"
+    suffix = "" if layout == "none" else f"-{layout}"
+    return fleet_home() / "cache" / "weights" / f"{model_dir.name}-{key}-{dtype_name}{suffix}.safetensors"
 
 
-def _flatten(weights: LlamaWeights) -> dict[str, torch.Tensor]:
+def _flatten(weights: LlamaWeights) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors by name, and the metadata that rebuilds quantized matrices from their two tensors."""
     flat = {"embed": weights.embed, "final_norm": weights.final_norm}
+    metadata: dict[str, str] = {}
     if weights.lm_head is not weights.embed:
         flat["lm_head"] = weights.lm_head
     for i, layer in enumerate(weights.layers):
         for name in LAYER_FIELDS:
-            if (tensor := getattr(layer, name)) is not None:
+            tensor = getattr(layer, name)
+            if isinstance(tensor, QuantizedWeight):
+                flat[f"layers.{i}.{name}.data"], flat[f"layers.{i}.{name}.scales"] = tensor.data, tensor.scales
+                metadata = {"format": tensor.format.value, "group_size": str(tensor.group_size)}
+            elif tensor is not None:
                 flat[f"layers.{i}.{name}"] = tensor
-    return flat
+    return flat, metadata
 
 
-def _unflatten(flat: dict[str, torch.Tensor], num_layers: int) -> LlamaWeights:
-    layers = [LayerWeights(**{name: flat.get(f"layers.{i}.{name}") for name in LAYER_FIELDS})
-              for i in range(num_layers)]
+def _unflatten(flat: dict[str, torch.Tensor], metadata: dict[str, str], num_layers: int) -> LlamaWeights:
+    def field(key: str) -> Matrix | None:
+        if f"{key}.data" not in flat:
+            return flat.get(key)
+        data, scales = flat[f"{key}.data"], flat[f"{key}.scales"]
+        fmt, group_size = QuantFormat(metadata["format"]), int(metadata["group_size"])
+        rows = scales.shape[0] if fmt is QuantFormat.INT8 else scales.shape[1]
+        cols = data.shape[1] if fmt is QuantFormat.INT8 else scales.shape[0] * group_size
+        return QuantizedWeight(fmt, rows, cols, group_size, data, scales)
+
+    layers = [LayerWeights(**{name: field(f"layers.{i}.{name}") for name in LAYER_FIELDS}) for i in range(num_layers)]
     embed = flat["embed"]
     return LlamaWeights(embed=embed, layers=layers, final_norm=flat["final_norm"], lm_head=flat.get("lm_head", embed))
 
 
-def load_cpu_weights(model_dir: Path, config: ModelConfig, dtype: torch.dtype) -> LlamaWeights:
-    """Weights on the CPU, memory-mapped from the prepared cache (building it on first use). Workers
-    starting together take a file lock, so one builds the cache and the others map it."""
-    path = cache_path(model_dir, dtype)
+def load_cpu_weights(model_dir: Path, config: ModelConfig, dtype: torch.dtype,
+                     quantization: Quantization = Quantization.NONE, group_size: int = 32) -> LlamaWeights:
+    """Weights on the CPU in `quantization` (resolved, not auto), memory-mapped from the prepared cache
+    (building it on first use). Workers starting together take a file lock, so one builds the cache and the
+    others map it."""
+    path = cache_path(model_dir, dtype, weight_source(quantization, group_size, model_dir))
+
+    def build() -> LlamaWeights:
+        dense = load_weights(model_dir, config, dtype, torch.device("cpu"))
+        return quantize_weights(dense, quantization, group_size, model_dir, config)
+
     if not path.exists():
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with FileLock(f"{path}.lock", timeout=BUILD_TIMEOUT_S):
                 if not path.exists():  # another worker may have built it while this one waited
-                    _build(model_dir, config, dtype, path)
+                    _save(build(), path)
         except (OSError, Timeout):
-            return load_weights(model_dir, config, dtype, torch.device("cpu"))  # e.g. a read-only home
+            return build()  # e.g. a read-only home
     with safe_open(str(path), framework="pt") as handle:
         flat = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
-    return _unflatten(flat, config.num_layers)
+        metadata = handle.metadata() or {}
+    return _unflatten(flat, metadata, config.num_layers)
 
 
-def _build(model_dir: Path, config: ModelConfig, dtype: torch.dtype, path: Path) -> None:
-    weights = load_weights(model_dir, config, dtype, torch.device("cpu"))
+def _save(weights: LlamaWeights, path: Path) -> None:
+    flat, metadata = _flatten(weights)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    save_file({k: v.contiguous() for k, v in _flatten(weights).items()}, str(partial))
+    save_file({k: v.contiguous() for k, v in flat.items()}, str(partial), metadata=metadata or None)
     os.replace(partial, path)

@@ -24,6 +24,7 @@ from fleetctl.engine.model.registry import KNOWN_MODELS
 from fleetctl.engine.paths import fleet_home
 
 MANIFEST = "fleet-model.json"
+SOURCE_GGUF = "source.gguf"  # the GGUF as it shipped, kept beside its conversion (int4 serves its blocks)
 _PARTIAL = ".partial"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -182,7 +183,7 @@ class ModelStore:
         if model is None:
             raise self._unknown(name)
         dest = self.path_for(name)
-        if (dest / MANIFEST).is_file() and not force:
+        if _complete(dest) and not force:
             return dest
         self.root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".download-", dir=self.root) as tmp:
@@ -201,7 +202,7 @@ class ModelStore:
     ) -> Path:
         """Verify and convert a local GGUF into the store as `name`; return its directory."""
         dest = self.path_for(name)
-        if (dest / MANIFEST).is_file() and not force:
+        if _complete(dest) and not force:
             return dest
         actual = sha256_file(gguf_path, progress)
         if expected_sha256 is not None and actual != expected_sha256:
@@ -210,10 +211,12 @@ class ModelStore:
         partial = Path(tempfile.mkdtemp(prefix=f"{name}.", suffix=_PARTIAL, dir=self.root))
         try:
             convert_gguf(gguf_path, partial, progress)
+            shutil.copyfile(gguf_path, partial / SOURCE_GGUF)
             manifest = {
                 "name": name,
                 "source": source,
                 "gguf_sha256": actual,
+                "gguf_file": SOURCE_GGUF,
                 "weights_sha256": sha256_file(partial / "model.safetensors", progress, "checksum"),
                 "created": datetime.now(UTC).isoformat(timespec="seconds"),
             }
@@ -239,3 +242,8 @@ class ModelStore:
     def _unknown(self, name: str) -> ModelStoreError:
         known = sorted(set(KNOWN_MODELS) | {model.name for model in self.list()})
         return ModelStoreError(f"unknown model {name!r}; known models: {', '.join(known)}")
+
+
+def _complete(model_dir: Path) -> bool:
+    """A finished import: its manifest, and the GGUF it came from (a pull before GGUFs were kept lacks it)."""
+    return (model_dir / MANIFEST).is_file() and (model_dir / SOURCE_GGUF).is_file()

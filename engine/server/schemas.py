@@ -54,6 +54,7 @@ class WorkerInfo(_Open):
     sessions: int
     kv_usage: float
     kv_blocks: int
+    weights: str = ""  # the layers' weight format: the dtype (bfloat16) or int8, int4-g64, int4-gguf; "" starting
     free_blocks: int
     busy: float
     mfu: float

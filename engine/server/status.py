@@ -24,6 +24,7 @@ def workers_status(fleet: Fleet) -> list[WorkerInfo]:
             sessions=len(view.requests),
             kv_usage=round(view.kv_usage, 4),
             kv_blocks=view.num_kv_blocks,
+            weights=view.weights,
             free_blocks=view.free_blocks,
             busy=round(util.busy, 4),
             mfu=round(util.mfu, 6),

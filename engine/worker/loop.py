@@ -57,7 +57,8 @@ class Worker:
         self.prefix_summary = PrefixSummary()
         self.running = True
         elem = self.engine.kv_cache.tensor.element_size()
-        self.cost = CostModel(self.engine.model_config, weight_bytes=elem, kv_bytes=elem)
+        self.cost = CostModel(self.engine.model_config, weight_bytes=elem, kv_bytes=elem,
+                              layer_bytes=self.engine.model.weights.layer_matrix_bytes)
         self.peaks = device_peaks(self.engine.device, self.engine.dtype, self.cost.weight_bytes_per_step,
                                   spec.store_path)
 
@@ -83,6 +84,7 @@ class Worker:
         self.send(m.WorkerReady(
             self.spec.worker_id, os.getpid(), allocator.num_blocks, self.engine.kv_cache.spec.block_size,
             self.engine.load_seconds, self.peaks.name, self.peaks.peak_flops, self.peaks.peak_bytes_per_s,
+            self.engine.weights_label,
         ))
         self.heartbeat.start()
         try:

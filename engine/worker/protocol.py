@@ -189,6 +189,7 @@ class WorkerReady:
     device_name: str
     peak_flops: float  # the device's peaks at the worker's dtype (spec table or calibration)
     peak_bytes_per_s: float
+    weights: str = ""  # its layers' weights: the dtype, or the quantized format (bfloat16, int8, int4-gguf)
 
 
 @dataclass(frozen=True)

@@ -56,8 +56,8 @@ def test_no_generated_request_gets_a_server_error(tiny_model_dir: Path, tmp_path
                     except Unsatisfiable:  # no invalid request exists (an operation without parameters)
                         assert mode is GenerationMode.NEGATIVE
             assert client.get(f"{BASE}/health").status_code == 200
-            done = client.post(f"{BASE}/v1/completions", json={"model": "tiny-llama0", "prompt": "hi", "max_tokens": 3},
-                               headers=headers)
+            greedy = {"model": "tiny-llama0", "prompt": "hi", "max_tokens": 3, "temperature": 0}  # no early stop
+            done = client.post(f"{BASE}/v1/completions", json=greedy, headers=headers)
             assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 3
     finally:
         asgi.shutdown_lifespans()

@@ -18,6 +18,7 @@ TINY_MODEL_NAME = "tiny-llama-gguf"
 _DISTRIBUTION, _VERSION, _PACKAGE = "llm-tiny-llama", "0.1.0", "llm_tiny_llama"
 _MEMBER = f"{_PACKAGE}/tiny-llama.F32.gguf"
 _TOKEN_TYPE_NORMAL = 1
+_LAYER_MATRICES = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}
 
 
 def _gguf_name(hf_name: str) -> tuple[str, str]:
@@ -36,8 +37,10 @@ def permute_rotary(weight: np.ndarray, heads: int) -> np.ndarray:
     return np.ascontiguousarray(weight.reshape(heads, 2, half, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape))
 
 
-def write_tiny_gguf(model_dir: Path, out: Path) -> Path:
-    """The Hugging Face Llama directory `model_dir` (tiny_model.write_tiny_llama's) as a llama.cpp GGUF."""
+def write_tiny_gguf(model_dir: Path, out: Path,
+                    matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32) -> Path:
+    """The Hugging Face Llama directory `model_dir` (tiny_model.write_tiny_llama's) as a llama.cpp GGUF, its
+    layers' matrices in `matrix_type` (quantized by the `gguf` package as llama.cpp would), the rest F32."""
     config = json.loads((model_dir / "config.json").read_text())
     tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
     writer = gguf.GGUFWriter(out, "llama")
@@ -66,7 +69,11 @@ def write_tiny_gguf(model_dir: Path, out: Path) -> Path:
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     for hf_name, weight in load_file(model_dir / "model.safetensors").items():
         name, kind = _gguf_name(hf_name)
-        writer.add_tensor(name, permute_rotary(weight, heads[kind]) if kind in heads else weight)
+        weight = permute_rotary(weight, heads[kind]) if kind in heads else weight
+        if matrix_type is gguf.GGMLQuantizationType.F32 or kind not in _LAYER_MATRICES:
+            writer.add_tensor(name, weight)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(weight, matrix_type), raw_dtype=matrix_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -42,7 +42,8 @@ class WorkerDetail(Screen[None]):
         if worker is None:
             self.query_one("#detail-summary", Label).update(f"{self.worker_id}: no longer in the fleet")
             return
-        self.query_one("#detail-charts").border_title = f"{worker.id} · {worker.role} · {worker.device}"
+        weights = f" · {worker.weights}" if worker.weights else ""
+        self.query_one("#detail-charts").border_title = f"{worker.id} · {worker.role} · {worker.device}{weights}"
         self.query_one("#detail-summary", Label).update(
             f"{worker.state}  pid {worker.pid or '-'}  sessions {worker.sessions}  KV {percent(worker.kv_usage)}")
         for metric, label in CHARTS:

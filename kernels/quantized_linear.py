@@ -1,0 +1,133 @@
+"""Weight-only quantized linear layers: int8 per output channel, int4 in groups along the input dimension.
+
+The products run in torch's own weight-only kernels, never a hand-written matmul:
+- int8: `aten._weight_int8pack_mm(x, q [N, K] int8, scales [N])`, w = q · scale (CPU and CUDA);
+- int4: `aten._weight_int4pack_mm_for_cpu` on a CPU and `aten._weight_int4pack_mm` (tinygemm) on CUDA, with
+  codes q in 0..15 and per group of `group_size` inputs a scale s and a zero z: w = (q − 8) · s + z.
+
+That int4 form holds llama.cpp's blocks exactly: Q4_1 (w = d · q + m per 32) is s = d, z = m + 8d, and Q4_0
+(w = d · (q − 8)) is s = d, z = 0 (`engine/model/gguf_blocks.py`). Scales and zeros are kept in the dtype the
+layer computes in (the kernels require it), so a float32 engine holds a GGUF's fp16 scales exactly and a
+bfloat16 one rounds them to bfloat16.
+
+A QuantizedWeight keeps its layout as plain tensors (codes packed two to a byte on a CPU, in tinygemm's
+tiles on CUDA), so the prepared-weights cache stores it in safetensors and memory-maps it back. On CUDA, int4
+computes in bfloat16 only (tinygemm).
+"""
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+import torch
+
+INT4_GROUP_SIZES = (32, 64, 128)  # as engine/core/config says (kernels import nothing of the engine)
+_CUDA_INNER_K_TILES = 8  # tinygemm's tiling of K; needs K divisible by 16 · 8
+
+
+class QuantFormat(StrEnum):
+    INT8 = "int8"
+    INT4 = "int4"
+
+
+class QuantizationError(ValueError):
+    """A weight that cannot take the asked layout (its shape, dtype or device)."""
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A [out_features, in_features] weight in a weight-only layout; `linear` multiplies by it."""
+
+    format: QuantFormat
+    out_features: int
+    in_features: int
+    group_size: int  # inputs sharing one scale: in_features for int8 (per channel)
+    data: torch.Tensor  # int8: [N, K] int8; int4 CPU: [N, K/2] uint8; int4 CUDA: tinygemm's int32 tiles
+    scales: torch.Tensor  # int8: [N]; int4: [K/group, N, 2] scale and zero, in the compute dtype
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.scales.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes one product reads: the codes and their scales (and zeros)."""
+        return self.data.numel() * self.data.element_size() + self.scales.numel() * self.scales.element_size()
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight [N, K] this layout multiplies by (tests; the reference dequantization)."""
+        if self.format is QuantFormat.INT8:
+            return self.data.float() * self.scales.float()[:, None]
+        codes = unpack_int4(self).float()  # [N, K]
+        scale = self.scales[..., 0].float().T.repeat_interleave(self.group_size, dim=1)  # [N, K]
+        zero = self.scales[..., 1].float().T.repeat_interleave(self.group_size, dim=1)
+        return (codes - 8) * scale + zero
+
+
+def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
+    """Round-to-nearest, symmetric, one scale per output channel: weight [N, K] float."""
+    absmax = weight.float().abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
+    scales = absmax / 127
+    codes = torch.round(weight.float() / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return QuantizedWeight(QuantFormat.INT8, weight.shape[0], weight.shape[1], weight.shape[1], codes.contiguous(),
+                           scales.to(weight.dtype))
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int) -> QuantizedWeight:
+    """Round-to-nearest, asymmetric (min to max in 16 steps) per group of `group_size` inputs: weight [N, K]."""
+    rows, cols = weight.shape
+    _check_int4_shape(cols, group_size)
+    groups = weight.float().reshape(rows, cols // group_size, group_size)
+    low, high = groups.amin(dim=2), groups.amax(dim=2)  # [N, K/group]
+    scales = ((high - low) / 15).clamp_min(torch.finfo(torch.float32).tiny)
+    codes = torch.round((groups - low[..., None]) / scales[..., None]).clamp(0, 15).reshape(rows, cols)
+    return int4_from_codes(codes.to(torch.uint8), scales.to(weight.dtype), (low + 8 * scales).to(weight.dtype),
+                           group_size)
+
+
+def int4_from_codes(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> QuantizedWeight:
+    """codes [N, K] in 0..15; scales, zeros [N, K/group] in the compute dtype: w = (code − 8) · scale + zero."""
+    rows, cols = codes.shape
+    _check_int4_shape(cols, group_size)
+    if scales.shape != (rows, cols // group_size) or zeros.shape != scales.shape:
+        raise QuantizationError(f"int4 scales {tuple(scales.shape)} do not fit codes {tuple(codes.shape)} "
+                                f"in groups of {group_size}")
+    if codes.device.type == "cuda":
+        pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
+        data = torch.ops.aten._convert_weight_to_int4pack(pairs.contiguous(), _CUDA_INNER_K_TILES)
+    else:
+        data = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
+    scales_and_zeros = torch.stack([scales.T, zeros.T], dim=-1).contiguous()  # [K/group, N, 2]
+    return QuantizedWeight(QuantFormat.INT4, rows, cols, group_size, data, scales_and_zeros)
+
+
+def unpack_int4(weight: QuantizedWeight) -> torch.Tensor:
+    """The codes [N, K] (int32, 0..15) of an int4 weight, recovered by multiplying the identity."""
+    dtype = torch.bfloat16 if weight.device.type == "cuda" else torch.float32  # tinygemm computes in bf16 only
+    eye = torch.eye(weight.in_features, dtype=dtype, device=weight.device)
+    unit = torch.stack([torch.ones_like(weight.scales[..., 0]), torch.full_like(weight.scales[..., 0], 8)], dim=-1)
+    ones = replace(weight, scales=unit.to(dtype))
+    return linear(eye, ones).T.round().to(torch.int32)  # (q − 8) · 1 + 8 = q: small integers, exact
+
+
+def linear(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
+    """x [T, K] @ weightᵀ -> [T, N], in x's dtype (which must be the weight's compute dtype)."""
+    if x.dtype != weight.dtype:
+        raise QuantizationError(f"a {weight.format} weight computing in {weight.dtype} got {x.dtype} inputs")
+    x = x.contiguous()
+    if weight.format is QuantFormat.INT8:
+        return torch.ops.aten._weight_int8pack_mm(x, weight.data, weight.scales)
+    if weight.device.type == "cuda":
+        return torch.ops.aten._weight_int4pack_mm(x, weight.data, weight.group_size, weight.scales)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight.data, weight.group_size, weight.scales)
+
+
+def _check_int4_shape(in_features: int, group_size: int) -> None:
+    if group_size not in INT4_GROUP_SIZES:
+        raise QuantizationError(f"int4 group size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}, "
+                                f"got {group_size}")
+    if in_features % group_size:
+        raise QuantizationError(f"int4 needs in_features divisible by the group size: {in_features} by {group_size}")

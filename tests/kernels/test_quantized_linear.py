@@ -1,0 +1,102 @@
+"""Weight-only int8/int4 linear layers: layouts that round-trip exactly, products within the kernel's rounding of a
+float reference, round-to-nearest within half a step, one clear error for what a layout cannot take; and the CUDA
+path where there is a GPU."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fleetctl.kernels import ops
+from fleetctl.kernels.quantized_linear import (
+    QuantFormat,
+    QuantizationError,
+    int4_from_codes,
+    linear,
+    quantize_int4,
+    quantize_int8,
+    unpack_int4,
+)
+
+ROWS, COLS = 96, 256
+
+
+def random_int4(dtype: torch.dtype, group: int, device: str = "cpu") -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(group)
+    codes = torch.randint(0, 16, (ROWS, COLS), dtype=torch.uint8, generator=generator)
+    scales = torch.rand(ROWS, COLS // group, generator=generator).to(dtype) / 16
+    zeros = torch.randn(ROWS, COLS // group, generator=generator).to(dtype) / 8
+    return codes.to(device), scales.to(device), zeros.to(device)
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_layout_round_trips_codes_scales_and_zeros_exactly(group: int, dtype: torch.dtype) -> None:
+    codes, scales, zeros = random_int4(dtype, group)
+    weight = int4_from_codes(codes, scales, zeros, group)
+    assert torch.equal(unpack_int4(weight), codes.to(torch.int32))
+    expected = (codes.float() - 8) * scales.float().repeat_interleave(group, 1) + zeros.float().repeat_interleave(
+        group, 1)
+    assert torch.equal(weight.dequantize(), expected)
+    assert weight.nbytes == ROWS * COLS // 2 + 2 * ROWS * (COLS // group) * scales.element_size()
+
+
+@pytest.mark.parametrize("fmt", list(QuantFormat))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 5, 33])
+def test_linear_is_the_float_product_with_its_own_dequantized_weight(fmt: QuantFormat, dtype: torch.dtype,
+                                                                      tokens: int) -> None:
+    dense = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(tokens)).to(dtype)
+    weight = quantize_int8(dense) if fmt is QuantFormat.INT8 else quantize_int4(dense, 32)
+    x = torch.randn(tokens, COLS, generator=torch.Generator().manual_seed(7)).to(dtype)
+    out = linear(x, weight)
+    assert out.shape == (tokens, ROWS) and out.dtype == dtype
+    reference = x.float() @ weight.dequantize().T
+    if dtype is torch.float32:
+        torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-4)
+    else:  # the kernel rounds the dequantized weight and the output to bf16: as F.linear in bf16 does
+        bf16 = F.linear(x, weight.dequantize().to(dtype)).float()
+        tolerance = 2 * (bf16 - reference).abs().max().item() + 1e-2
+        assert (out.float() - reference).abs().max().item() <= tolerance
+    assert torch.equal(ops.linear(x, weight), out)
+
+
+@pytest.mark.parametrize("group", [32, 128])
+def test_round_to_nearest_int4_is_within_half_a_step(group: int) -> None:
+    dense = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(3))
+    weight = quantize_int4(dense, group)
+    step = weight.scales[..., 0].T.repeat_interleave(group, 1)  # [N, K]
+    assert ((weight.dequantize() - dense).abs() <= step / 2 + 1e-6).all()
+
+
+def test_round_to_nearest_int8_is_within_half_a_step_per_channel() -> None:
+    dense = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(4))
+    weight = quantize_int8(dense)
+    assert weight.data.dtype == torch.int8 and weight.scales.shape == (ROWS,)
+    assert ((weight.dequantize() - dense).abs() <= weight.scales[:, None] / 2 + 1e-6).all()
+
+
+def test_what_a_layout_cannot_take_is_one_clear_error() -> None:
+    dense = torch.randn(ROWS, COLS)
+    with pytest.raises(QuantizationError, match="group size must be one of 32, 64, 128"):
+        quantize_int4(dense, 48)
+    with pytest.raises(QuantizationError, match="divisible by the group size: 96 by 64"):
+        quantize_int4(torch.randn(8, 96), 64)
+    with pytest.raises(QuantizationError, match=r"computing in torch\.bfloat16 got torch\.float32"):
+        linear(torch.randn(2, COLS), quantize_int8(dense.bfloat16()))
+    codes, scales, zeros = random_int4(torch.float32, 32)
+    with pytest.raises(QuantizationError, match="do not fit codes"):
+        int4_from_codes(codes, scales[:, :4], zeros[:, :4], 32)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fmt", list(QuantFormat))
+def test_cuda_linear_matches_the_cpu_layout(fmt: QuantFormat) -> None:
+    dense = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(5)).bfloat16()
+    x = torch.randn(9, COLS, generator=torch.Generator().manual_seed(6)).bfloat16()
+    if fmt is QuantFormat.INT8:
+        cpu, gpu = quantize_int8(dense), quantize_int8(dense.cuda())
+    else:
+        cpu, gpu = quantize_int4(dense, 32), quantize_int4(dense.cuda(), 32)
+        assert torch.equal(unpack_int4(gpu).cpu(), unpack_int4(cpu))
+    reference = x.float() @ cpu.dequantize().T
+    torch.testing.assert_close(linear(x.cuda(), gpu).float().cpu(), reference, rtol=2e-2, atol=5e-2)
