@@ -18,6 +18,7 @@ import typer
 
 from fleetctl.console.client import FleetClient, FleetClientError, FleetUnreachable
 from fleetctl.domain import Quantization
+from fleetctl.engine.core.config import INT4_GROUP_SIZES
 
 if TYPE_CHECKING:
     from fleetctl.engine.server.schemas import OperationInfo
@@ -33,7 +34,16 @@ QUANTIZATION_OPTION = typer.Option(
     Quantization.NONE, "--quantization", help="Linear weights: none (the model's dtype), int8 (per channel), int4 "
                                               "(groups of --quant-group-size; a pulled GGUF's own 4-bit blocks at "
                                               "32), or auto (int4 when the model's GGUF holds 4-bit blocks).")
-QUANT_GROUP_OPTION = typer.Option(32, "--quant-group-size", help="Inputs per int4 scale: 32, 64 or 128.")
+
+
+def _group_size(value: int) -> int:
+    if value not in INT4_GROUP_SIZES:
+        raise typer.BadParameter(f"must be one of {', '.join(map(str, INT4_GROUP_SIZES))}")
+    return value
+
+
+QUANT_GROUP_OPTION = typer.Option(32, "--quant-group-size", callback=_group_size,
+                                  help="Inputs per int4 scale: 32, 64 or 128.")
 STORE_OPTION = typer.Option("", "--store", help="SQLite metrics store (default $FLEET_HOME/fleet.db).")
 
 # `plan`, `classify` and `devices`: the store's reports, read from a store file or asked of a fleet (`fleet_to_ask`)

@@ -69,7 +69,7 @@ def _unflatten(flat: dict[str, torch.Tensor], metadata: dict[str, str], num_laye
     def field(key: str) -> Matrix | None:
         if f"{key}.data" not in flat:
             return flat.get(key)
-        data, scales = flat[f"{key}.data"], flat[f"{key}.scales"]
+        data, scales = _aligned(flat[f"{key}.data"]), _aligned(flat[f"{key}.scales"])
         fmt, group_size = QuantFormat(metadata["format"]), int(metadata["group_size"])
         rows = scales.shape[0] if fmt is QuantFormat.INT8 else scales.shape[1]
         cols = data.shape[1] if fmt is QuantFormat.INT8 else scales.shape[0] * group_size
@@ -78,6 +78,12 @@ def _unflatten(flat: dict[str, torch.Tensor], metadata: dict[str, str], num_laye
     layers = [LayerWeights(**{name: field(f"layers.{i}.{name}") for name in LAYER_FIELDS}) for i in range(num_layers)]
     embed = flat["embed"]
     return LlamaWeights(embed=embed, layers=layers, final_norm=flat["final_norm"], lm_head=flat.get("lm_head", embed))
+
+
+def _aligned(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor itself when 64-byte aligned, else an aligned copy: safetensors aligns a tensor to 8 bytes only,
+    and torch's int8 weight-only kernel reads past-aligned blocks (it crashed on a mapped weight at 8 bytes off)."""
+    return tensor if tensor.data_ptr() % 64 == 0 else tensor.clone()
 
 
 def load_cpu_weights(model_dir: Path, config: ModelConfig, dtype: torch.dtype,

@@ -19,7 +19,14 @@ from fleetctl.domain import Quantization
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.gguf_blocks import BLOCK, INT4_TYPES, Int4Blocks, read_int4_blocks, source_gguf
 from fleetctl.engine.model.llama import LlamaWeights, Matrix
-from fleetctl.kernels.quantized_linear import QuantizedWeight, int4_from_codes, quantize_int4, quantize_int8
+from fleetctl.engine.model.weight_errors import WeightLoadError
+from fleetctl.kernels.quantized_linear import (
+    QuantizationError,
+    QuantizedWeight,
+    int4_from_codes,
+    quantize_int4,
+    quantize_int8,
+)
 
 # the GGUF tensors behind each fused matrix of a layer, in the order they are stacked
 _GGUF_PARTS = {"qkv": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",), "gate_up": ("ffn_gate", "ffn_up"),
@@ -45,6 +52,14 @@ def weight_source(quantization: Quantization, group_size: int, model_dir: Path) 
 def quantize_weights(weights: LlamaWeights, quantization: Quantization, group_size: int, model_dir: Path,
                      config: ModelConfig) -> LlamaWeights:
     """The layers' matrices in `quantization` (not AUTO: resolve first); weights as they are for NONE."""
+    try:
+        return _quantized(weights, quantization, group_size, model_dir, config)
+    except QuantizationError as exc:
+        raise WeightLoadError(f"--quantization {quantization}: {exc}") from None
+
+
+def _quantized(weights: LlamaWeights, quantization: Quantization, group_size: int, model_dir: Path,
+               config: ModelConfig) -> LlamaWeights:
     if quantization is Quantization.NONE:
         return weights
     if quantization is Quantization.INT8:
@@ -58,7 +73,7 @@ def quantize_weights(weights: LlamaWeights, quantization: Quantization, group_si
         parts = [read_int4_blocks(tensors[f"blk.{index}.{part}.weight"], heads.get(part)) for part in _GGUF_PARTS[name]]
         blocks = Int4Blocks.stacked(parts)
         if blocks.codes.shape != dense.shape:
-            raise ValueError(f"GGUF blocks of layer {index} {name} are {tuple(blocks.codes.shape)}, "
+            raise QuantizationError(f"GGUF blocks of layer {index} {name} are {tuple(blocks.codes.shape)}, "
                              f"the weights {tuple(dense.shape)}")
         device, dtype = dense.device, dense.dtype
         return int4_from_codes(blocks.codes.to(device), blocks.scales.to(device, dtype), blocks.zeros.to(device, dtype),

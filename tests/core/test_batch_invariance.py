@@ -1,7 +1,8 @@
 """Deterministic mode is batch-invariant by construction: a sequence's logits — every bit of them, at
 every position — equal its solo run whatever it is batched with: random batch sizes and prompt
 lengths, late joins, preemption by recompute (a small KV pool), several prompts prefilled in one
-varlen step; in fp32 and bf16. The batched engine caches prefixes and many prompts share one, so a
+varlen step; in fp32 and bf16, and with int8 and int4 weights. The batched engine caches prefixes and many
+prompts share one, so a
 prefill often starts after blocks another sequence wrote (or its own, before a preemption); the solo
 run has the cache off. Comparing logits rather than tokens catches differences too small to flip a
 token on this prompt, which would flip one on another."""
@@ -16,6 +17,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleetctl.domain import Quantization
 from fleetctl.engine.core import model_runner
 from fleetctl.engine.core.config import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
@@ -64,10 +66,10 @@ def recorded_logits() -> Iterator[dict[tuple[str, int], torch.Tensor]]:
 
 
 def check_invariance(model_dir: Path, dtype: str, sequences: list[Arrival],
-                     num_kv_blocks: int) -> None:
+                     num_kv_blocks: int, quantization: Quantization = Quantization.NONE) -> None:
     def engine(blocks: int = 512, prefix_cache: bool = False) -> LLMEngine:
         settings = EngineSettings(dtype=dtype, deterministic=True, num_kv_blocks=blocks, max_num_batched_tokens=2048,
-                                  prefix_cache=prefix_cache)
+                                  prefix_cache=prefix_cache, quantization=quantization)
         return LLMEngine(EngineConfig(model_dir, settings=settings))
 
     @cache
@@ -100,6 +102,15 @@ def check_invariance(model_dir: Path, dtype: str, sequences: list[Arrival],
 def test_every_sequence_equals_its_solo_run(small_model_dir: Path, dtype: str, sequences: list[Arrival],
                                             num_kv_blocks: int) -> None:
     check_invariance(small_model_dir, dtype, sequences, num_kv_blocks)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantization", [Quantization.INT8, Quantization.INT4])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sequences=st.lists(SEQUENCE, min_size=1, max_size=16), num_kv_blocks=st.sampled_from([40, 512]))
+def test_quantized_sequences_equal_their_solo_runs(tiny_model_dir: Path, quantization: Quantization,
+                                                   sequences: list[Arrival], num_kv_blocks: int) -> None:
+    check_invariance(tiny_model_dir, "bfloat16", sequences, num_kv_blocks, quantization)
 
 
 @pytest.mark.slow

@@ -32,6 +32,8 @@ NO_FLEET = "127.0.0.1:9"  # discard port: nothing answers HTTP there; no scheme 
     ["devices", "--url", NO_FLEET],
     ["devices", "--recalibrate", "--url", NO_FLEET],
     ["serve", "--devices", "gpu:0,cpu:1"],
+    ["generate", "--quantization", "int5", "hello"],
+    ["serve", "--quant-group-size", "48"],
 ])
 def test_a_bad_invocation_is_one_line(args: list[str]) -> None:
     result = fleetctl(*args, timeout=60)
@@ -54,6 +56,14 @@ def test_a_taken_port_fails_before_anything_else(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         result = fleetctl("serve", "--model", str(tmp_path / "no-such-model"), "--port", str(port), timeout=60)
     assert result.returncode != 0 and "is in use" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_group_size_the_model_cannot_take_is_one_line(tiny_model_dir: Path) -> None:
+    result = fleetctl("generate", "--model", str(tiny_model_dir), "--quantization", "int4", "--quant-group-size", "128",
+                      "hello", timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "fleetctl: error: --quantization int4: int4 needs in_features divisible by the group size: 64 by 128"]
 
 
 def test_generate_several_prompts_prints_each_under_its_prompt(tiny_model_dir: Path) -> None:
