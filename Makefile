@@ -48,7 +48,7 @@ test: export FLEET_REQUIRE_ALL ?= 1
 test: install browser
 	$(FLEETCTL) models pull smollm2-135m
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=40 --durations-min=10
 
 # the developer's loop: no real-model tests, no worker processes (`make test` still runs everything); in 4 xdist
 # processes (they mostly wait), then the console's pictures alone (a loaded machine draws a frame late)
