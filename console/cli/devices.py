@@ -34,7 +34,7 @@ def devices(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Peak FLOP/s and bytes/s per device identity and dtype: the MFU and MBU denominators (from a store file, or
-    asked of a fleet)."""
+    asked of a fleet, then with its workers' devices and weight formats)."""
     fleet = fleet_to_ask(store, url)
     if fleet is None:
         peaks = _peaks_in_file(store, recalibrate)
@@ -77,4 +77,8 @@ def render_devices(peaks: DevicePeaks) -> str:
                      f"{peak.peak_bytes_per_s / 1e9:>8.1f} {peak.how:<11} {when}")
     lines += [f"not recalibrated: {identity} (a spec-table value, or another machine's device)"
               for identity in peaks.not_recalibrated]
+    if peaks.workers:
+        lines.append(f"{'worker':<12} {'role':<8} {'device':<8} {'weights':<12} device name")
+        lines += [f"{w.id:<12} {w.role:<8} {w.device:<8} {w.weights or 'starting':<12} {w.device_name or '-'}"
+                  for w in peaks.workers]
     return "\n".join(lines)

@@ -329,8 +329,20 @@ class DevicePeak(_Open):
                    how=record.how_measured.value, measured_at=record.measured_at)
 
 
+class DeviceWorker(_Open):
+    """A live worker on a device, in the weight format it serves (`devices` asked of a fleet)."""
+
+    id: str
+    role: str
+    device: str
+    device_name: str  # the device as the worker named it when ready ("" while it starts)
+    weights: str  # bfloat16, int8, int4-g64, int4-gguf; "" while it starts
+
+
 class DevicePeaks(_Open):
-    """`devices --json`: the store's peaks per device identity and dtype (the MFU and MBU denominators)."""
+    """`devices --json`: the store's peaks per device identity and dtype (the MFU and MBU denominators), and, from
+    a fleet, its workers on those devices with their weight formats."""
 
     devices: list[DevicePeak]
     not_recalibrated: list[str]  # identities `devices --recalibrate` left as they were (always empty from a fleet)
+    workers: list[DeviceWorker] = []  # empty from a store file

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.planner.durations import DurationError, parse_window
 from fleetctl.engine.server.errors import APIError
-from fleetctl.engine.server.schemas import DevicePeak, DevicePeaks, FleetClassification
+from fleetctl.engine.server.schemas import DevicePeak, DevicePeaks, DeviceWorker, FleetClassification
 from fleetctl.store.classify import classify
 from fleetctl.store.db import read_store
 from fleetctl.store.devices import all_devices
@@ -40,8 +40,11 @@ def store_router(fleet: Fleet) -> APIRouter:
 
     @router.get("/devices")
     async def device_peaks() -> DevicePeaks:
-        """The peaks the store holds per device identity and dtype (calibrated or from the spec table)."""
+        """The peaks the store holds per device identity and dtype (calibrated or from the spec table), and the
+        workers on the devices with the weight format each serves."""
         records = await asyncio.to_thread(read_store, fleet_store(fleet, "no device peaks"), all_devices)
-        return DevicePeaks(devices=[DevicePeak.of(record) for record in records], not_recalibrated=[])
+        workers = [DeviceWorker(id=v.worker_id, role=v.role.value, device=v.device, device_name=v.device_name,
+                                weights=v.weights) for v in sorted(fleet.views.values(), key=lambda v: v.worker_id)]
+        return DevicePeaks(devices=[DevicePeak.of(record) for record in records], not_recalibrated=[], workers=workers)
 
     return router
