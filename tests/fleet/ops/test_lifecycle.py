@@ -177,7 +177,9 @@ def test_force_stop_moves_sessions_to_peers_at_once(tiny_model_dir: Path, tmp_pa
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
         reqs = [fleet.submit(p, slow) for p in prompts(6)]
         stopped = fleet.views["decode-0"]
-        await until(lambda: len(stopped.requests) >= 2)
+        # at least one of them decoding there already (the others' KV may still be on the way to it)
+        await until(lambda: len(stopped.requests) >= 2 and any(
+            r.request_id in stopped.requests and r.times.second_token is not None for r in reqs))
         held = set(stopped.requests)
         op = await finished(fleet.lifecycle.stop("decode-0", force=True))
         assert op.state is OpState.DONE, op.error
