@@ -5,8 +5,9 @@ The products run in torch's own weight-only kernels, never a hand-written matmul
 - int4: `aten._weight_int4pack_mm_for_cpu` on a CPU and `aten._weight_int4pack_mm` (tinygemm) on CUDA, with
   codes q in 0..15 and per group of `group_size` inputs a scale s and a zero z: w = (q − 8) · s + z.
 
-That int4 form holds llama.cpp's blocks exactly: Q4_1 (w = d · q + m per 32) is s = d, z = m + 8d, and Q4_0
-(w = d · (q − 8)) is s = d, z = 0 (`engine/model/gguf_blocks.py`). Scales and zeros are kept in the dtype the
+That int4 form holds llama.cpp's 4-bit blocks in groups of 32: Q4_1 (w = d · q + m per 32) is s = d, z = m + 8d,
+Q4_0 (w = d · (q − 8)) is s = d, z = 0, and a Q4_K sub-block (w = d · sc · q − dmin · m) is s = d · sc,
+z = 8 · d · sc − dmin · m (`engine/model/gguf_blocks.py`). Scales and zeros are kept in the dtype the
 layer computes in (the kernels require it), so a float32 engine holds a GGUF's fp16 scales exactly and a
 bfloat16 one rounds them to bfloat16.
 
@@ -78,14 +79,19 @@ def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
 
 def quantize_int4(weight: torch.Tensor, group_size: int) -> QuantizedWeight:
     """Round-to-nearest, asymmetric (min to max in 16 steps) per group of `group_size` inputs: weight [N, K]."""
+    codes, scales, zeros = round_int4(weight, group_size)
+    return int4_from_codes(codes, scales.to(weight.dtype), zeros.to(weight.dtype), group_size)
+
+
+def round_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`quantize_int4`'s rounding before any layout: codes [N, K] uint8, scales and zeros [N, K/group] float32."""
     rows, cols = weight.shape
     _check_int4_shape(cols, group_size)
     groups = weight.float().reshape(rows, cols // group_size, group_size)
     low, high = groups.amin(dim=2), groups.amax(dim=2)  # [N, K/group]
     scales = ((high - low) / 15).clamp_min(torch.finfo(torch.float32).tiny)
     codes = torch.round((groups - low[..., None]) / scales[..., None]).clamp(0, 15).reshape(rows, cols)
-    return int4_from_codes(codes.to(torch.uint8), scales.to(weight.dtype), (low + 8 * scales).to(weight.dtype),
-                           group_size)
+    return codes.to(torch.uint8), scales, low + 8 * scales
 
 
 def int4_from_codes(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> QuantizedWeight:

@@ -55,7 +55,8 @@ class LLMEngine:
         self.model_config = ModelConfig.from_file(config.model_dir / "config.json")
         self.tokenizer = Tokenizer(config.model_dir, self.model_config.eos_token_ids)
         self.quantization = resolve_quantization(settings.quantization, config.model_dir)
-        # names the weights' layout (none, int8, int4-g64, int4-gguf) for the prefix cache's salt and checkpoints
+        # names the weights' layout (none, int8, int4-g64, int4-gguf, int4-gguf-mixed) for the prefix cache's salt
+        # and checkpoints
         self.weight_format = weight_source(self.quantization, settings.quant_group_size, config.model_dir)
         # what an operator reads: the dtype for dense weights, else the format
         self.weights_label = str(self.dtype).removeprefix("torch.") if self.weight_format == "none" else \

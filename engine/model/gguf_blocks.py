@@ -1,12 +1,25 @@
 """A GGUF's 4-bit blocks read as int4 codes, scales and zeros, with no float round trip of the weights.
 
-llama.cpp stores a matrix row by row in blocks of 32 consecutive inputs. Per block:
-- Q4_0: d (fp16), then 16 bytes of codes q in 0..15; w = d · (q − 8);
-- Q4_1: d, m (fp16), then 16 bytes of codes; w = d · q + m.
-The 16 bytes hold inputs 0–15 in their low nibbles and 16–31 in their high ones. Both are the int4 layout of
-`kernels/quantized_linear` with groups of 32, scale d and zero m + 8d (Q4_1) or 0 (Q4_0).
+llama.cpp stores a matrix row by row in blocks of consecutive inputs. The 4-bit block types:
+- Q4_0 (32 inputs, 18 bytes): d (fp16), then 16 bytes of codes q in 0..15; w = d · (q − 8);
+- Q4_1 (32 inputs, 20 bytes): d, m (fp16), then 16 bytes of codes; w = d · q + m.
+  In both, the 16 bytes hold inputs 0–15 in their low nibbles and 16–31 in their high ones.
+- Q4_K (a super-block of 256 inputs, 144 bytes): d, dmin (fp16); 12 bytes packing a 6-bit scale sc_j and a
+  6-bit min m_j for each of 8 sub-blocks of 32 (bytes 0–3: sc_0..3 in their low 6 bits, the top 2 bits of
+  sc_4..7 above them; bytes 4–7: m_0..3 likewise with the top bits of m_4..7; bytes 8–11: the low 4 bits of
+  sc_4..7, then of m_4..7 in the high nibble); then 128 bytes of codes in 4 runs of 32 bytes, run r holding
+  sub-block 2r in its low nibbles and sub-block 2r + 1 in its high ones; w = d · sc_j · q − dmin · m_j.
+Each maps onto the int4 layout of `kernels/quantized_linear` (w = (q − 8) · s + z) in groups of 32: Q4_0 is
+s = d, z = 0; Q4_1 is s = d, z = m + 8d; each Q4_K sub-block is s = d · sc_j, z = 8 · d · sc_j − dmin · m_j.
+
+The codes are the file's bytes and s is exact in float32 (d · sc_j: 11 × 6 significant bits). The zero is
+rounded to float32 once, where llama.cpp rounds the weight once, so a block dequantizes to exactly its GGUF
+value whenever the zero is itself a float32: whenever d and m (dmin) lie within a few binades of each other, as
+llama.cpp's quantizers make them (for Q4_K, −10 ≤ exponent(d) − exponent(dmin) ≤ 4 is enough). Otherwise the
+zero's rounding (half its float32 ulp) carries into the weight.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,16 +30,18 @@ import torch
 from fleetctl.engine.model.gguf_convert import GGUFConvertError, unpermute_rotary
 from fleetctl.engine.model.store import SOURCE_GGUF
 
-BLOCK = 32
-INT4_TYPES = {gguf.GGMLQuantizationType.Q4_0: 18, gguf.GGMLQuantizationType.Q4_1: 20}  # bytes per block
+BLOCK = 32  # inputs per int4 group: a Q4_0/Q4_1 block, a Q4_K sub-block
+
+# codes [N, K] uint8, scales and zeros [N, K/32] float32 from a matrix's blocks [N, blocks per row, block bytes]
+BlockReader = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
 class Int4Blocks:
-    """One matrix's blocks in Hugging Face's row order: w = (codes − 8) · scales + zeros per block of 32."""
+    """One matrix's blocks in Hugging Face's row order: w = (codes − 8) · scales + zeros per group of 32."""
 
     codes: torch.Tensor  # [N, K] uint8, 0..15
-    scales: torch.Tensor  # [N, K/32] float32 (the fp16 d, exactly)
+    scales: torch.Tensor  # [N, K/32] float32 (the fp16 d, or d · sc_j, exactly)
     zeros: torch.Tensor  # [N, K/32] float32
 
     @classmethod
@@ -35,34 +50,70 @@ class Int4Blocks:
         return cls(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
                    torch.cat([p.zeros for p in parts]))
 
+    def to(self, device: torch.device) -> "Int4Blocks":
+        return Int4Blocks(self.codes.to(device), self.scales.to(device), self.zeros.to(device))
+
     def dequantize(self) -> torch.Tensor:
-        """float32 [N, K], computed as llama.cpp defines each block (tests compare it with `gguf`'s own)."""
+        """float32 [N, K] as the int4 layout computes it (tests compare it with `gguf`'s own dequantization)."""
         return (self.codes.float() - 8) * self.scales.repeat_interleave(BLOCK, 1) + self.zeros.repeat_interleave(
             BLOCK, 1)
 
 
+def _fp16(raw: np.ndarray) -> np.ndarray:
+    """The fp16 in the last axis' 2 bytes, as float32 (exactly)."""
+    return raw.copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def _low_then_high_nibbles(packed: np.ndarray) -> np.ndarray:
+    """[N, B, 16] bytes -> codes [N, B · 32]: each block's low nibbles, then its high ones."""
+    rows = packed.shape[0]
+    return np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(rows, -1)
+
+
+def _q4_0(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    d = _fp16(raw[..., 0:2])
+    return _low_then_high_nibbles(raw[..., 2:]), d, np.zeros_like(d)
+
+
+def _q4_1(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    d, m = _fp16(raw[..., 0:2]), _fp16(raw[..., 2:4])
+    return _low_then_high_nibbles(raw[..., 4:]), d, m + 8 * d
+
+
+def _q4_k(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rows, blocks = raw.shape[:2]
+    d, dmin = _fp16(raw[..., 0:2])[..., None], _fp16(raw[..., 2:4])[..., None]  # [N, B, 1]
+    sc_bytes, m_bytes, low_bits = raw[..., 4:8], raw[..., 8:12], raw[..., 12:16]  # [N, B, 4] each
+    sc = np.concatenate([sc_bytes & 0x3F, (low_bits & 0x0F) | (sc_bytes >> 6 << 4)], axis=-1)  # [N, B, 8], 0..63
+    m = np.concatenate([m_bytes & 0x3F, (low_bits >> 4) | (m_bytes >> 6 << 4)], axis=-1)
+    scales = d * sc  # exact
+    zeros = 8 * scales - dmin * m  # dmin · m exact, then one rounding
+    runs = raw[..., 16:].reshape(rows, blocks, 4, 1, 32)  # run r: sub-blocks 2r (low nibbles) and 2r + 1 (high)
+    codes = np.concatenate([runs & 0x0F, runs >> 4], axis=3).reshape(rows, blocks * 256)
+    return codes, scales.reshape(rows, -1), zeros.reshape(rows, -1)
+
+
+# the 4-bit block types: (inputs, bytes) per block, and how its bytes read
+INT4_TYPES: dict[gguf.GGMLQuantizationType, tuple[int, int, BlockReader]] = {
+    gguf.GGMLQuantizationType.Q4_0: (32, 18, _q4_0),
+    gguf.GGMLQuantizationType.Q4_1: (32, 20, _q4_1),
+    gguf.GGMLQuantizationType.Q4_K: (256, 144, _q4_k),
+}
+
+
 def read_int4_blocks(tensor: gguf.ReaderTensor, heads: int | None = None) -> Int4Blocks:
-    """The blocks of a Q4_0/Q4_1 tensor; `heads` un-permutes a Q or K projection's rows (llama.cpp's RoPE order)."""
-    block_bytes = INT4_TYPES.get(tensor.tensor_type)
-    if block_bytes is None:
+    """The blocks of a 4-bit tensor; `heads` un-permutes a Q or K projection's rows (llama.cpp's RoPE order)."""
+    if tensor.tensor_type not in INT4_TYPES:
         raise GGUFConvertError(f"tensor {tensor.name} is {tensor.tensor_type.name}, not a 4-bit block type")
+    inputs, block_bytes, read = INT4_TYPES[tensor.tensor_type]
     cols, rows = (int(d) for d in tensor.shape)  # GGUF dims run innermost first
-    raw = np.asarray(tensor.data, dtype=np.uint8).reshape(rows, cols // BLOCK, block_bytes)
-    d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, K/32]
-    if tensor.tensor_type is gguf.GGMLQuantizationType.Q4_1:
-        m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-        zeros, packed = m + 8 * d, raw[..., 4:]
-    else:
-        zeros, packed = np.zeros_like(d), raw[..., 2:]
-    codes = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(rows, cols)  # [N, K]
+    codes, scales, zeros = read(np.asarray(tensor.data, dtype=np.uint8).reshape(rows, cols // inputs, block_bytes))
     if heads is not None:
-        codes, d, zeros = (unpermute_rotary(a, heads) for a in (codes, d, zeros))
-    return Int4Blocks(torch.from_numpy(np.ascontiguousarray(codes)), torch.from_numpy(np.ascontiguousarray(d)),
-                      torch.from_numpy(np.ascontiguousarray(zeros)))
+        codes, scales, zeros = (unpermute_rotary(a, heads) for a in (codes, scales, zeros))
+    return Int4Blocks(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (codes, scales, zeros)))
 
 
 def source_gguf(model_dir: Path) -> Path | None:
     """The GGUF a model directory was converted from, when `models pull` kept it there."""
     path = model_dir / SOURCE_GGUF
     return path if path.is_file() else None
-

@@ -5,6 +5,8 @@ but holding the tiny model (tiny_model.py) as an F32 GGUF, and the KnownModel en
 import hashlib
 import json
 import zipfile
+from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 
 import gguf
@@ -13,12 +15,14 @@ from safetensors.numpy import load_file
 
 from fleetctl.engine.model.gguf_convert import _GLOBAL_TENSORS, _LAYER_TENSORS, _TOKEN_TYPE_CONTROL
 from fleetctl.engine.model.registry import KnownModel
+from fleetctl.tests.support.kquants import quantize_q4_k, quantize_q6_k
 
 TINY_MODEL_NAME = "tiny-llama-gguf"
 _DISTRIBUTION, _VERSION, _PACKAGE = "llm-tiny-llama", "0.1.0", "llm_tiny_llama"
 _MEMBER = f"{_PACKAGE}/tiny-llama.F32.gguf"
 _TOKEN_TYPE_NORMAL = 1
 _LAYER_MATRICES = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}
+_K_QUANTS = {gguf.GGMLQuantizationType.Q4_K: quantize_q4_k, gguf.GGMLQuantizationType.Q6_K: quantize_q6_k}
 
 
 def _gguf_name(hf_name: str) -> tuple[str, str]:
@@ -38,9 +42,12 @@ def permute_rotary(weight: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_tiny_gguf(model_dir: Path, out: Path,
-                    matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32) -> Path:
+                    matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+                    types: Mapping[str, gguf.GGMLQuantizationType] | None = None) -> Path:
     """The Hugging Face Llama directory `model_dir` (tiny_model.write_tiny_llama's) as a llama.cpp GGUF, its
-    layers' matrices in `matrix_type` (quantized by the `gguf` package as llama.cpp would), the rest F32."""
+    layers' matrices in `matrix_type` but those `types` names (`blk.0.attn_v.weight`: Q6_K) in another type, as
+    a Q4_K_M file mixes them (quantized by the `gguf` package as llama.cpp would, Q4_K and Q6_K by
+    kquants.py), the rest F32. K-quants need the hidden and intermediate sizes in multiples of 256."""
     config = json.loads((model_dir / "config.json").read_text())
     tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
     writer = gguf.GGUFWriter(out, "llama")
@@ -70,10 +77,12 @@ def write_tiny_gguf(model_dir: Path, out: Path,
     for hf_name, weight in load_file(model_dir / "model.safetensors").items():
         name, kind = _gguf_name(hf_name)
         weight = permute_rotary(weight, heads[kind]) if kind in heads else weight
-        if matrix_type is gguf.GGMLQuantizationType.F32 or kind not in _LAYER_MATRICES:
+        qtype = (types or {}).get(name, matrix_type) if kind in _LAYER_MATRICES else gguf.GGMLQuantizationType.F32
+        if qtype is gguf.GGMLQuantizationType.F32:
             writer.add_tensor(name, weight)
         else:
-            writer.add_tensor(name, gguf.quants.quantize(weight, matrix_type), raw_dtype=matrix_type)
+            writer.add_tensor(name, _K_QUANTS.get(qtype, partial(gguf.quants.quantize, qtype=qtype))(weight),
+                              raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
