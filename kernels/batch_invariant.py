@@ -1,7 +1,7 @@
 """Batch invariance by construction, for the engine's deterministic mode: every op whose per-row
 result could depend on the rest of the batch runs on fixed shapes.
 
-- Row-wise ops (linear layers, RMSNorm, rotary, SiLU·mul, the logits) run on tiles of exactly
+- Row-wise ops (linear layers, RMSNorm, rotary, the gated activations, the logits) run on tiles of exactly
   ROW_TILE rows (`per_row_tile`): a kernel library picks its blocking, vectorisation and threading from
   the shape, so one shape means one summation order.
 - Attention: a query row at position p is computed in a tile of TILE positions (row p at index

@@ -19,6 +19,7 @@ import torch
 
 from fleetctl.kernels import packed_linear, quantized_linear, triton_support
 from fleetctl.kernels.batch_invariant import invariant_attention, per_row_tile
+from fleetctl.kernels.glu import glu_ref, glu_triton
 from fleetctl.kernels.paged_attention import (
     DecodeKeys,
     decode_keys,
@@ -29,7 +30,6 @@ from fleetctl.kernels.paged_attention import (
 )
 from fleetctl.kernels.rms_norm import rms_norm_ref, rms_norm_triton
 from fleetctl.kernels.rotary import RotaryTables, rotary_ref, rotary_triton
-from fleetctl.kernels.silu_mul import silu_mul_ref, silu_mul_triton
 from fleetctl.kernels.store_kv import store_kv_ref, store_kv_triton
 
 MODE = triton_support.kernel_mode()
@@ -79,11 +79,11 @@ def rotary(
     return rotary_ref(q, k, cos, sin, tables)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up: [T, 2I] -> [T, I]."""
+def glu(gate_up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """gate_up: [T, 2I] -> act(gate) * up [T, I]; activation: silu (SwiGLU) or gelu_tanh (GeGLU)."""
     if _use_triton(gate_up):
-        return silu_mul_triton(gate_up)
-    return silu_mul_ref(gate_up)
+        return glu_triton(gate_up, activation)
+    return glu_ref(gate_up, activation)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor, slots: torch.Tensor) -> None:
@@ -145,16 +145,16 @@ class RowOps:
     linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    silu_mul: Callable[[torch.Tensor], torch.Tensor]
+    glu: Callable[[torch.Tensor, str], torch.Tensor]
 
 
-FAST = RowOps(linear, rms_norm, rotary, silu_mul)
+FAST = RowOps(linear, rms_norm, rotary, glu)
 BATCH_INVARIANT = RowOps(
     linear=lambda x, weight: per_row_tile(lambda rows: linear(rows, weight), x),
     rms_norm=lambda x, weight, eps, residual=None: per_row_tile(
         lambda rows, res: rms_norm(rows, weight, eps, res), x, residual),
     rotary=lambda q, k, cos, sin, tables=None: per_row_tile(rotary, q, k, cos, sin),  # tables: laid out per tile
-    silu_mul=lambda gate_up: per_row_tile(silu_mul, gate_up),
+    glu=lambda gate_up, activation="silu": per_row_tile(lambda rows: glu(rows, activation), gate_up),
 )
 
 __all__ = [
@@ -167,12 +167,12 @@ __all__ = [
     "backend",
     "decode_attention",
     "decode_step_keys",
+    "glu",
     "invariant_attention",
     "linear",
     "prefill_attention",
     "rms_norm",
     "rotary",
     "rotary_step_tables",
-    "silu_mul",
     "store_kv",
 ]

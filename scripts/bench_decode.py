@@ -24,7 +24,7 @@ from fleetctl.engine.core.config import CompileMode, EngineConfig, EngineSetting
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.model.config import ModelConfig
-from fleetctl.engine.model.llama import LlamaWeights
+from fleetctl.engine.model.decoder import ModelWeights
 from fleetctl.engine.model.prepared import load_cpu_weights
 from fleetctl.kernels.packed_linear import linear
 
@@ -40,7 +40,7 @@ def best_of(repeats: int, fn) -> float:
     return min(times)
 
 
-def ceiling_tokens_per_s(weights: LlamaWeights, batch: int, repeats: int) -> float:
+def ceiling_tokens_per_s(weights: ModelWeights, batch: int, repeats: int) -> float:
     """Tokens/s if a step did nothing but multiply `batch` rows by every weight matrix once (packed or not)."""
     matrices = [w for layer in weights.layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
     matrices.append(weights.lm_head)

@@ -160,7 +160,7 @@ def test_engine_has_no_loose_modules() -> None:
     ("fleetctl.engine.core.scheduler", "fleetctl.engine.fleet.router", False),
     ("fleetctl.engine.fleet.router", "fleetctl.engine.core.block_allocator", True),
     ("fleetctl.store.writer", "fleetctl.engine.core.sequence", False),
-    ("fleetctl.engine.model.llama", "fleetctl.store.records", True),
+    ("fleetctl.engine.model.decoder", "fleetctl.store.records", True),
     ("fleetctl.store.records", "fleetctl.domain", True),
     ("fleetctl.kernels.ops", "fleetctl.domain", True),
     ("fleetctl.domain", "fleetctl.store.records", False),

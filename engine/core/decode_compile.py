@@ -7,12 +7,15 @@ import shutil
 import torch
 
 from fleetctl.engine.core.config import CompileMode, EngineConfig
+from fleetctl.engine.model.compiled_decode import llama_shaped
+from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.paths import fleet_home
 
 
-def compile_refusal(config: EngineConfig, device: torch.device, quantized: bool = False) -> str | None:
+def compile_refusal(config: EngineConfig, device: torch.device, quantized: bool = False,
+                    model: ModelConfig | None = None) -> str | None:
     """Why this engine decodes eagerly, or None when it compiles its decode step (`quantized`: its layers'
-    weights are int8/int4)."""
+    weights are int8/int4; `model`: the model's config, when read)."""
     settings = config.settings
     if settings.compile is CompileMode.OFF:
         return "--compile off"
@@ -22,6 +25,8 @@ def compile_refusal(config: EngineConfig, device: torch.device, quantized: bool 
         return "a prefill worker does not decode"
     if quantized:
         return "quantized weights run eagerly (the compiled step multiplies dense ones)"
+    if model is not None and not llama_shaped(model):
+        return f"the compiled step runs Llama-shaped layers only ({model.family} changes them)"
     if device.type == "cpu" and shutil.which(os.environ.get("CXX", "g++")) is None:
         return "no C++ compiler (g++) for inductor's CPU kernels"
     return None

@@ -12,7 +12,7 @@ With the torch references (a CPU worker, FLEET_KERNELS=torch) there is nothing t
 
 import torch
 
-from fleetctl.engine.model.llama import AttentionBatch, LlamaModel
+from fleetctl.engine.model.decoder import AttentionBatch, DecoderModel
 from fleetctl.kernels import ops
 from fleetctl.kernels.attention_launch import decode_representatives, prefill_representatives
 from fleetctl.kernels.triton_support import Launch, recording_launches
@@ -23,7 +23,7 @@ def needs_kernel_warm_up(device: torch.device) -> bool:
     return ops.backend(device) != "torch"
 
 
-def warm_up_kernels(model: LlamaModel, kv_cache: torch.Tensor, scratch_block: int, max_seqs: int, max_width: int,
+def warm_up_kernels(model: DecoderModel, kv_cache: torch.Tensor, scratch_block: int, max_seqs: int, max_width: int,
                     prefill: bool, decode: bool) -> set[Launch]:
     """Launch each kernel variant of eager prefill and/or decode steps of up to `max_seqs` sequences whose
     block tables are up to `max_width` wide. kv_cache: [L, 2, blocks, block_size, Hkv, d]; only

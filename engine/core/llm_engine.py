@@ -23,7 +23,7 @@ from fleetctl.engine.core.scheduler import ScheduledStep, Scheduler, SchedulerCo
 from fleetctl.engine.core.sequence import FinishReason, SamplingParams, Sequence
 from fleetctl.engine.model.compiled_decode import CompiledDecoder
 from fleetctl.engine.model.config import ModelConfig
-from fleetctl.engine.model.llama import LlamaModel
+from fleetctl.engine.model.decoder import DecoderModel
 from fleetctl.engine.model.loader import load_weights
 from fleetctl.engine.model.prepared import load_cpu_weights, weights_key
 from fleetctl.engine.model.quantize import quantize_weights, resolve_quantization, weight_source
@@ -69,10 +69,11 @@ class LLMEngine:
             weights = quantize_weights(dense, self.quantization, settings.quant_group_size, config.model_dir,
                                        self.model_config)
         # why decode steps run eagerly (None: compiled, each batch bucket on first use or at warm_up)
-        self.eager_reason = compile_refusal(config, self.device, self.quantization is not Quantization.NONE)
+        self.eager_reason = compile_refusal(config, self.device, self.quantization is not Quantization.NONE,
+                                            self.model_config)
         if self.eager_reason is not None:  # a compiled graph cannot take packed (opaque oneDNN) weights
             weights = weights.packed()
-        self.model = LlamaModel(self.model_config, weights, deterministic=settings.deterministic)
+        self.model = DecoderModel(self.model_config, weights, deterministic=settings.deterministic)
         spec = KVCacheSpec.for_model(self.model_config, self.dtype)
         root = self._salt(spec).root() if settings.prefix_cache else None
         # a scratch block for the compiled step's padding rows, or for the kernels' warm-up

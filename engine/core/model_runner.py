@@ -13,7 +13,7 @@ from fleetctl.engine.core.output import TokenLogprobs
 from fleetctl.engine.core.sampler import sample
 from fleetctl.engine.core.scheduler import ScheduledStep
 from fleetctl.engine.model.compiled_decode import CompiledDecoder
-from fleetctl.engine.model.llama import AttentionBatch, LlamaModel
+from fleetctl.engine.model.decoder import AttentionBatch, DecoderModel
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class StepStats:
 class ModelRunner:
     """`decoder`, when given, runs the decode steps (compiled); prefill steps always run eagerly."""
 
-    def __init__(self, model: LlamaModel, kv_cache: KVCache, decoder: CompiledDecoder | None = None) -> None:
+    def __init__(self, model: DecoderModel, kv_cache: KVCache, decoder: CompiledDecoder | None = None) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.decoder = decoder

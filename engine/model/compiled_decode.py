@@ -15,12 +15,19 @@ import torch
 import torch.nn.functional as F
 
 from fleetctl.engine.model.config import ModelConfig
-from fleetctl.engine.model.llama import AttentionBatch, LlamaModel
+from fleetctl.engine.model.decoder import AttentionBatch, DecoderModel
+from fleetctl.engine.model.families.base import Traits
 from fleetctl.kernels.rotary import rotary_ref
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MIN_WIDTH = 2  # a width of 1 would be specialised into a graph of its own (size 0/1 specialisation)
 MIN_KEYS = 2  # likewise for the keys attended over (the padding rows attend to 1)
+
+
+def llama_shaped(config: ModelConfig) -> bool:
+    """Whether the compiled layer computes this model's layers: Llama's (no family traits, no QKV bias; any
+    rope scaling, which lives in the cos/sin tables)."""
+    return config.traits == Traits() and not config.attention_bias
 
 
 def bucket_for(batch: int, largest: int) -> int:
@@ -71,11 +78,12 @@ class CompiledDecoder:
     """Runs decode steps of `model` through the compiled graph; `scratch_block` is a pool block no sequence
     owns (the padding rows write there)."""
 
-    def __init__(self, model: LlamaModel, scratch_block: int, max_num_seqs: int) -> None:
+    def __init__(self, model: DecoderModel, scratch_block: int, max_num_seqs: int) -> None:
         if model.deterministic:
             raise ValueError("deterministic mode runs eagerly: its batch invariance rests on fixed row tiles")
-        if any(layer.qkv_bias is not None for layer in model.weights.layers):
-            raise ValueError("the compiled decode step has no QKV bias")
+        if not llama_shaped(model.config):
+            raise ValueError(
+                f"the compiled decode step runs Llama-shaped layers only ({model.config.family} changes them)")
         self.model = model
         self.scratch_block = scratch_block
         self.max_num_seqs = max_num_seqs
@@ -92,7 +100,7 @@ class CompiledDecoder:
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                 kv_cache: torch.Tensor) -> torch.Tensor:
-        """Same contract as LlamaModel.forward for a decode step: input_ids, positions [B] -> hidden [B, D]."""
+        """Same contract as DecoderModel.forward for a decode step: input_ids, positions [B] -> hidden [B, D]."""
         rows = input_ids.shape[0]
         padded = bucket_for(rows, max(rows, self.max_num_seqs))
         width = max(MIN_WIDTH, batch.block_tables.shape[1])

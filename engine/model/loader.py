@@ -1,5 +1,4 @@
-"""Load a Hugging Face Llama-family directory into LlamaWeights (memory-mapped safetensors; no
-transformers import)."""
+"""Load a Hugging Face model directory into ModelWeights (memory-mapped safetensors; no transformers import)."""
 
 import json
 from pathlib import Path
@@ -8,7 +7,9 @@ import torch
 from safetensors import safe_open
 
 from fleetctl.engine.model.config import ModelConfig
-from fleetctl.engine.model.llama import LayerWeights, LlamaWeights
+from fleetctl.engine.model.decoder import LayerWeights, ModelWeights
+from fleetctl.engine.model.families.base import NORM_FIELDS, Shapes, TensorSpec
+from fleetctl.engine.model.families.registry import family_named
 from fleetctl.engine.model.weight_errors import WeightLoadError
 
 
@@ -44,46 +45,33 @@ class _TensorSource:
 
 def load_weights(
     model_dir: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device
-) -> LlamaWeights:
+) -> ModelWeights:
+    """The checkpoint's tensors in the engine's layout: fused as the family names them (families/), in `dtype`
+    on `device`; a family's norm offset folded into its norm weights in float32 first (Gemma's 1 + w)."""
     source = _TensorSource(weight_files(model_dir))
-    d_model, head = config.hidden_size, config.head_dim
-    q_rows, kv_rows = config.num_heads * head, config.num_kv_heads * head
+    family = family_named(config.family)
+    traits = config.traits
+    shapes = Shapes(config.hidden_size, config.intermediate_size, config.num_heads * config.head_dim,
+                    config.num_kv_heads * config.head_dim, config.head_dim)
 
-    def fetch(name: str, *shape: int) -> torch.Tensor:
-        return source.get(name, shape).to(device=device, dtype=dtype)
-
-    def fused(names: list[str], shapes: list[tuple[int, ...]]) -> torch.Tensor:
-        return torch.cat([source.get(n, s) for n, s in zip(names, shapes, strict=True)]).to(
-            device=device, dtype=dtype
-        )
+    def fetch(specs: list[TensorSpec], norm: bool = False) -> torch.Tensor:
+        tensors = [source.get(name, shape) for name, shape in specs]
+        tensor = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+        if norm and traits.norm_offset:
+            tensor = tensor.float() + traits.norm_offset
+        return tensor.to(device=device, dtype=dtype)
 
     layers = []
     for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        attn, mlp = p + "self_attn.", p + "mlp."
-        bias = None
-        if config.attention_bias:
-            bias = fused([attn + f"{n}_proj.bias" for n in "qkv"], [(q_rows,), (kv_rows,), (kv_rows,)])
-        layers.append(
-            LayerWeights(
-                input_norm=fetch(p + "input_layernorm.weight", d_model),
-                qkv=fused(
-                    [attn + f"{n}_proj.weight" for n in "qkv"],
-                    [(q_rows, d_model), (kv_rows, d_model), (kv_rows, d_model)],
-                ),
-                qkv_bias=bias,
-                o_proj=fetch(attn + "o_proj.weight", d_model, q_rows),
-                post_norm=fetch(p + "post_attention_layernorm.weight", d_model),
-                gate_up=fused(
-                    [mlp + "gate_proj.weight", mlp + "up_proj.weight"],
-                    [(config.intermediate_size, d_model)] * 2,
-                ),
-                down=fetch(mlp + "down_proj.weight", d_model, config.intermediate_size),
-            )
-        )
-    embed = fetch("model.embed_tokens.weight", config.vocab_size, d_model)
+        named = family.layer_tensors(i, shapes, traits, config.attention_bias)
+        layers.append(LayerWeights(**{field: fetch(specs, norm=field in NORM_FIELDS) for field, specs in named.items()},
+                                   **{field: None for field in _OPTIONAL_FIELDS if field not in named}))
+    d_model = config.hidden_size
+    embed = fetch([("model.embed_tokens.weight", (config.vocab_size, d_model))])
     tied = config.tie_word_embeddings or "lm_head.weight" not in source
-    lm_head = embed if tied else fetch("lm_head.weight", config.vocab_size, d_model)
-    return LlamaWeights(
-        embed=embed, layers=layers, final_norm=fetch("model.norm.weight", d_model), lm_head=lm_head
-    )
+    lm_head = embed if tied else fetch([("lm_head.weight", (config.vocab_size, d_model))])
+    final_norm = fetch([("model.norm.weight", (d_model,))], norm=True)
+    return ModelWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
+
+
+_OPTIONAL_FIELDS = ("qkv_bias", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm")

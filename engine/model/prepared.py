@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from fleetctl.domain import Quantization
 from fleetctl.engine.model.config import ModelConfig
-from fleetctl.engine.model.llama import LayerWeights, LlamaWeights, Matrix
+from fleetctl.engine.model.decoder import LayerWeights, Matrix, ModelWeights
 from fleetctl.engine.model.loader import load_weights, weight_files
 from fleetctl.engine.model.quantize import quantize_weights, weight_source
 from fleetctl.engine.model.store import MANIFEST
@@ -48,7 +48,7 @@ def cache_path(model_dir: Path, dtype: torch.dtype, layout: str = "none") -> Pat
     return fleet_home() / "cache" / "weights" / f"{model_dir.name}-{key}-{dtype_name}{suffix}.safetensors"
 
 
-def _flatten(weights: LlamaWeights) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _flatten(weights: ModelWeights) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Tensors by name, and the metadata that rebuilds quantized matrices from their two tensors."""
     flat = {"embed": weights.embed, "final_norm": weights.final_norm}
     metadata: dict[str, str] = {}
@@ -65,7 +65,7 @@ def _flatten(weights: LlamaWeights) -> tuple[dict[str, torch.Tensor], dict[str, 
     return flat, metadata
 
 
-def _unflatten(flat: dict[str, torch.Tensor], metadata: dict[str, str], num_layers: int) -> LlamaWeights:
+def _unflatten(flat: dict[str, torch.Tensor], metadata: dict[str, str], num_layers: int) -> ModelWeights:
     def field(key: str) -> Matrix | None:
         if f"{key}.data" not in flat:
             return flat.get(key)
@@ -77,7 +77,7 @@ def _unflatten(flat: dict[str, torch.Tensor], metadata: dict[str, str], num_laye
 
     layers = [LayerWeights(**{name: field(f"layers.{i}.{name}") for name in LAYER_FIELDS}) for i in range(num_layers)]
     embed = flat["embed"]
-    return LlamaWeights(embed=embed, layers=layers, final_norm=flat["final_norm"], lm_head=flat.get("lm_head", embed))
+    return ModelWeights(embed=embed, layers=layers, final_norm=flat["final_norm"], lm_head=flat.get("lm_head", embed))
 
 
 def _aligned(tensor: torch.Tensor) -> torch.Tensor:
@@ -87,13 +87,13 @@ def _aligned(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def load_cpu_weights(model_dir: Path, config: ModelConfig, dtype: torch.dtype,
-                     quantization: Quantization = Quantization.NONE, group_size: int = 32) -> LlamaWeights:
+                     quantization: Quantization = Quantization.NONE, group_size: int = 32) -> ModelWeights:
     """Weights on the CPU in `quantization` (resolved, not auto), memory-mapped from the prepared cache
     (building it on first use). Workers starting together take a file lock, so one builds the cache and the
     others map it."""
     path = cache_path(model_dir, dtype, weight_source(quantization, group_size, model_dir))
 
-    def build() -> LlamaWeights:
+    def build() -> ModelWeights:
         dense = load_weights(model_dir, config, dtype, torch.device("cpu"))
         return quantize_weights(dense, quantization, group_size, model_dir, config)
 
@@ -111,7 +111,7 @@ def load_cpu_weights(model_dir: Path, config: ModelConfig, dtype: torch.dtype,
     return _unflatten(flat, metadata, config.num_layers)
 
 
-def _save(weights: LlamaWeights, path: Path) -> None:
+def _save(weights: ModelWeights, path: Path) -> None:
     flat, metadata = _flatten(weights)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     save_file({k: v.contiguous() for k, v in flat.items()}, str(partial), metadata=metadata or None)

@@ -20,8 +20,8 @@ import torch
 
 from fleetctl.domain import Quantization
 from fleetctl.engine.model.config import ModelConfig
+from fleetctl.engine.model.decoder import Matrix, ModelWeights
 from fleetctl.engine.model.gguf_blocks import BLOCK, INT4_TYPES, Int4Blocks, read_int4_blocks, source_gguf
-from fleetctl.engine.model.llama import LlamaWeights, Matrix
 from fleetctl.engine.model.weight_errors import WeightLoadError
 from fleetctl.kernels.quantized_linear import (
     QuantizationError,
@@ -58,8 +58,8 @@ def weight_source(quantization: Quantization, group_size: int, model_dir: Path) 
     return quantization.value
 
 
-def quantize_weights(weights: LlamaWeights, quantization: Quantization, group_size: int, model_dir: Path,
-                     config: ModelConfig) -> LlamaWeights:
+def quantize_weights(weights: ModelWeights, quantization: Quantization, group_size: int, model_dir: Path,
+                     config: ModelConfig) -> ModelWeights:
     """The layers' matrices in `quantization` (not AUTO: resolve first); weights as they are for NONE."""
     try:
         return _quantized(weights, quantization, group_size, model_dir, config)
@@ -67,8 +67,8 @@ def quantize_weights(weights: LlamaWeights, quantization: Quantization, group_si
         raise WeightLoadError(f"--quantization {quantization}: {exc}") from None
 
 
-def _quantized(weights: LlamaWeights, quantization: Quantization, group_size: int, model_dir: Path,
-               config: ModelConfig) -> LlamaWeights:
+def _quantized(weights: ModelWeights, quantization: Quantization, group_size: int, model_dir: Path,
+               config: ModelConfig) -> ModelWeights:
     if quantization is Quantization.NONE:
         return weights
     if quantization is Quantization.INT8:
@@ -103,7 +103,7 @@ def _quantized(weights: LlamaWeights, quantization: Quantization, group_size: in
     return _map_matrices(weights, from_gguf)
 
 
-def _map_matrices(weights: LlamaWeights, convert: Callable[[int, str, torch.Tensor], Matrix]) -> LlamaWeights:
+def _map_matrices(weights: ModelWeights, convert: Callable[[int, str, torch.Tensor], Matrix]) -> ModelWeights:
     layers = [replace(layer, **{name: convert(i, name, getattr(layer, name)) for name in MATRICES})
               for i, layer in enumerate(weights.layers)]
     return replace(weights, layers=layers)

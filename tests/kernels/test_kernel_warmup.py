@@ -47,7 +47,7 @@ def test_warm_up_covers_the_first_steps_and_keeps_real_blocks(tiny_model_dir: Pa
     warmed = engine.warmed_launches
     assert {launch.kernel for launch in warmed} >= {
         "_prefill_kernel", "_decode_kernel", "_store_kv_kernel", "_rms_norm_kernel", "_rotary_kernel",
-        "_silu_mul_kernel"}
+        "_glu_kernel"}
     # a batch of one, then of three (a longer prompt: tables two blocks wide), prefilled and decoded
     with recording_launches() as launched:
         engine.add_request(list(range(1, 6)), GREEDY)

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from fleetctl.kernels import triton_support
+from fleetctl.kernels.glu import glu_ref, glu_triton
 from fleetctl.kernels.paged_attention import (
     paged_decode_attention_ref,
     paged_decode_attention_triton,
@@ -27,7 +28,6 @@ from fleetctl.kernels.paged_attention import (
 )
 from fleetctl.kernels.rms_norm import rms_norm_ref, rms_norm_triton
 from fleetctl.kernels.rotary import rotary_ref, rotary_triton
-from fleetctl.kernels.silu_mul import silu_mul_ref, silu_mul_triton
 from fleetctl.kernels.store_kv import store_kv_ref, store_kv_triton
 
 if not triton_support.triton_available():
@@ -67,9 +67,17 @@ def test_rms_norm(dtype: torch.dtype, tokens: int, dim: int, with_residual: bool
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("tokens", "inner"), [(1, 64), (5, 1536), (3, 100)])
-def test_silu_mul(dtype: torch.dtype, tokens: int, inner: int) -> None:
-    gate_up = randn(tokens, 2 * inner, dtype=dtype)
-    close(silu_mul_triton(gate_up), silu_mul_ref(gate_up))
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_glu(dtype: torch.dtype, tokens: int, inner: int, activation: str) -> None:
+    gate_up = randn(tokens, 2 * inner, dtype=dtype) * 3  # reach the activations' curved parts
+    close(glu_triton(gate_up, activation), glu_ref(gate_up, activation))
+
+
+def test_glu_refuses_an_unknown_activation() -> None:
+    with pytest.raises(ValueError, match="unknown gate activation 'relu'"):
+        glu_triton(randn(1, 8), "relu")
+    with pytest.raises(ValueError, match="unknown gate activation 'relu'"):
+        glu_ref(randn(1, 8), "relu")
 
 
 def fused_qkv(tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:

@@ -72,17 +72,11 @@ def _tokenizer(vocab_size: int) -> Tokenizer:
     return tok
 
 
-def write_tiny_llama(out_dir: Path, seed: int = 0, tokenizer_vocab: int = 384, **shape: float) -> Path:
-    """`shape` overrides config fields (hidden_size, num_hidden_layers, …; SMOLLM2_135M: all of them) for a
-    bigger test model. A `vocab_size` in it beyond the tokenizer's (`tokenizer_vocab` at most) pads the embedding
-    with zero rows (see SMOLLM2_135M)."""
+def write_tokenizer(out_dir: Path, vocab_size: int = 384, max_length: int = 512) -> Tokenizer:
+    """tokenizer.json and tokenizer_config.json (with the chat template) into `out_dir`; returns the tokenizer."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok = _tokenizer(tokenizer_vocab)
+    tok = _tokenizer(vocab_size)
     tok.save(str(out_dir / "tokenizer.json"))
-    config = {**TINY_CONFIG, "vocab_size": tok.get_vocab_size(), **shape}
-    if config["vocab_size"] < tok.get_vocab_size():
-        raise ValueError(f"vocab_size {config['vocab_size']} is below the tokenizer's {tok.get_vocab_size()}")
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     (out_dir / "tokenizer_config.json").write_text(
         json.dumps(
             {
@@ -90,11 +84,23 @@ def write_tiny_llama(out_dir: Path, seed: int = 0, tokenizer_vocab: int = 384, *
                 "eos_token": "<|im_end|>",
                 "add_bos_token": False,
                 "chat_template": CHAT_TEMPLATE,
-                "model_max_length": config["max_position_embeddings"],
+                "model_max_length": max_length,
                 "tokenizer_class": "PreTrainedTokenizerFast",
             }
         )
     )
+    return tok
+
+
+def write_tiny_llama(out_dir: Path, seed: int = 0, tokenizer_vocab: int = 384, **shape: float) -> Path:
+    """`shape` overrides config fields (hidden_size, num_hidden_layers, …; SMOLLM2_135M: all of them) for a
+    bigger test model. A `vocab_size` in it beyond the tokenizer's (`tokenizer_vocab` at most) pads the embedding
+    with zero rows (see SMOLLM2_135M)."""
+    tok = write_tokenizer(out_dir, tokenizer_vocab, int(shape.get("max_position_embeddings", 512)))
+    config = {**TINY_CONFIG, "vocab_size": tok.get_vocab_size(), **shape}
+    if config["vocab_size"] < tok.get_vocab_size():
+        raise ValueError(f"vocab_size {config['vocab_size']} is below the tokenizer's {tok.get_vocab_size()}")
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     gen = torch.Generator().manual_seed(seed)
     d, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     q_rows = config["num_attention_heads"] * config["head_dim"]

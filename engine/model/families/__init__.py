@@ -1,0 +1,1 @@
+"""Model families: what each architecture changes in the one decoder (see base.Family)."""
