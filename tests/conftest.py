@@ -3,7 +3,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import tiny_model
+from support import family_models, tiny_model
 
 pytest_plugins = ["support.require_all", "pytester"]
 
@@ -27,6 +27,13 @@ def fleet_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_model.write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def family_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny random model of each family (support/family_models.FAMILY_CONFIGS), written by transformers."""
+    root = tmp_path_factory.mktemp("families")
+    return {family: family_models.write_family_model(family, root / family) for family in family_models.FAMILY_CONFIGS}
 
 
 @pytest.fixture(scope="session")
