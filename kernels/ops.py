@@ -94,12 +94,14 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor, slots: to
         store_kv_ref(k, v, kv_layer, slots)
 
 
-def decode_step_keys(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> DecodeKeys | None:
-    """What every layer's decode_attention of one step shares, computed once (None for the Triton kernel,
-    which reads the block tables itself)."""
+def decode_step_keys(
+    block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, window: int | None = None
+) -> DecodeKeys | None:
+    """What every layer's decode_attention of one step (and one window) shares, computed once (None for the
+    Triton kernel, which reads the block tables itself)."""
     if _use_triton(block_tables):
         return None
-    return decode_keys(block_tables, context_lens, block_size)
+    return decode_keys(block_tables, context_lens, block_size, window)
 
 
 def decode_attention(
@@ -109,12 +111,13 @@ def decode_attention(
     context_lens: torch.Tensor,
     scale: float,
     keys: DecodeKeys | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """q: [B, H, d]; block_tables: [B, max_blocks] int32; context_lens: [B] int32; keys: decode_step_keys
-    of those -> [B, H, d]."""
+    of those; window: the layer's sliding window (None: full attention) -> [B, H, d]."""
     if _use_triton(q):
-        return paged_decode_attention_triton(q, kv_layer, block_tables, context_lens, scale)
-    return paged_decode_attention_ref(q, kv_layer, block_tables, context_lens, scale, keys)
+        return paged_decode_attention_triton(q, kv_layer, block_tables, context_lens, scale, window=window)
+    return paged_decode_attention_ref(q, kv_layer, block_tables, context_lens, scale, keys, window)
 
 
 def prefill_attention(
@@ -124,11 +127,13 @@ def prefill_attention(
     cu_seqlens_q: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """q: [T, H, d] packed by cu_seqlens_q [B + 1]; context_lens: [B] (cached + new) -> [T, H, d]."""
+    """q: [T, H, d] packed by cu_seqlens_q [B + 1]; context_lens: [B] (cached + new); window: the layer's
+    sliding window (None: full attention) -> [T, H, d]."""
     if _use_triton(q):
-        return prefill_attention_triton(q, kv_layer, block_tables, cu_seqlens_q, context_lens, scale)
-    return prefill_attention_ref(q, kv_layer, block_tables, cu_seqlens_q, context_lens, scale)
+        return prefill_attention_triton(q, kv_layer, block_tables, cu_seqlens_q, context_lens, scale, window=window)
+    return prefill_attention_ref(q, kv_layer, block_tables, cu_seqlens_q, context_lens, scale, window)
 
 
 def linear(x: torch.Tensor, weight: "torch.Tensor | quantized_linear.QuantizedWeight") -> torch.Tensor:

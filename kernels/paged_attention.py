@@ -1,6 +1,9 @@
 """Attention over a paged KV cache: decode (one query per sequence) and prefill (packed queries,
 possibly after an already-cached prefix). Torch references (the fast CPU path) and Triton kernels.
 
+A sliding window (`window`: Mistral's, Gemma 3's local layers) lets the query at position p see keys
+p - window < k <= p; blocks wholly before every query's window are never read (they may be freed).
+
 Triton: a tile of BLOCK_N keys finds its pages in the block table. Decode runs one program per
 (sequence, KV head, split), the query-head group as the rows of one dot; split-K partial softmax
 states are merged by a second kernel. Prefill runs BLOCK_M query rows of one sequence and head per
@@ -24,37 +27,57 @@ if TYPE_CHECKING:
 
 
 def gather_kv(
-    kv_layer: torch.Tensor, block_table: torch.Tensor, length: int
+    kv_layer: torch.Tensor, block_table: torch.Tensor, length: int, first_block: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """kv_layer: [2, blocks, bs, Hkv, d]; block_table: [>= ceil(length/bs)] -> k, v: [length, Hkv, d]."""
+    """kv_layer: [2, blocks, bs, Hkv, d]; block_table: [>= ceil(length/bs)] -> k, v: [length - first_block*bs,
+    Hkv, d], the keys from block `first_block` on."""
     _, blocks, block_size, num_kv_heads, head_dim = kv_layer.shape
-    num_blocks = -(-length // block_size)
+    num_blocks = -(-length // block_size) - first_block
     # index_select on a flattened view: several times faster than advanced indexing on CPU
-    kv = kv_layer.view(2, blocks, -1).index_select(1, block_table[:num_blocks].long())
-    kv = kv.view(2, num_blocks * block_size, num_kv_heads, head_dim)[:, :length]
+    kv = kv_layer.view(2, blocks, -1).index_select(1, block_table[first_block : first_block + num_blocks].long())
+    kv = kv.view(2, num_blocks * block_size, num_kv_heads, head_dim)[:, : length - first_block * block_size]
     return kv[0], kv[1]
+
+
+def window_start(position: int, window: int | None) -> int:
+    """The first key the query at `position` sees."""
+    return 0 if window is None else max(0, position - window + 1)
 
 
 @dataclass(frozen=True)
 class DecodeKeys:
-    """The pool blocks a decode step's sequences attend to, laid out once per step: every layer gathers
-    the same blocks from its own pool (computing this per layer cost ~10 small ops and a host sync each)."""
+    """The pool blocks a decode step's sequences attend to, laid out once per step: every layer (of one
+    window) gathers the same blocks from its own pool (computing this per layer cost ~10 small ops and a
+    host sync each)."""
 
-    index: torch.Tensor  # [B * n] int64: each sequence's first n = ceil(length / bs) blocks, in turn
-    length: int  # keys gathered per sequence: the longest context
-    mask: torch.Tensor | None  # [B, 1, 1, length] bool: the keys each sequence has; None for one sequence
+    index: torch.Tensor  # [B * n] int64: each sequence's n blocks from its first in the window, in turn
+    length: int  # keys gathered per sequence: n * block_size, cut to the longest context without a window
+    mask: torch.Tensor | None  # [B, 1, 1, length] bool: the keys each sequence sees; None when all of them
 
 
-def decode_keys(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> DecodeKeys:
+def decode_keys(
+    block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, window: int | None = None
+) -> DecodeKeys:
     """block_tables: [B, max_blocks] int32; context_lens: [B] int32 (keys per sequence, including the
-    current token)."""
-    length = int(context_lens.max())
-    num_blocks = -(-length // block_size)
-    mask = None
-    if block_tables.shape[0] > 1:
-        positions = torch.arange(length, device=context_lens.device)
-        mask = (positions[None, :] < context_lens[:, None])[:, None, None, :]
-    return DecodeKeys(block_tables[:, :num_blocks].reshape(-1).long(), length, mask)
+    current token); window: the layers' sliding window, None for full attention."""
+    longest = int(context_lens.max())
+    if window is None or window >= longest:
+        num_blocks = -(-longest // block_size)
+        mask = None
+        if block_tables.shape[0] > 1:
+            positions = torch.arange(longest, device=context_lens.device)
+            mask = (positions[None, :] < context_lens[:, None])[:, None, None, :]
+        return DecodeKeys(block_tables[:, :num_blocks].reshape(-1).long(), longest, mask)
+    # from each sequence's first block in the window: at most this many blocks hold its `window` keys
+    num_blocks = min(-(-longest // block_size), (window + block_size - 2) // block_size + 1)
+    lens = context_lens.long()
+    first_block = (lens - window).clamp(min=0) // block_size  # [B]
+    columns = (first_block[:, None] + torch.arange(num_blocks, device=lens.device)).clamp(
+        max=block_tables.shape[1] - 1)
+    index = block_tables.long().gather(1, columns)  # [B, n]
+    positions = first_block[:, None] * block_size + torch.arange(num_blocks * block_size, device=lens.device)
+    seen = (positions < lens[:, None]) & (positions >= lens[:, None] - window)
+    return DecodeKeys(index.reshape(-1), num_blocks * block_size, seen[:, None, None, :])
 
 
 def paged_decode_attention_ref(
@@ -64,14 +87,15 @@ def paged_decode_attention_ref(
     context_lens: torch.Tensor,
     scale: float,
     keys: DecodeKeys | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """q: [B, H, d]; block_tables: [B, max_blocks] int32; context_lens: [B] int32 (keys per sequence,
-    including the current token); `keys`: decode_keys of those, when the caller computed them once for
-    every layer. Returns [B, H, d]."""
+    including the current token); `keys`: decode_keys of those (and of `window`), when the caller computed
+    them once for every layer. Returns [B, H, d]."""
     batch, num_heads, head_dim = q.shape
     _, blocks, block_size, num_kv_heads, _ = kv_layer.shape
     if keys is None:
-        keys = decode_keys(block_tables, context_lens, block_size)
+        keys = decode_keys(block_tables, context_lens, block_size, window)
     kv = kv_layer.view(2, blocks, -1).index_select(1, keys.index)
     kv = kv.view(2, batch, -1, num_kv_heads, head_dim)[:, :, : keys.length].transpose(2, 3)
     # The query heads sharing a KV head become that head's query rows: [B, Hkv, group, d] against
@@ -88,6 +112,7 @@ def prefill_attention_ref(
     cu_seqlens_q: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention for packed queries. q: [T, H, d] (sequence i owns rows
     cu_seqlens_q[i]:cu_seqlens_q[i+1], the last tokens of its context); block_tables: [B, max_blocks];
@@ -95,15 +120,18 @@ def prefill_attention_ref(
     Returns [T, H, d]."""
     out = torch.empty_like(q)
     bounds = cu_seqlens_q.tolist()
+    block_size = kv_layer.shape[2]
     for i, length in enumerate(context_lens.tolist()):
         start, end = bounds[i], bounds[i + 1]
-        k, v = gather_kv(kv_layer, block_tables[i], length)
         new = end - start
         prefix = length - new
+        first_block = window_start(prefix, window) // block_size
+        k, v = gather_kv(kv_layer, block_tables[i], length, first_block)
         mask = None
-        if prefix:
+        if prefix or (window is not None and window < length):
             rows = torch.arange(new, device=q.device)[:, None] + prefix
-            mask = torch.arange(length, device=q.device)[None, :] <= rows
+            keys = torch.arange(first_block * block_size, length, device=q.device)[None, :]
+            mask = (keys <= rows) if window is None else (keys <= rows) & (keys > rows - window)
         # 4-D [1, heads, tokens, d]: torch's CPU flash kernel takes only that; a 3-D call falls back to the
         # math path, which materializes the whole [heads, tokens, tokens] score matrix (8x slower at 500 tokens)
         out[start:end] = F.scaled_dot_product_attention(
@@ -111,7 +139,7 @@ def prefill_attention_ref(
             k.transpose(0, 1)[None],
             v.transpose(0, 1)[None],
             attn_mask=mask,
-            is_causal=not prefix,
+            is_causal=mask is None,
             scale=scale,
             enable_gqa=True,
         )[0].transpose(0, 1)
@@ -138,8 +166,10 @@ def _attend(q, k, v, valid, m, lsum, acc, scale, MASKED: tl.constexpr, UPCAST: t
     if MASKED:
         s = tl.where(valid, s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    # a row with no key yet (a tile wholly outside its window) keeps m = -inf: subtract 0 instead, not -inf - -inf
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
     lsum = lsum * alpha + tl.sum(p, axis=1)
     p = p.to(v.dtype)
     if UPCAST:
@@ -150,16 +180,32 @@ def _attend(q, k, v, valid, m, lsum, acc, scale, MASKED: tl.constexpr, UPCAST: t
 
 
 @kernel
+def _attend_span(
+    q, m, lsum, acc, table, k_base, lo, hi, positions, window, dim_mask, qk_scale, stride_kv, stride_blk, stride_pos,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Keys lo <= k < hi against query rows at `positions` [M], each seeing p - window < k <= p."""
+    for first in range(lo, hi, BLOCK_N):
+        keys = first + tl.arange(0, BLOCK_N)
+        inside = keys < hi
+        k, v = _load_kv(table, k_base, keys, inside, dim_mask, stride_kv, stride_blk, stride_pos, PAGE)
+        valid = inside[None, :] & (keys[None, :] <= positions[:, None]) & (keys[None, :] > positions[:, None] - window)
+        m, lsum, acc = _attend(q, k, v, valid, m, lsum, acc, qk_scale, True, UPCAST, PRECISION)
+    return m, lsum, acc
+
+
+@kernel
 def _decode_kernel(
     q_ptr, kv_ptr, tables_ptr, lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr, qk_scale,
     stride_qb, stride_qh, stride_ob, stride_oh, stride_table, stride_kv, stride_blk, stride_pos, stride_kvh,
-    num_heads, head_dim, num_splits, partition,
+    num_heads, head_dim, num_splits, partition, window,
     GROUP: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SPLIT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     seq, kv_head, split = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
-    start = split * partition
-    end = tl.minimum(start + partition, tl.load(lens_ptr + seq))
+    length = tl.load(lens_ptr + seq)
+    start = tl.maximum(split * partition, length - window)  # keys before the window are never read
+    end = tl.minimum(split * partition + partition, length)
     if start < end:
         rows, dims = tl.arange(0, BLOCK_G), tl.arange(0, BLOCK_D)
         heads = kv_head * GROUP + rows
@@ -187,11 +233,13 @@ def _decode_kernel(
 @kernel
 def _decode_reduce_kernel(
     lens_ptr, part_acc_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh, num_heads, head_dim, num_splits, partition,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    window, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     seq, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
     splits, dims = tl.arange(0, BLOCK_S), tl.arange(0, BLOCK_D)
-    used = splits < tl.cdiv(tl.load(lens_ptr + seq), partition)  # splits past the context wrote nothing
+    length = tl.load(lens_ptr + seq)
+    # splits past the context or wholly before the window wrote nothing
+    used = (splits < tl.cdiv(length, partition)) & ((splits + 1) * partition > length - window)
     part = (seq * num_heads + head) * num_splits + splits
     m = tl.load(part_ml_ptr + part * 2, mask=used, other=float("-inf"))
     lsum = tl.load(part_ml_ptr + part * 2 + 1, mask=used, other=0.0)
@@ -206,7 +254,7 @@ def _decode_reduce_kernel(
 def _prefill_kernel(
     q_ptr, kv_ptr, tables_ptr, lens_ptr, cu_ptr, out_ptr, qk_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_table, stride_kv, stride_blk, stride_pos, stride_kvh,
-    num_seqs, head_dim,
+    num_seqs, head_dim, window,
     GROUP: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -239,27 +287,32 @@ def _prefill_kernel(
         table = tables_ptr + seq.to(tl.int64) * stride_table
         k_base = kv_ptr + (head // GROUP) * stride_kvh + dims[None, :]
         first_pos = context - new + tile * BLOCK_M
-        full_end = first_pos // BLOCK_N * BLOCK_N  # keys below are visible to every row: no causal mask
-        for first in range(0, full_end, BLOCK_N):
-            keys = first + tl.arange(0, BLOCK_N)
-            k, v = _load_kv(table, k_base, keys, keys < full_end, dim_mask, stride_kv, stride_blk, stride_pos, PAGE)
-            m, lsum, acc = _attend(q, k, v, 0, m, lsum, acc, qk_scale, False, UPCAST, PRECISION)
         end = tl.minimum(first_pos + BLOCK_M, context)
-        for first in range(full_end, end, BLOCK_N):  # the diagonal
+        # keys [full_lo, full_hi) are seen by every row, without a mask; before them the window's edge (each
+        # row's own), after them the diagonal. Without a window full_lo is 0.
+        lo = tl.maximum(first_pos - window + 1, 0)
+        full_hi = first_pos // BLOCK_N * BLOCK_N
+        full_lo = tl.minimum(tl.cdiv(tl.maximum(end - window, 0), BLOCK_N) * BLOCK_N, full_hi)
+        m, lsum, acc = _attend_span(q, m, lsum, acc, table, k_base, lo, full_lo, positions, window, dim_mask, qk_scale,
+                                    stride_kv, stride_blk, stride_pos, PAGE, BLOCK_N, UPCAST, PRECISION)
+        for first in range(full_lo, full_hi, BLOCK_N):
             keys = first + tl.arange(0, BLOCK_N)
-            k, v = _load_kv(table, k_base, keys, keys < end, dim_mask, stride_kv, stride_blk, stride_pos, PAGE)
-            valid = (keys[None, :] < end) & (keys[None, :] <= positions[:, None])
-            m, lsum, acc = _attend(q, k, v, valid, m, lsum, acc, qk_scale, True, UPCAST, PRECISION)
+            k, v = _load_kv(table, k_base, keys, keys < full_hi, dim_mask, stride_kv, stride_blk, stride_pos, PAGE)
+            m, lsum, acc = _attend(q, k, v, 0, m, lsum, acc, qk_scale, False, UPCAST, PRECISION)
+        m, lsum, acc = _attend_span(q, m, lsum, acc, table, k_base, tl.maximum(full_hi, lo), end, positions, window,
+                                    dim_mask, qk_scale, stride_kv, stride_blk, stride_pos, PAGE, BLOCK_N, UPCAST,
+                                    PRECISION)
         out = (acc / lsum[:, None]).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :], out, mask=row_mask)
 
 
 def paged_decode_attention_triton(
     q: torch.Tensor, kv_layer: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-    partition: int | None = None,
+    partition: int | None = None, window: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Same contract as paged_decode_attention_ref: q [B, H, d] -> [B, H, d]. `partition` (keys per
-    split-K program) is chosen from the device's size when None; no host sync either way."""
+    split-K program) is chosen from the device's size when None; no host sync either way. A window's splits
+    wholly before it exit at once."""
     q = q if q.stride(-1) == 1 else q.contiguous()
     batch, num_heads, head_dim = q.shape
     _, _, page, num_kv_heads, _ = kv_layer.shape
@@ -279,14 +332,14 @@ def paged_decode_attention_triton(
             q, kv_layer, block_tables, context_lens, out, part_acc, part_ml, scale * math.log2(math.e),
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
             kv_layer.stride(0), kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3),
-            num_heads, head_dim, num_splits, partition,
+            num_heads, head_dim, num_splits, partition, window or max_len,
             GROUP=group, PAGE=page, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
             SPLIT=split, UPCAST=upcast, PRECISION=precision, num_warps=warps, num_stages=2,
         )  # fmt: skip
     if batch and split:
         _decode_reduce_kernel[(batch, num_heads)](
             context_lens, part_acc, part_ml, out, out.stride(0), out.stride(1), num_heads, head_dim, num_splits,
-            partition, BLOCK_S=next_pow2(num_splits), BLOCK_D=block_d, num_warps=4,
+            partition, window or max_len, BLOCK_S=next_pow2(num_splits), BLOCK_D=block_d, num_warps=4,
         )  # fmt: skip
     return out
 
@@ -294,6 +347,7 @@ def paged_decode_attention_triton(
 def prefill_attention_triton(
     q: torch.Tensor, kv_layer: torch.Tensor, block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
     context_lens: torch.Tensor, scale: float, block_m: int | None = None, block_n: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Same contract as prefill_attention_ref: packed q [T, H, d] -> [T, H, d]; K/V of the new tokens
     are already in kv_layer. block_m, block_n override the tile sizes (tests, tuning)."""
@@ -312,7 +366,7 @@ def prefill_attention_triton(
             q, kv_layer, block_tables, context_lens, cu_seqlens_q, out, scale * math.log2(math.e),
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
             kv_layer.stride(0), kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3),
-            num_seqs, head_dim,
+            num_seqs, head_dim, window or max(1, block_tables.shape[1] * page),
             GROUP=num_heads // num_kv_heads, PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_D=max(16, next_pow2(head_dim)), UPCAST=upcast, PRECISION=precision, num_warps=tiles[2], num_stages=2,
         )  # fmt: skip

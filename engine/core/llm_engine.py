@@ -91,8 +91,8 @@ class LLMEngine:
         # a sequence may grow only as far as the pool could hold it alone: one that outgrew the whole pool
         # would be preempted forever and starve everything queued behind it
         self.max_model_len = min(
-            settings.max_model_len or self.model_config.max_position_embeddings,
-            self.model_config.max_position_embeddings,
+            settings.max_model_len or self.model_config.max_context,
+            self.model_config.max_context,
             self.kv_cache.allocator.num_blocks * spec.block_size,
         )
         self._seqs: dict[str, Sequence] = {}

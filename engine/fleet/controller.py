@@ -65,8 +65,8 @@ class Fleet:
         self.config = config
         self.model_config = ModelConfig.from_file(config.model_dir / "config.json")
         self.tokenizer = Tokenizer(config.model_dir, self.model_config.eos_token_ids)
-        limit = config.engine.max_model_len or self.model_config.max_position_embeddings
-        self.max_model_len = min(limit, self.model_config.max_position_embeddings)
+        limit = config.engine.max_model_len or self.model_config.max_context
+        self.max_model_len = min(limit, self.model_config.max_context)
         self.model_name = config.served_model_name or config.model_dir.name
         self.url = ""
         specs = {s.worker_id: s for s in worker_specs(config)}

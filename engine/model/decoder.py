@@ -87,9 +87,10 @@ class DecoderModel:
         device, dtype = weights.embed.device, weights.embed.dtype
         # cos, sin [P, rotary_dim/2] in the model's dtype, as Hugging Face applies them (the Triton kernel upcasts)
         self.cos, self.sin = rope_tables(config, False, dtype, device)
-        windows = traits.layer_windows or (None,) * config.num_layers
+        # each layer's sliding window (None: it attends to every key)
+        self.layer_windows: tuple[int | None, ...] = traits.layer_windows or (None,) * config.num_layers
         # which rope each layer takes: its own for a windowed layer when the family has one (Gemma 3)
-        self.layer_local_rope = [w is not None and traits.local_rope_theta is not None for w in windows]
+        self.layer_local_rope = [w is not None and traits.local_rope_theta is not None for w in self.layer_windows]
         self.local_cos, self.local_sin = (rope_tables(config, True, dtype, device) if any(self.layer_local_rope)
                                           else (self.cos, self.sin))
         self.embed_scale = torch.tensor(config.hidden_size**0.5, dtype=dtype) if traits.scale_embedding else None
@@ -119,9 +120,10 @@ class DecoderModel:
         if self.embed_scale is not None:
             hidden = hidden * self.embed_scale
         residual: torch.Tensor | None = None
-        keys = None  # decode attention's gather, the same in every layer
+        keys: dict[int | None, ops.DecodeKeys | None] = {}  # decode attention's gather, per window: the same per layer
         if not self.deterministic and not batch.is_prefill:
-            keys = ops.decode_step_keys(batch.block_tables, batch.context_lens, kv_cache.shape[3])
+            keys = {window: ops.decode_step_keys(batch.block_tables, batch.context_lens, kv_cache.shape[3], window)
+                    for window in set(self.layer_windows)}
         for index, (layer, kv_layer) in enumerate(zip(self.weights.layers, kv_cache, strict=True)):
             x, residual = row.rms_norm(hidden, layer.input_norm, eps, residual)
             qkv = linear(x, layer.qkv)
@@ -136,7 +138,8 @@ class DecoderModel:
                 k = row.rms_norm(k.reshape(-1, cfg.head_dim), layer.k_norm, eps)[0].view(k.shape)
             q, k = self._rotate(q, k, *ropes[self.layer_local_rope[index]])
             ops.store_kv(k, v, kv_layer, batch.slots)
-            attn = self._attention(q, kv_layer, batch, keys)
+            window = self.layer_windows[index]
+            attn = self._attention(q, kv_layer, batch, window, keys.get(window))
             hidden = linear(attn.reshape(tokens, q_size), layer.o_proj)
             if layer.attn_out_norm is not None:
                 hidden = row.rms_norm(hidden, layer.attn_out_norm, eps)[0]
@@ -170,15 +173,14 @@ class DecoderModel:
         cap = self.config.traits.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    def _attention(
-        self, q: torch.Tensor, kv_layer: torch.Tensor, batch: AttentionBatch, keys: ops.DecodeKeys | None
-    ) -> torch.Tensor:
+    def _attention(self, q: torch.Tensor, kv_layer: torch.Tensor, batch: AttentionBatch, window: int | None,
+                   keys: ops.DecodeKeys | None) -> torch.Tensor:
         if self.deterministic:
             return ops.invariant_attention(
-                q, kv_layer, batch.block_tables, batch.cu_seqlens_q, batch.context_lens, self.scale
+                q, kv_layer, batch.block_tables, batch.cu_seqlens_q, batch.context_lens, self.scale, window
             )
         if batch.is_prefill:
             return ops.prefill_attention(
-                q, kv_layer, batch.block_tables, batch.cu_seqlens_q, batch.context_lens, self.scale
+                q, kv_layer, batch.block_tables, batch.cu_seqlens_q, batch.context_lens, self.scale, window
             )
-        return ops.decode_attention(q, kv_layer, batch.block_tables, batch.context_lens, self.scale, keys)
+        return ops.decode_attention(q, kv_layer, batch.block_tables, batch.context_lens, self.scale, keys, window)

@@ -64,3 +64,11 @@ def test_greedy_matches_transformers_with_and_without_the_prefix_cache(
     while cached.has_unfinished():
         cached.step()
     assert again.output_token_ids == expected
+
+
+def test_longrope_serves_no_further_than_its_short_factors(family_model_dirs: dict[str, Path]) -> None:
+    """Phi-3's long factors are not applied: a sequence stops at the length the short ones were trained for."""
+    engine = engine_for(family_model_dirs["phi3"])
+    assert engine.max_model_len == 256  # original_max_position_embeddings, not max_position_embeddings (512)
+    result = engine.generate([PROMPT], SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True))[0]
+    assert len(PROMPT) + len(result.token_ids) == 256
