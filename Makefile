@@ -44,11 +44,13 @@ demo: install
 
 # FLEET_REQUIRE_ALL=1: a test that skips for anything but CUDA fails (tests/support/require_all.py)
 test: export FLEET_REQUIRE_ALL ?= 1
-# every test, one at a time: timing-bound fleet tests and the console's pictures stay away from parallel load
+# every test: the in-process ones in 2 xdist processes (CI has 2 cores), then the timing-bound fleet tests and
+# the console's pictures one at a time, away from parallel load
 test: install browser
 	$(FLEETCTL) models pull smollm2-135m
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q --durations=40 --durations-min=10
+	$(VENV)/bin/pytest -q -m "not fleet and not pictures" -n 2 --durations=25 --durations-min=10
+	$(VENV)/bin/pytest -q -m "fleet or pictures" --durations=25 --durations-min=10
 
 # the developer's loop: no real-model tests, no worker processes (`make test` still runs everything); in 4 xdist
 # processes (they mostly wait), then the console's pictures alone (a loaded machine draws a frame late)
