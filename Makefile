@@ -40,6 +40,7 @@ upgrade-deps:
 # the embedded fleet + demo traffic + console (headless with a summary when there is no terminal)
 demo: install
 	$(FLEETCTL) models pull smollm2-135m
+	$(FLEETCTL) models pull gemma3-270m
 	$(FLEETCTL) demo
 
 # FLEET_REQUIRE_ALL=1: a test that skips for anything but CUDA fails (tests/support/require_all.py)
@@ -47,6 +48,7 @@ test: export FLEET_REQUIRE_ALL ?= 1
 # every test, one at a time: timing-bound fleet tests and the console's pictures stay away from parallel load
 test: install browser
 	$(FLEETCTL) models pull smollm2-135m
+	$(FLEETCTL) models pull gemma3-270m
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q --durations=40 --durations-min=10
 

@@ -16,11 +16,11 @@ from typing import Any
 import gguf
 import numpy as np
 from safetensors.numpy import save_file
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from fleetctl.engine.model.gguf_params import GGUFConvertError, GGUFParams, build_config, field, read_params
+from fleetctl.engine.model.gguf_tokenizer import build_tokenizer
 
-__all__ = ["GGUFConvertError", "Progress", "convert_gguf", "unpermute_rotary"]
+__all__ = ["GGUFConvertError", "Progress", "build_tokenizer", "convert_gguf", "unpermute_rotary"]
 
 Progress = Callable[[str, int, int], None]
 
@@ -50,14 +50,6 @@ _ARCH_LAYER_TENSORS = {
                "post_ffw_norm": "post_feedforward_layernorm"},
 }
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-_TOKEN_TYPE_CONTROL = 3
-# The `tokenizer.ggml.pre` names (among Llama-architecture GGUFs) that llama.cpp splits as "each digit
-# alone, then GPT-2's regex".
-_DIGIT_SPLIT_PRE_TYPES = {"smollm"}
-# Qwen2's pre-tokenizer regex (its tokenizer.json's Split), which llama.cpp's "qwen2" pre type reproduces
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-                r"\s*[\r\n]+|\s+(?!\S)|\s+")
-
 
 def unpermute_rotary(weight: np.ndarray, heads: int) -> np.ndarray:
     """Undo llama.cpp's row order for a Q or K projection.
@@ -111,49 +103,6 @@ def read_weights(
         if progress is not None:
             progress("convert", done, total)
     return weights
-
-
-def build_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
-    """A byte-level BPE `tokenizers.Tokenizer` equivalent to the GGUF's `gpt2` tokenizer."""
-    model = field(reader, "tokenizer.ggml.model")
-    if model != "gpt2":
-        raise GGUFConvertError(f"GGUF tokenizer is {model!r}; only byte-level BPE ('gpt2') is supported")
-    tokens: list[str] = field(reader, "tokenizer.ggml.tokens")
-    merges = [tuple(merge.split(" ")) for merge in field(reader, "tokenizer.ggml.merges")]
-    if any(len(merge) != 2 for merge in merges):
-        raise GGUFConvertError("GGUF merges are not all 'left right' pairs")
-    vocab = {token: index for index, token in enumerate(tokens)}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-
-    pre_type = field(reader, "tokenizer.ggml.pre", "default")
-    if pre_type in _DIGIT_SPLIT_PRE_TYPES:
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Digits(individual_digits=True),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-            ]
-        )
-    elif pre_type == "qwen2":
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-    else:
-        raise GGUFConvertError(f"GGUF pre-tokenizer {pre_type!r} is not supported")
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-
-    token_types = field(reader, "tokenizer.ggml.token_type")
-    tokenizer.add_special_tokens(
-        [
-            AddedToken(token, special=True, normalized=False)
-            for token, token_type in zip(tokens, token_types, strict=True)
-            if token_type == _TOKEN_TYPE_CONTROL
-        ]
-    )
-    return tokenizer
 
 
 def _special_ids(reader: gguf.GGUFReader) -> dict[str, int]:
