@@ -40,7 +40,6 @@ upgrade-deps:
 # the embedded fleet + demo traffic + console (headless with a summary when there is no terminal)
 demo: install
 	$(FLEETCTL) models pull smollm2-135m
-	$(FLEETCTL) models pull gemma3-270m
 	$(FLEETCTL) demo
 
 # FLEET_REQUIRE_ALL=1: a test that skips for anything but CUDA fails (tests/support/require_all.py)
