@@ -48,6 +48,7 @@ test: export FLEET_REQUIRE_ALL ?= 1
 # the console's pictures one at a time, away from parallel load
 test: install browser
 	$(FLEETCTL) models pull smollm2-135m
+	$(FLEETCTL) models pull gemma3-270m
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q -m "not fleet and not pictures" -n 2 --durations=25 --durations-min=10
 	$(VENV)/bin/pytest -q -m "fleet or pictures" --durations=25 --durations-min=10

@@ -59,6 +59,14 @@ def smollm2_dir() -> Path:
     return ModelStore(root=PERSISTENT_MODELS).pull("smollm2-135m")
 
 
+@pytest.fixture(scope="session")
+def gemma3_dir() -> Path:
+    """Gemma 3 270M (Gemma Terms of Use), pulled once into the persistent model store (kept between runs)."""
+    from fleetctl.engine.model.store import ModelStore
+
+    return ModelStore(root=PERSISTENT_MODELS).pull("gemma3-270m")
+
+
 @pytest.fixture
 def four_gpus(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """NVML reporting 4 GPUs (CUDA_VISIBLE_DEVICES unset); yields the calls made to it."""

