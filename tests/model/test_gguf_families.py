@@ -17,9 +17,9 @@ from fleetctl.engine.core.config import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.model.gguf_convert import _ARCH_LAYER_TENSORS, _GLOBAL_TENSORS, _LAYER_TENSORS, convert_gguf
-from fleetctl.engine.model.gguf_tokenizer import _TOKEN_TYPE_CONTROL
 from fleetctl.tests.support.family_models import _SHAPE
 from fleetctl.tests.support.tiny_model import write_tokenizer
+from fleetctl.tests.support.tiny_wheel import add_gpt2_tokenizer, add_shape
 
 # arch: (model_type, config beyond _SHAPE that a GGUF can express)
 FAMILIES = {
@@ -55,28 +55,13 @@ def _write(arch: str, tmp: Path) -> tuple[Path, Path]:
     tokenizer = json.loads((src / "tokenizer.json").read_text())
     writer = gguf.GGUFWriter(tmp / "m.gguf", arch)
     c = config.to_dict()
-    writer.add_block_count(c["num_hidden_layers"])
-    writer.add_embedding_length(c["hidden_size"])
-    writer.add_feed_forward_length(c["intermediate_size"])
-    writer.add_head_count(c["num_attention_heads"])
-    writer.add_head_count_kv(c["num_key_value_heads"])
+    add_shape(writer, c)
     writer.add_key_length(c["head_dim"])
     writer.add_value_length(c["head_dim"])
-    writer.add_context_length(c["max_position_embeddings"])
     writer.add_rope_freq_base(1000000.0)
-    writer.add_layer_norm_rms_eps(c["rms_norm_eps"])
     if arch == "gemma3":
         writer.add_sliding_window(24)
-    vocab = tokenizer["model"]["vocab"]
-    tokens = sorted(vocab, key=vocab.__getitem__)
-    special = {added["content"] for added in tokenizer["added_tokens"] if added["special"]}
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("smollm")
-    writer.add_token_list(tokens)
-    writer.add_token_types([_TOKEN_TYPE_CONTROL if t in special else 1 for t in tokens])
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
+    add_gpt2_tokenizer(writer, tokenizer, 1, 2)
     for hf_name, weight in load_file(src / "model.safetensors").items():
         if arch == "gemma3" and hf_name.endswith("norm.weight"):
             weight = weight + np.float32(1.0)  # llama.cpp's Gemma 3 converter

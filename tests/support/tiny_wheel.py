@@ -42,6 +42,31 @@ def permute_rotary(weight: np.ndarray, heads: int) -> np.ndarray:
     return np.ascontiguousarray(weight.reshape(heads, 2, half, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape))
 
 
+def add_shape(writer: gguf.GGUFWriter, config: dict) -> None:
+    """The hyper-parameters every architecture's GGUF states, from a transformers config.json dict."""
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+
+
+def add_gpt2_tokenizer(writer: gguf.GGUFWriter, tokenizer: dict, bos_id: int, eos_id: int) -> None:
+    """A byte-level BPE tokenizer.json (dict) as llama.cpp stores it (`gpt2` model, smollm pre-tokenizer)."""
+    vocab: dict[str, int] = tokenizer["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    special = {added["content"] for added in tokenizer["added_tokens"] if added["special"]}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list(tokens)
+    writer.add_token_types([_TOKEN_TYPE_CONTROL if token in special else _TOKEN_TYPE_NORMAL for token in tokens])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
+    writer.add_bos_token_id(bos_id)
+    writer.add_eos_token_id(eos_id)
+
+
 def write_tiny_gguf(model_dir: Path, out: Path,
                     matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
                     types: Mapping[str, gguf.GGMLQuantizationType] | None = None) -> Path:
@@ -52,26 +77,10 @@ def write_tiny_gguf(model_dir: Path, out: Path,
     config = json.loads((model_dir / "config.json").read_text())
     tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
     writer = gguf.GGUFWriter(out, "llama")
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_context_length(config["max_position_embeddings"])
+    add_shape(writer, config)
     writer.add_rope_freq_base(config["rope_theta"])
     writer.add_rope_dimension_count(config["head_dim"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-
-    vocab: dict[str, int] = tokenizer["model"]["vocab"]
-    tokens = sorted(vocab, key=vocab.__getitem__)
-    special = {added["content"] for added in tokenizer["added_tokens"] if added["special"]}
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("smollm")
-    writer.add_token_list(tokens)
-    writer.add_token_types([_TOKEN_TYPE_CONTROL if token in special else _TOKEN_TYPE_NORMAL for token in tokens])
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
-    writer.add_bos_token_id(config["bos_token_id"])
-    writer.add_eos_token_id(config["eos_token_id"])
+    add_gpt2_tokenizer(writer, tokenizer, config["bos_token_id"], config["eos_token_id"])
     writer.add_chat_template(json.loads((model_dir / "tokenizer_config.json").read_text())["chat_template"])
 
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
