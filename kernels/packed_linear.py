@@ -18,7 +18,11 @@ PACKABLE = (torch.bfloat16, torch.float32)
 
 
 def can_pack(weight: torch.Tensor) -> bool:
-    return weight.device.type == "cpu" and weight.dtype in PACKABLE and torch.backends.mkldnn.is_available()
+    """oneDNN packs bf16 only on a CPU with bf16 instructions (AVX-512 BF16, AVX-NE-CONVERT, or AVX-512's
+    emulation of them): an AVX2-only CPU multiplies bf16 weights through `F.linear`, unpacked."""
+    if weight.device.type != "cpu" or weight.dtype not in PACKABLE or not torch.backends.mkldnn.is_available():
+        return False
+    return weight.dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

@@ -64,6 +64,7 @@ class Compat(_Record):
     kv_layout: int
     block_size: int
     weights: str = "none"  # the layers' weight format (quantize.weight_source); older checkpoints were dense
+    kv_window: str = "none"  # which leading blocks sessions dropped (kv_window.KVWindow.label); older: none
 
 
 class StopCriteria(_Record):
@@ -82,7 +83,8 @@ class SessionRecord(_Record):
     seed: int
     status: SequenceStatus
     num_cached_tokens: int  # tokens whose K/V are saved; 0 for a session waiting to be (re)computed
-    block_table: list[int]
+    block_table: list[int]  # its blocks from first_block on
+    first_block: int = 0  # blocks before it were dropped (engine/core/kv_window.py) and are not saved
     stop_criteria: StopCriteria
 
 

@@ -30,6 +30,7 @@ def snapshot_records(engine: LLMEngine) -> tuple[list[SessionRecord], list[int]]
         waiting = seq.status is SequenceStatus.WAITING or seq in scheduler.prefilling
         cached = 0 if waiting else seq.num_cached_tokens
         count = blocks_for(cached, block_size)
+        first = 0 if waiting else seq.num_dropped_blocks
         records.append(SessionRecord(
             request_id=seq.request_id,
             prompt_token_ids=seq.prompt_token_ids,
@@ -38,7 +39,8 @@ def snapshot_records(engine: LLMEngine) -> tuple[list[SessionRecord], list[int]]
             seed=seq.seed,
             status=SequenceStatus.WAITING if waiting else seq.status,
             num_cached_tokens=cached,
-            block_table=[index.setdefault(block, len(index)) for block in seq.block_table[:count]],
+            block_table=[index.setdefault(block, len(index)) for block in seq.block_table[first:count]],
+            first_block=first,
             stop_criteria=StopCriteria(eos_token_ids=sorted(engine.tokenizer.eos_token_ids),
                                        max_tokens=seq.params.max_tokens, max_model_len=engine.max_model_len),
         ))
@@ -81,7 +83,8 @@ def restore_with_kv(engine: LLMEngine, records: list[SessionRecord], kv: torch.T
             cold_start(engine, [record])
             continue
         blocks = kv.index_select(2, torch.tensor(record.block_table, dtype=torch.int64))
-        engine.adopt(_sequence(record), blocks, parked=record.status is SequenceStatus.PARKED)
+        engine.adopt(_sequence(record), blocks, parked=record.status is SequenceStatus.PARKED,
+                     first_block=record.first_block)
         loaded += blocks.numel() * blocks.element_size()
     return loaded
 

@@ -123,12 +123,13 @@ class BlockManager:
 
     def cache_full_blocks(self, seq: Sequence, written_from: int) -> None:
         """Register the blocks of `seq` that became full with the tokens just written, positions
-        `written_from` … `seq.num_cached_tokens - 1`. A block whose hash is registered already (two
-        sequences computed the same tokens in one step) stays unregistered and is freed as a plain block."""
+        `written_from` … `seq.num_cached_tokens - 1` (not those dropped: kv_window). A block whose hash is
+        registered already (two sequences computed the same tokens in one step) stays unregistered and is freed
+        as a plain block."""
         if self.root is None:
             return
         full = seq.num_cached_tokens // self.block_size
-        first = written_from // self.block_size
+        first = max(written_from // self.block_size, seq.num_dropped_blocks)
         if first >= full:
             return
         hashes = self.block_hashes(seq)

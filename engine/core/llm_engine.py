@@ -16,6 +16,7 @@ from fleetctl.engine.core.decode_compile import compile_refusal, use_fleet_induc
 from fleetctl.engine.core.devices import available_memory, kv_budget, resolve_dtype, torch_device, total_memory
 from fleetctl.engine.core.kernel_warmup import needs_kernel_warm_up, warm_up_kernels
 from fleetctl.engine.core.kv_cache import KVCache, KVCacheSpec
+from fleetctl.engine.core.kv_window import KVWindow
 from fleetctl.engine.core.model_runner import ModelRunner, StepStats
 from fleetctl.engine.core.output import RequestOutput, TextStream, token_finish_reason
 from fleetctl.engine.core.prompt import PromptError, check_prompt
@@ -29,6 +30,7 @@ from fleetctl.engine.model.prepared import load_cpu_weights, weights_key
 from fleetctl.engine.model.quantize import quantize_weights, resolve_quantization, weight_source
 from fleetctl.engine.model.tokenizer import Tokenizer
 from fleetctl.kernels import ops
+from fleetctl.kernels.batch_invariant import TILE as QUERY_TILE
 from fleetctl.kernels.triton_support import Launch
 
 DIGEST_BLOCKS = 4096  # cap on a prefix digest: 64 KiB of hashes, 65,536 tokens of prefixes
@@ -83,8 +85,12 @@ class LLMEngine:
         if self.eager_reason is None and self.kv_cache.scratch_block is not None:
             use_fleet_inductor_cache()
             self.decoder = CompiledDecoder(self.model, self.kv_cache.scratch_block, settings.max_num_seqs)
+        window = self.model_config.kv_window
+        # every layer windowed: the scheduler drops each sequence's blocks the windows have passed
+        self.kv_window = None if window is None else KVWindow(window, spec.block_size,
+                                                              QUERY_TILE if settings.deterministic else 1)
         self.scheduler = Scheduler(
-            SchedulerConfig(spec.block_size, settings.max_num_seqs, settings.max_num_batched_tokens),
+            SchedulerConfig(spec.block_size, settings.max_num_seqs, settings.max_num_batched_tokens, self.kv_window),
             self.kv_cache.allocator,
         )
         self.runner = ModelRunner(self.model, self.kv_cache, self.decoder)
@@ -171,25 +177,29 @@ class LLMEngine:
         params: SamplingParams,
         seed: int,
         kv: torch.Tensor,
+        first_block: int = 0,
     ) -> Sequence:
         """Adopt a sequence prefilled elsewhere (a KV handoff). Raises OutOfBlocks when it does not fit now."""
         seq = Sequence(list(prompt_token_ids), params, request_id=request_id,
                        output_token_ids=list(output_token_ids), seed=seed)
-        self.adopt(seq, kv)
+        self.adopt(seq, kv, first_block=first_block)
         return seq
 
-    def adopt(self, seq: Sequence, kv: torch.Tensor, parked: bool = False) -> None:
+    def adopt(self, seq: Sequence, kv: torch.Tensor, parked: bool = False, first_block: int = 0) -> None:
         """Take `seq` with kv [layers, 2, n_blocks, block_size, Hkv, d]: the K/V of every token but its
-        last. `parked` keeps it out of decode (a restored prefill worker's sequence awaiting handoff).
-        Leading blocks this engine caches already are shared rather than copied (so sessions restored
-        from one checkpoint share their common prefix again); the copied full blocks are registered
-        under this engine's salt, which a fleet's workers share (one EngineSettings for all)."""
+        last, from its block `first_block` on (those before were dropped: kv_window). `parked` keeps it out
+        of decode (a restored prefill worker's sequence awaiting handoff). Leading blocks this engine caches
+        already are shared rather than copied (so sessions restored from one checkpoint share their common
+        prefix again); the copied full blocks are registered under this engine's salt, which a fleet's
+        workers share (one EngineSettings for all)."""
         if seq.request_id in self._seqs:
             raise PromptError(f"request id {seq.request_id!r} is already running")
-        hits = self.scheduler.admit_prefilled(seq)  # blocks the prefix cache holds already: no copy
-        blocks = torch.tensor(seq.block_table[hits : kv.shape[2]], dtype=torch.int64, device=self.device)
-        self.kv_cache.tensor.index_copy_(2, blocks, kv[:, :, hits:].to(self.device, non_blocking=True))
-        self.kv_cache.allocator.cache_full_blocks(seq, hits * self.kv_cache.spec.block_size)
+        copy_from = self.scheduler.admit_prefilled(seq, first_block)  # cached or dropped before it: no copy
+        end = first_block + kv.shape[2]
+        blocks = torch.tensor(seq.block_table[copy_from:end], dtype=torch.int64, device=self.device)
+        copied = kv[:, :, copy_from - first_block :]
+        self.kv_cache.tensor.index_copy_(2, blocks, copied.to(self.device, non_blocking=True))
+        self.kv_cache.allocator.cache_full_blocks(seq, copy_from * self.kv_cache.spec.block_size)
         if parked:
             self.scheduler.park(seq)
         self._register(seq)
@@ -202,12 +212,13 @@ class LLMEngine:
         self.kv_cache.allocator.cache_full_blocks(seq, 0)
         self._register(seq)
 
-    def export_kv(self, request_id: str) -> torch.Tensor:
-        """The K/V of a parked sequence's cached tokens: [layers, 2, n_blocks, block_size, Hkv, d]."""
+    def export_kv(self, request_id: str) -> tuple[int, torch.Tensor]:
+        """The K/V of a parked sequence's cached tokens from its first block not dropped (kv_window): that
+        block's index and kv [layers, 2, n_blocks, block_size, Hkv, d]."""
         seq = self.scheduler.parked[request_id]
         used = blocks_for(seq.num_cached_tokens, self.kv_cache.spec.block_size)
-        blocks = torch.tensor(seq.block_table[:used], device=self.device)
-        return self.kv_cache.tensor.index_select(2, blocks)
+        blocks = torch.tensor(seq.block_table[seq.num_dropped_blocks : used], device=self.device)
+        return seq.num_dropped_blocks, self.kv_cache.tensor.index_select(2, blocks)
 
     def release(self, request_id: str) -> None:
         """Forget a request (finished elsewhere, handed off, or aborted) and free its blocks."""

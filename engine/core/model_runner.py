@@ -100,7 +100,8 @@ class ModelRunner:
             cu_seqlens.append(len(ids))
             context_lens.append(start + chunk)
         width = max(len(s.block_table) for s in step.seqs)
-        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in step.seqs]
+        # a dropped block (kv_window) is never read: every layer's window starts after it
+        tables = [[max(block, 0) for block in s.block_table] + [0] * (width - len(s.block_table)) for s in step.seqs]
         device = self.model.device
         batch = AttentionBatch(
             is_prefill=step.phase is Phase.PREFILL,

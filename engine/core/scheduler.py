@@ -17,6 +17,9 @@ chunk). While a prompt is part-way through and sequences are decoding, prefill a
 alternate, so one long prompt does not stall a mixed worker's decodes for its whole prefill.
 Two waiting sequences that start with the same uncached blocks are not prefilled in one step: the second
 waits a step and reuses what the first computed.
+
+With a KV window (every layer windowed, kv_window), a sequence's leading blocks that no later step reads are
+freed each time it is scheduled or admitted: its table keeps their places as DROPPED_BLOCK entries.
 """
 
 from collections import deque
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from fleetctl.domain import Phase
 from fleetctl.engine.core.block_allocator import OutOfBlocks, blocks_for
 from fleetctl.engine.core.block_manager import BlockManager
+from fleetctl.engine.core.kv_window import DROPPED_BLOCK, KVWindow
 from fleetctl.engine.core.sequence import Sequence, SequenceStatus
 
 
@@ -33,6 +37,7 @@ class SchedulerConfig:
     block_size: int
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 4096
+    kv_window: KVWindow | None = None  # every layer windowed: leading blocks are dropped as sequences grow
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.block_size < 1:
@@ -117,21 +122,26 @@ class Scheduler:
             raise OutOfBlocks(f"decode batch is full ({self.config.max_num_seqs} sequences)")
         seq.block_table = blocks
         seq.num_cached_tokens = seq.num_tokens - 1
+        self._drop_passed(seq)  # blocks the source had dropped arrive unwritten: they go first
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
-    def admit_prefilled(self, seq: Sequence) -> int:
-        """Take a sequence whose KV for all but its last token arrives from elsewhere: allocate its blocks
-        and schedule it straight into decode. Returns how many leading blocks came from the prefix cache
-        (their K/V need no copy)."""
+    def admit_prefilled(self, seq: Sequence, first_block: int = 0) -> int:
+        """Take a sequence whose KV for all but its last token arrives from elsewhere, from its block
+        `first_block` on (the source dropped those before): allocate its blocks and schedule it straight into
+        decode. Returns the first block whose K/V must be copied in: those before came from the prefix cache
+        or are dropped."""
         if len(self.running) >= self.config.max_num_seqs:
             raise OutOfBlocks(f"decode batch is full ({self.config.max_num_seqs} sequences)")
         hits = self._cached_prefix(seq)
-        seq.block_table = self.allocator.allocate(self._blocks(seq.num_tokens) - len(hits), hits)
+        fresh = self._blocks(seq.num_tokens) - max(len(hits), first_block)
+        seq.block_table = [DROPPED_BLOCK] * first_block + self.allocator.allocate(fresh, hits[first_block:])
+        seq.num_dropped_blocks = first_block
         seq.num_cached_tokens = seq.num_tokens - 1
+        self._drop_passed(seq)
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
-        return len(hits)
+        return max(len(hits), seq.num_dropped_blocks)
 
     def _schedule_prefill(self) -> ScheduledStep | None:
         """Chunks of the prompts part-way through first, then new sequences, within the token budget."""
@@ -141,6 +151,7 @@ class Scheduler:
         for seq in list(self.prefilling):
             if budget == 0:
                 break
+            self._drop_passed(seq)
             budget -= self._take(step, seq, min(budget, seq.num_tokens - seq.num_cached_tokens), 0, computing)
         deferred: list[Sequence] = []
         while budget and self.waiting and len(self.running) + len(self.prefilling) < self.config.max_num_seqs:
@@ -156,6 +167,7 @@ class Scheduler:
             self.waiting.popleft()
             seq.block_table = self.allocator.allocate(needed, hits)
             seq.num_cached_tokens = cached
+            self._drop_passed(seq)  # cached blocks the window has passed already
             seq.status = SequenceStatus.RUNNING
             self.prefilling.append(seq)
             budget -= self._take(step, seq, min(budget, seq.num_tokens - cached), cached, computing)
@@ -194,6 +206,7 @@ class Scheduler:
         for seq in list(self.running):
             if seq not in self.running:  # preempted below to make room for an earlier one
                 continue
+            self._drop_passed(seq)  # before it grows: the block it frees may be the one it needs
             while self._blocks(seq.num_tokens) > len(seq.block_table):
                 if self.allocator.can_allocate(1):
                     seq.block_table += self.allocator.allocate(1)
@@ -215,9 +228,21 @@ class Scheduler:
 
     def _release(self, seq: Sequence) -> None:
         if seq.block_table:
-            self.allocator.free(seq.block_table)
+            self.allocator.free(seq.block_table[seq.num_dropped_blocks :])
         seq.block_table = []
+        seq.num_dropped_blocks = 0
         seq.num_cached_tokens = 0
+
+    def _drop_passed(self, seq: Sequence) -> None:
+        """Free the leading blocks of `seq` that no step from its next token on reads (kv_window)."""
+        window = self.config.kv_window
+        if window is None:
+            return
+        passed, dropped = window.passed_blocks(seq.num_cached_tokens), seq.num_dropped_blocks
+        if passed > dropped:
+            self.allocator.free(seq.block_table[dropped:passed])
+            seq.block_table[dropped:passed] = [DROPPED_BLOCK] * (passed - dropped)
+            seq.num_dropped_blocks = passed
 
     def _blocks(self, num_tokens: int) -> int:
         return blocks_for(num_tokens, self.config.block_size)

@@ -78,6 +78,8 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     block_table: list[int] = field(default_factory=list)
+    # leading blocks freed once every layer's window passed them (kv_window); their entries are DROPPED_BLOCK
+    num_dropped_blocks: int = 0
     num_cached_tokens: int = 0  # tokens whose K/V sit in this sequence's blocks
     block_hashes: list[bytes] = field(default_factory=list)  # its full blocks' hash chain (prefix cache), so far
     arrival_time: float = field(default_factory=time.perf_counter)

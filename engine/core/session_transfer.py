@@ -5,7 +5,8 @@ part off: the source schedules the sequence again, the destination frees what it
 
 Only positions below `num_cached_tokens` are read: their K/V is final (a block is written up to the
 sequence's last computed token and never again), so a block copied once stays valid while it decodes on.
-A preemption frees and recomputes a sequence's blocks, so any preemption during a move calls it off."""
+A preemption frees and recomputes a sequence's blocks, so any preemption during a move calls it off.
+Blocks a KV window dropped are not sent; the destination drops the places it reserved for them on `attach`."""
 
 import torch
 
@@ -37,6 +38,10 @@ class SessionTransfer:
     def final_blocks(self, seq: Sequence) -> int:
         """Blocks whose K/V will not change again: the full ones."""
         return seq.num_cached_tokens // self.block_size
+
+    def first_to_send(self, seq: Sequence, first: int) -> int:
+        """`first`, or the first block `seq` has not dropped (kv_window) when that is later."""
+        return max(first, seq.num_dropped_blocks)
 
     def read(self, seq: Sequence, first: int, last: int) -> torch.Tensor:
         """Blocks first..last-1 of `seq`: [layers, 2, last - first, block_size, Hkv, d]."""

@@ -111,6 +111,15 @@ class ModelConfig:
         return self.max_position_embeddings
 
     @property
+    def kv_window(self) -> int | None:
+        """How far behind its query the oldest key any layer attends to lies, when every layer has a sliding
+        window (the widest); None when some layer attends to every key."""
+        windows = self.traits.layer_windows
+        if not windows or any(w is None for w in windows):
+            return None
+        return max(w for w in windows if w is not None)
+
+    @property
     def num_params(self) -> int:
         """Parameters that take part in each token's matmuls (embedding lookup excluded)."""
         attn = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)

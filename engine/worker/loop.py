@@ -177,7 +177,7 @@ class Worker:
         try:
             start = time.perf_counter()
             self.engine.import_sequence(msg.request_id, msg.prompt_token_ids, msg.output_token_ids,
-                                        msg.params, msg.seed, kv)
+                                        msg.params, msg.seed, kv, msg.handle.first_block)
             seconds += time.perf_counter() - start
         except OutOfBlocks as exc:
             self.send(m.AdoptFailed(msg.request_id, str(exc), retryable=True))
@@ -246,7 +246,8 @@ class Worker:
     def _publish(self, request_id: str) -> None:
         fault_point("publish", request_id)  # its first token sent, its KV not yet published
         start = time.perf_counter()
-        handle = self.transport.publish(self.engine.export_kv(request_id))
+        first_block, kv = self.engine.export_kv(request_id)
+        handle = dataclasses.replace(self.transport.publish(kv), first_block=first_block)
         self.handles[request_id] = handle
         self.send(m.Prefilled(request_id, handle, time.perf_counter() - start))
 

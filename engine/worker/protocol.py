@@ -31,6 +31,8 @@ class KVHandle:
     payload: bytes = b""  # cuda-ipc: pickled torch IPC rebuild recipe
     node: str = ""  # Ray fleets: the producer's node id (a consumer elsewhere pulls through Ray); "": local
     owner: str = ""  # Ray fleets: the producer's actor name, which serves pulls of its buffers
+    # a handoff's KV starts at this block of the sequence: those before were dropped (engine/core/kv_window.py)
+    first_block: int = 0
 
     @property
     def outlives_producer(self) -> bool:

@@ -97,10 +97,11 @@ class SessionMover:
             outgoing.stopped, stopped_at = True, time.time()
         else:
             last = self.transfer.final_blocks(seq)
-        count = max(0, last - msg.first_block)
+        first = self.transfer.first_to_send(seq, msg.first_block)
+        count = max(0, last - first)
         if count:
-            outgoing.handle = self.transport.publish(self.transfer.read(seq, msg.first_block, last))
-        self.send(m.BlocksSent(msg.move_id, outgoing.handle, msg.first_block, count, time.perf_counter() - start,
+            outgoing.handle = self.transport.publish(self.transfer.read(seq, first, last))
+        self.send(m.BlocksSent(msg.move_id, outgoing.handle, first, count, time.perf_counter() - start,
                                session, stopped_at))
         if msg.final:
             fault_point("move-handed-over", msg.move_id)  # the final stage sent, the destination not yet told

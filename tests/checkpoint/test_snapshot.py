@@ -4,9 +4,11 @@ snapshots (snapshot → restore_with_kv / cold_start). Token identity relies on 
 from pathlib import Path
 
 from fleetctl.engine.checkpoint.snapshot import cold_start, restore_with_kv, snapshot
+from fleetctl.engine.core.block_allocator import blocks_for
 from fleetctl.engine.core.config import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.tests.support.family_models import WINDOW
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was a small model that served", "def add(a, b):"]
 PARAMS = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
@@ -36,7 +38,8 @@ def test_prefill_handoff_to_decode_engine_matches_single_engine(tiny_model_dir: 
     assert not prefill.scheduler.running and len(prefill.scheduler.parked) == 3
     for rid, token in first.items():
         seq = prefill.sequence(rid)
-        decode.import_sequence(rid, seq.prompt_token_ids, [token], PARAMS, seq.seed, prefill.export_kv(rid))
+        first_block, kv = prefill.export_kv(rid)
+        decode.import_sequence(rid, seq.prompt_token_ids, [token], PARAMS, seq.seed, kv, first_block)
         prefill.release(rid)
     assert prefill.kv_cache.allocator.num_used == 0
     rest = run_all(decode)
@@ -102,3 +105,23 @@ def test_sessions_sharing_a_cached_prefix_are_saved_and_restored_sharing_it(tiny
     for rid in prompts:
         source.release(rid)
     assert source.kv_cache.allocator.num_used == 0
+
+
+def test_a_windowed_session_saves_only_the_blocks_its_window_holds(family_model_dirs: dict[str, Path]) -> None:
+    """Tiny Mistral (every layer windowed): a session decoded well past its window is saved from its first
+    block not dropped, restored into that many blocks, and continues token-identically."""
+    model_dir = family_model_dirs["mistral"]
+    prompt = [(5 * i + 7) % 300 + 3 for i in range(3 * WINDOW)]
+    params = SamplingParams(max_tokens=2 * WINDOW, temperature=0.0, ignore_eos=True)
+    expected = engine(model_dir).generate([prompt], params)[0].token_ids
+    source = engine(model_dir)
+    source.add_request(prompt, params, request_id="w")
+    before = [out.token_id for _ in range(WINDOW) for out in source.step()]
+    records, kv = snapshot(source)
+    (record,) = records
+    assert record.first_block > 0 and kv.shape[2] == len(record.block_table)
+    assert record.first_block + len(record.block_table) == blocks_for(record.num_cached_tokens, 16)
+    target = engine(model_dir)
+    restore_with_kv(target, records, kv)
+    assert target.kv_cache.allocator.num_used == len(record.block_table)
+    assert before + run_all(target)["w"] == expected

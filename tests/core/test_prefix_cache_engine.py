@@ -184,7 +184,8 @@ def test_prefill_only_engine_shares_parked_blocks_and_the_handoff_leaks_nothing(
     assert set(prefill.scheduler.parked) == {"a", "b"}
     for rid in prompts:
         seq = prefill.sequence(rid)
-        decode.import_sequence(rid, seq.prompt_token_ids, [first[rid]], params, seq.seed, prefill.export_kv(rid))
+        first_block, kv = prefill.export_kv(rid)
+        decode.import_sequence(rid, seq.prompt_token_ids, [first[rid]], params, seq.seed, kv, first_block)
         prefill.release(rid)
         check_blocks(decode)
     a, b = decode.sequence("a"), decode.sequence("b")

@@ -3,6 +3,7 @@ are) that owns one real `KVTransport` and, once asked, one `LLMEngine` on its de
 the test, which plays the controller: it carries plain-data handles between peers, never tensors."""
 
 import contextlib
+import dataclasses
 import hashlib
 import multiprocessing as mp
 import os
@@ -72,7 +73,12 @@ class PeerSide:
         while len(self.engine.scheduler.parked) < len(seqs):
             self.engine.step()
         return [m.Adopt(seq.request_id, seq.prompt_token_ids, seq.output_token_ids, params, seq.seed,
-                        self.transport.publish(self.engine.export_kv(seq.request_id))) for seq in seqs]
+                        self._publish(seq.request_id)) for seq in seqs]
+
+    def _publish(self, request_id: str) -> m.KVHandle:
+        assert self.engine is not None
+        first_block, kv = self.engine.export_kv(request_id)
+        return dataclasses.replace(self.transport.publish(kv), first_block=first_block)
 
     def finish_handoff(self, handle: m.KVHandle, request_id: str) -> None:
         """The decode side adopted `request_id`: the prefill engine forgets it, its KV is released."""
@@ -85,7 +91,8 @@ class PeerSide:
         decodes them to the end: every request's output tokens, its first (the prefill's) included."""
         self.engine = engine(model_dir, str(self.device))
         seqs = [self.engine.import_sequence(a.request_id, a.prompt_token_ids, a.output_token_ids, a.params, a.seed,
-                                            self.transport.fetch(a.handle, self.device)) for a in adopts]
+                                            self.transport.fetch(a.handle, self.device), a.handle.first_block)
+                for a in adopts]
         while self.engine.has_unfinished():
             self.engine.step()
         return {seq.request_id: seq.output_token_ids for seq in seqs}

@@ -104,7 +104,7 @@ class SessionMoves:
                 _at(op, MoveStage.PRE_COPY, str(stage))
                 sent, received, seconds = await self._copy(move, first, final=False)
                 move.add_stage(f"pre-copy {stage}", sent.num_blocks, received.nbytes if received else 0, seconds)
-                first += sent.num_blocks
+                first = sent.first_block + sent.num_blocks  # the source skips blocks its KV window dropped
                 if sent.num_blocks <= 1:
                     break  # what is left fits the final stage
             _at(op, MoveStage.FINAL_STAGE)
@@ -138,7 +138,7 @@ class SessionMoves:
                                  f"stream has {len(move.req.output_token_ids)}")
         received = None
         if sent.handle is not None or final:
-            received = await self._ask(move, move.dest, m.ReceiveBlocks(move.move_id, sent.handle, first,
+            received = await self._ask(move, move.dest, m.ReceiveBlocks(move.move_id, sent.handle, sent.first_block,
                                                                          sent.session if final else None))
             assert isinstance(received, m.BlocksReceived)
         return sent, received, time.perf_counter() - start
