@@ -18,7 +18,7 @@ from fleetctl.console.cli.common import (
     user_errors,
 )
 from fleetctl.console.cli.models import resolve_model
-from fleetctl.domain import Quantization
+from fleetctl.domain import Quantization, WorkerRole
 from fleetctl.engine.core.config import CompileMode, DType, EngineSettings
 from fleetctl.engine.fleet.config import DEFAULT_LOCAL_PREFILL_TOKENS, FleetConfig, FleetConfigError, Supervision
 from fleetctl.engine.fleet.shutdown_budget import DEFAULT_GRACE_S, SERVER_CLOSE_S, STOP_RESERVE_S, WORKER_EXIT_S
@@ -40,6 +40,11 @@ def serve(
     dtype: DType = typer.Option(DType.AUTO, "--dtype", help="auto: bf16 if all devices have it natively, else fp32."),
     deterministic: bool = typer.Option(False, "--deterministic", help="Batch-invariant numerics in every worker."),
     quantization: Quantization = QUANTIZATION_OPTION,
+    prefill_quantization: Quantization | None = typer.Option(
+        None, "--prefill-quantization", help="The prefill workers' linear weights (default --quantization): "
+                                             "prefill is arithmetic-bound, so 16-bit weights beside 4-bit decode."),
+    decode_quantization: Quantization | None = typer.Option(
+        None, "--decode-quantization", help="The decode workers' linear weights (default --quantization)."),
     quant_group_size: int = QUANT_GROUP_OPTION,
     prefix_cache: bool = typer.Option(True, "--prefix-cache/--no-prefix-cache",
                                       help="Reuse the KV of prompts' shared leading blocks (on by default)."),
@@ -133,6 +138,9 @@ def serve(
                 devices=tuple(d.strip() for d in devices.split(",") if d.strip()), engine=engine,
                 store_path=store_path(store), max_queue=max_queue, served_model_name=served_model_name or None,
                 local_prefill_tokens=local_prefill_tokens,
+                role_quantization=tuple(
+                    (role, value) for role, value in ((WorkerRole.PREFILL, prefill_quantization),
+                                                      (WorkerRole.DECODE, decode_quantization)) if value is not None),
                 supervision=Supervision(restart=restart, heartbeat_s=min(1.0, heartbeat_timeout / 4),
                                         heartbeat_timeout_s=heartbeat_timeout,
                                         step_timeout_s=step_timeout, checkpoint_timeout_s=checkpoint_timeout),

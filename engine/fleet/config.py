@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleetctl.domain import DeviceKind, WorkerRole
+from fleetctl.domain import DeviceKind, Quantization, WorkerRole
 from fleetctl.engine.core.auto_dtype import auto_dtype
 from fleetctl.engine.core.config import DType, EngineSettings
 from fleetctl.engine.core.device_names import DeviceError, check_device, gpu_clash, gpu_count, gpu_slots, memory_share
@@ -87,6 +87,9 @@ class FleetConfig:
     # conditional disaggregation: a decode worker caching part of a prompt prefills it itself when at most
     # this many of its tokens are uncached there (0: never; see DEFAULT_LOCAL_PREFILL_TOKENS)
     local_prefill_tokens: int = DEFAULT_LOCAL_PREFILL_TOKENS
+    # a role's own weight format over engine.quantization (bf16 prefill beside int4 decode); every worker of a role
+    # has its role's, a worker that changes role takes its new one's
+    role_quantization: tuple[tuple[WorkerRole, Quantization], ...] = ()
 
     def __post_init__(self) -> None:
         if self.colocated < 0 or self.prefill < 0 or self.decode < 0:
@@ -104,6 +107,9 @@ class FleetConfig:
         _one_worker_each(self.devices)
         if self.local_prefill_tokens < 0:
             raise FleetConfigError("--local-prefill-tokens must be >= 0")
+        if stray := [role.value for role, _ in self.role_quantization if role not in self.roles]:
+            raise FleetConfigError(f"a weight format for {', '.join(stray)} workers, which this fleet has none of "
+                                   f"(its roles: {', '.join(r.value for r in self.roles)})")
         if self.autoplan and (self.colocated or self.store_path is None):
             raise FleetConfigError("--autoplan needs a disaggregated fleet (it moves prefill:decode splits) with a "
                                    "metrics store (it plans from it)")
@@ -120,6 +126,10 @@ class FleetConfig:
     @property
     def roles(self) -> tuple[WorkerRole, ...]:
         return (WorkerRole.MIXED,) if self.colocated else (WorkerRole.PREFILL, WorkerRole.DECODE)
+
+    def quantization_for(self, role: WorkerRole) -> Quantization:
+        """The weight format `role`'s workers load: the role's own, else the fleet's."""
+        return dict(self.role_quantization).get(role, self.engine.quantization)
 
     def worker_roles(self) -> list[tuple[str, WorkerRole]]:
         if self.colocated:
@@ -172,7 +182,8 @@ def worker_specs(config: FleetConfig) -> list[WorkerSpec]:
     if engine.dtype is DType.AUTO:  # once for the fleet: a worker cannot adopt KV computed in another dtype
         engine = dataclasses.replace(engine, dtype=auto_dtype(names))
     return [
-        WorkerSpec(worker_id=worker_id, role=role, device=device, model_dir=config.model_dir, engine=engine,
+        WorkerSpec(worker_id=worker_id, role=role, device=device, model_dir=config.model_dir,
+                   engine=dataclasses.replace(engine, quantization=config.quantization_for(role)),
                    cores=pinned_cores(device, devices), store_path=config.store_path,
                    heartbeat_s=config.supervision.heartbeat_s, step_timeout_s=config.supervision.step_timeout_s,
                    shm_dir=config.shm_dir, memory_share=memory_share(device, devices))

@@ -1,13 +1,15 @@
 """A fleet's worker specs: `--dtype auto` resolved once for the whole fleet, so that every worker computes
-its KV in the dtype every other one can adopt."""
+its KV in the dtype every other one can adopt; and each role's weight format (--prefill-quantization,
+--decode-quantization over --quantization)."""
 
 from pathlib import Path
 
 import pytest
 
+from fleetctl.domain import Quantization, WorkerRole
 from fleetctl.engine.core import auto_dtype, device_names
 from fleetctl.engine.core.config import DType, EngineSettings
-from fleetctl.engine.fleet.config import FleetConfig, worker_specs
+from fleetctl.engine.fleet.config import FleetConfig, FleetConfigError, worker_specs
 
 
 @pytest.fixture(autouse=True)
@@ -41,3 +43,16 @@ def test_another_nodes_cpu_counts_as_not_native(monkeypatch: pytest.MonkeyPatch,
 def test_a_dtype_given_is_kept(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(auto_dtype, "cpu_has_native_bf16", lambda: False)
     assert dtypes(tmp_path, ("cuda:0", "cpu:0"), DType.FLOAT16) == {DType.FLOAT16}
+
+
+def test_each_role_loads_its_own_weight_format(tmp_path: Path) -> None:
+    config = FleetConfig(tmp_path, prefill=1, decode=2, engine=EngineSettings(quantization=Quantization.INT8),
+                         role_quantization=((WorkerRole.DECODE, Quantization.INT4),))
+    formats = {spec.worker_id: spec.engine.quantization for spec in worker_specs(config)}
+    assert formats == {"prefill-0": Quantization.INT8, "decode-0": Quantization.INT4, "decode-1": Quantization.INT4}
+    assert config.quantization_for(WorkerRole.PREFILL) is Quantization.INT8
+
+
+def test_a_format_for_a_role_the_fleet_lacks_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(FleetConfigError, match="a weight format for decode workers, which this fleet has none of"):
+        FleetConfig(tmp_path, colocated=2, role_quantization=((WorkerRole.DECODE, Quantization.INT4),))

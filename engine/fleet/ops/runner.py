@@ -231,12 +231,13 @@ class OperationRunner:
 
     def spec_for(self, worker_id: str, role: WorkerRole, device: str) -> WorkerSpec:
         """The spec `worker_id` runs with on `device`: its own, or for a worker this fleet did not start
-        (a new one, or another fleet's checkpoint) its peers', with that id and role; pinned to its
-        cores as the fleet's slots are."""
+        (a new one, or another fleet's checkpoint) its peers', with that id and role and the role's weight
+        format; pinned to its cores as the fleet's slots are."""
         specs = self.state.specs
         base = specs[worker_id] if worker_id in specs else next(iter(specs.values()))
         live = [v.device for v in self.state.views.values() if v.state in LIVE]
-        return dataclasses.replace(base, worker_id=worker_id, role=role, device=device,
+        engine = dataclasses.replace(base.engine, quantization=self.state.config.quantization_for(role))
+        return dataclasses.replace(base, worker_id=worker_id, role=role, device=device, engine=engine,
                                    cores=pinned_cores(device, live), memory_share=memory_share(device, live))
 
     @staticmethod

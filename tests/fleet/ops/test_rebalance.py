@@ -14,7 +14,7 @@ from support.fake_workers import FakeLauncher, Faults, run_fleet
 from support.fleet_checks import all_complete, finished, nothing_leaked, prompts, shm, until
 from support.synthetic_fleet import workload, write_store
 
-from fleetctl.domain import WorkerState
+from fleetctl.domain import Quantization, WorkerRole, WorkerState
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import OperationRefused
@@ -161,3 +161,24 @@ def test_autoplan_applies_the_split_after_two_windows_and_records_each_decision(
         assert '"operation": "' + op.id in events[1][1] and '"to": "2:1"' in events[3][1]
 
     run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path)), scenario, timeout=60.0, store_path=store)
+
+
+def test_a_worker_that_changes_role_loads_its_new_roles_weight_format(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """--prefill-quantization none --decode-quantization int4: the decode worker a rebalance turns into a prefill
+    worker is started again with 16-bit weights, and a prefill worker turned decode with int4 ones."""
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        def formats() -> dict[str, Quantization]:
+            return {wid: worker.spec.engine.quantization for wid, worker in launcher.workers.items()
+                    if fleet.views.get(wid) and fleet.views[wid].state is WorkerState.RUNNING}
+
+        assert formats() == {"prefill-0": Quantization.NONE, "decode-0": Quantization.INT4,
+                             "decode-1": Quantization.INT4}
+        await finished(fleet.rebalancer.start("2:1", False))
+        assert formats() == {"prefill-0": Quantization.NONE, "prefill-1": Quantization.NONE,
+                             "decode-0" if "decode-0" in formats() else "decode-1": Quantization.INT4}
+        await finished(fleet.rebalancer.start("1:2", False))
+        assert sorted(q.value for q in formats().values()) == ["int4", "int4", "none"]
+
+    launcher = FakeLauncher(shm(tmp_path))
+    run_fleet(tiny_model_dir, launcher, scenario, timeout=60.0,
+              role_quantization=((WorkerRole.PREFILL, Quantization.NONE), (WorkerRole.DECODE, Quantization.INT4)))
