@@ -37,9 +37,10 @@ NOW = 1_764_400_000.0  # a fixed "now": event times and chart buckets derive fro
 
 def worker(wid: str, role: str, device: str, pid: int | None = None, state: str = "running", sessions: int = 0,
            kv: float = 0.0, busy: float = 0.0, mfu: float = 0.0, mbu: float = 0.0, node: str | None = None,
-           node_lost: bool = False, tokens_per_s: float = 0.0) -> WorkerInfo:
+           node_lost: bool = False, tokens_per_s: float = 0.0, weights: str = "") -> WorkerInfo:
     """A worker as `/fleet/status` lists it (a pool of 256 KV blocks)."""
     return WorkerInfo(id=wid, role=role, device=device, node=node, node_lost=node_lost, state=state, pid=pid,
+                      weights=weights,
                       sessions=sessions, kv_usage=kv, kv_blocks=256, free_blocks=round(256 * (1 - kv)), busy=busy,
                       mfu=mfu, mbu=mbu, tokens_per_s=tokens_per_s, prefix_hit_ratio=0.0)
 
@@ -53,14 +54,19 @@ def _series(level: float, swing: float, phase: float) -> list[dict]:
     return points
 
 
+DENSE, INT4 = {"weights": "bfloat16"}, {"weights": "int4-gguf"}  # 16-bit prefill beside int4 decode
 _WORKERS = [  # (id, role, device, pid, and what `worker` takes)
-    ("prefill-0", "prefill", "cpu:0", 4101, {"sessions": 2, "kv": 0.05, "busy": 0.42, "mfu": 0.31, "mbu": 0.02}),
-    ("prefill-1", "prefill", "cpu:1", 4102, {"sessions": 1, "kv": 0.02, "busy": 0.35, "mfu": 0.27, "mbu": 0.01}),
-    ("decode-0", "decode", "cpu:2", 4103, {"sessions": 12, "kv": 0.61, "busy": 0.97, "mfu": 0.18, "mbu": 0.16}),
-    ("decode-1", "decode", "cpu:3", 4104, {"sessions": 11, "kv": 0.58, "busy": 0.95, "mfu": 0.17, "mbu": 0.15}),
-    ("decode-2", "decode", "cpu:4", 4105, {"sessions": 9, "kv": 0.44, "busy": 0.9, "mfu": 0.15, "mbu": 0.13}),
+    ("prefill-0", "prefill", "cpu:0", 4101, {"sessions": 2, "kv": 0.05, "busy": 0.42, "mfu": 0.31, "mbu": 0.02,
+                                             **DENSE}),
+    ("prefill-1", "prefill", "cpu:1", 4102, {"sessions": 1, "kv": 0.02, "busy": 0.35, "mfu": 0.27, "mbu": 0.01,
+                                             **DENSE}),
+    ("decode-0", "decode", "cpu:2", 4103, {"sessions": 12, "kv": 0.61, "busy": 0.97, "mfu": 0.18, "mbu": 0.16,
+                                           **INT4}),
+    ("decode-1", "decode", "cpu:3", 4104, {"sessions": 11, "kv": 0.58, "busy": 0.95, "mfu": 0.17, "mbu": 0.15,
+                                           **INT4}),
+    ("decode-2", "decode", "cpu:4", 4105, {"sessions": 9, "kv": 0.44, "busy": 0.9, "mfu": 0.15, "mbu": 0.13, **INT4}),
     ("decode-3", "decode", "cpu:5", 4106, {"state": "draining", "sessions": 3, "kv": 0.12, "busy": 0.4, "mfu": 0.05,
-                                           "mbu": 0.06}),
+                                           "mbu": 0.06, **INT4}),
     ("decode-4", "decode", "cpu:6", 4107, {"state": "checkpointed"}),
     ("decode-5", "decode", "cpu:7", 4108, {"state": "failed"}),
 ]
