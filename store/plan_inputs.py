@@ -118,11 +118,13 @@ def plan_inputs(db: Database, window_s: float, now: float | None = None) -> Plan
 
 def _prefill_groups(rows: list[tuple]) -> dict[tuple[str, float], list[tuple[int, float]]]:
     """(worker, start) of each prefill step -> (prompt tokens computed, prefill seconds) of each request in it
-    (a prompt's tokens the prefix cache served cost the step nothing)."""
+    (a prompt's tokens the prefix cache served cost the step nothing). A prompt its decode worker prefilled
+    itself (conditional disaggregation) counts too, on that worker: on agent traffic most prompts are."""
     steps: dict[tuple[str, float], list[tuple[int, float]]] = defaultdict(list)
-    for ts, queue_s, prefill_s, *_, prompt, _out, prefill_worker, _decode, cached, _local in rows:
-        if prefill_worker is not None and prefill_s > 0 and prompt - cached > 0:
-            steps[(prefill_worker, round(ts + queue_s, 4))].append((prompt - cached, prefill_s))
+    for ts, queue_s, prefill_s, *_, prompt, _out, prefill_worker, decode_worker, cached, local in rows:
+        worker = decode_worker if local else prefill_worker
+        if worker is not None and prefill_s > 0 and prompt - cached > 0:
+            steps[(worker, round(ts + queue_s, 4))].append((prompt - cached, prefill_s))
     return steps
 
 

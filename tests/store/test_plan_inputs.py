@@ -76,3 +76,19 @@ def test_the_window_holds_the_requests_that_ended_in_it(db) -> None:
     assert [(r.arrival_s, r.prompt_tokens) for r in inputs.requests] == [
         (0.0, 100), (pytest.approx(1.2), 300), (5.0, 200), (5.0, 100)]
     assert [r.prompt_tokens for r in plan_inputs(db, 2.0, now=T + 6).requests] == [200, 100]  # a, b ended before
+
+
+def test_a_prompt_its_decode_worker_prefilled_is_a_prefill_step_there(tmp_path) -> None:
+    """Agent traffic: later turns are prefilled by their decode worker (no prefill worker on the record, no
+    handoff); their uncached tokens are that worker's prefill steps, so `plan` has points to fit."""
+    path = tmp_path / "fleet.db"
+    with MetricsWriter(path, WriterConfig(retention=None)) as writer:
+        writer.add(WorkerRecord("decode-0", WorkerRole.DECODE, "cpu:1", 1, WorkerState.RUNNING, T - 10))
+        for i, (prompt, cached) in enumerate([(260, 224), (300, 272), (420, 384)]):
+            writer.add(RequestRecord(f"t{i}", T + i, 0.05, 0.2 + 0.1 * i, 0, 0.0, 0.3, 1.0, 1.3 + 0.1 * i, prompt, 8,
+                                     None, "decode-0", RequestOutcome.OK, 0.2, 0.5, prefill_cached_tokens=cached,
+                                     local_prefill=1))
+    steps = sorted(plan_inputs(open_db(path), 60, now=T + 30).prefill_steps, key=lambda s: s.tokens)
+    assert [(s.kind, s.tokens, s.seconds) for s in steps] == [
+        (DeviceKind.CPU, 28, pytest.approx(0.3)), (DeviceKind.CPU, 36, pytest.approx(0.2)),
+        (DeviceKind.CPU, 36, pytest.approx(0.4))]
