@@ -1,13 +1,13 @@
 """Which of a sequence's leading KV blocks no layer reads again, when every layer attends through a sliding
 window (Mistral's `sliding_window`). Torch-free: the scheduler drops those blocks as the sequence grows, so
-a windowed decode worker holds about `window / block_size + 1` blocks per sequence however long it runs.
+a windowed decode worker holds at most `window / block_size + 2` blocks per sequence however long it runs.
 
 A query at position p reads keys p - window + 1 … p (kernels/paged_attention.window_start); a step computes
 queries from the sequence's `num_cached_tokens` on, so no later step reads a key before the first query's
 window. Deterministic attention computes queries in fixed tiles whose keys start at the block holding the
 tile's first row's window start (kernels/batch_invariant): there the first query is rounded down to its
-tile, which keeps at most one block more — a block it reads only to mask out, but no kernel reads a freed
-block (a dropped entry goes to the kernels as block 0, another sequence's).
+tile, which keeps at most one block more (one those tiles read only to mask out), so that no kernel ever
+reads a block that was freed. The kernels get block 0 for a dropped entry; none reads it.
 
 A model with a global layer (Gemma 3's 1 in 6, Qwen2's layers below max_window_layers) reads every key, so
 nothing is dropped: its windowed layers would need a pool of their own (not built)."""

@@ -100,13 +100,13 @@ class ModelRunner:
             cu_seqlens.append(len(ids))
             context_lens.append(start + chunk)
         width = max(len(s.block_table) for s in step.seqs)
-        # a dropped block (kv_window) is never read: every layer's window starts after it
-        tables = [[max(block, 0) for block in s.block_table] + [0] * (width - len(s.block_table)) for s in step.seqs]
+        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in step.seqs]
         device = self.model.device
         batch = AttentionBatch(
             is_prefill=step.phase is Phase.PREFILL,
             slots=torch.tensor(slots, dtype=torch.int64, device=device),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
+            # a dropped block (kv_window, -1) goes in as block 0: never read, every layer's window starts after it
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=device).clamp_(min=0),
             context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
             cu_seqlens_q=torch.tensor(cu_seqlens, dtype=torch.int32, device=device),
         )
