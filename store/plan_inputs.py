@@ -13,6 +13,10 @@ stopped).
   requests decoding beside it (each one's grows linearly from its prompt to its prompt + output). Means
   suffice: the decode model is linear in batch and context.
 - Handoffs are the requests rows whose KV was handed over (bytes, seconds).
+- Stepping time per phase is what the `worker_samples` rows saw: the seconds a worker spent in model
+  steps over intervals that ran only that phase, with their tokens and steps. It is the step's FLOPs (or
+  bytes) over the device's peak at the MFU (MBU) seen, and what the planner falls back to when a window
+  holds too few whole steps to fit a model to.
 """
 
 import bisect
@@ -61,6 +65,17 @@ class Peaks:
 
 
 @dataclass(frozen=True)
+class PhaseBusy:
+    """Seconds in model steps, and their tokens and steps, over the intervals of one device kind's workers that
+    ran one phase only (an interval that prefilled and decoded is in neither)."""
+
+    prefill_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_s: float = 0.0
+    decode_steps: int = 0
+
+
+@dataclass(frozen=True)
 class WindowRequest:
     arrival_s: float  # since the window's first arrival
     prompt_tokens: int
@@ -84,6 +99,7 @@ class PlanInputs:
     decode_runs: list[DecodeRun]
     handoffs: list[Handoff]
     peaks: dict[DeviceKind, Peaks]  # implied by the samples: flops / (mfu · interval), bytes likewise
+    busy: dict[DeviceKind, PhaseBusy]
     workers: list[LiveWorker]  # the layout when the window's last request arrived
 
 
@@ -112,6 +128,7 @@ def plan_inputs(db: Database, window_s: float, now: float | None = None) -> Plan
         handoffs=[Handoff(device_kind(devices[r[10]]), r[7], r[6], r[5]) for r in in_window
                   if r[6] > 0 and r[10] in devices],
         peaks=_peaks(db, devices, since, now),
+        busy=_phase_busy(db, devices, since, now),
         workers=_live_workers(db, in_window[-1][0] if in_window else None),
     )
 
@@ -201,6 +218,22 @@ def _peaks(db: Database, devices: dict[str, str], since: float, now: float) -> d
                 total[i] += value
     return {kind: Peaks(flops / mfu_s, nbytes / mbu_s) for kind, (flops, mfu_s, nbytes, mbu_s) in sums.items()
             if mfu_s > 0 and mbu_s > 0}
+
+
+def _phase_busy(db: Database, devices: dict[str, str], since: float, now: float) -> dict[DeviceKind, PhaseBusy]:
+    sums: dict[DeviceKind, list[float]] = defaultdict(lambda: [0.0, 0, 0.0, 0])
+    for wid, seconds, prefill_tokens, steps in db.execute(
+            "SELECT worker_id, busy * interval_s, prefill_tokens, steps FROM worker_samples "
+            "WHERE ts >= ? AND ts < ? AND busy > 0 AND (prefill_tokens = 0) != (decode_tokens = 0)", [since, now]):
+        if wid in devices:
+            total = sums[device_kind(devices[wid])]
+            if prefill_tokens:
+                total[0] += seconds
+                total[1] += prefill_tokens
+            else:
+                total[2] += seconds
+                total[3] += steps
+    return {kind: PhaseBusy(*values) for kind, values in sums.items()}
 
 
 def _live_workers(db: Database, at: float | None) -> list[LiveWorker]:

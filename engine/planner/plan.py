@@ -180,6 +180,7 @@ def make_plan(inputs: PlanInputs, request: PlanRequest, workers: list[LiveWorker
                         f"(use NxGPU, e.g. 8xH100, for a what-if fleet)")
     costs, what_if = devices.costs_from(fit_costs(inputs, measured_kind))
     notes = [what_if] if what_if else []
+    notes.extend(fallback.note for fallback in costs.fallbacks)
     if costs.handoff is None and len(devices.names) > 1:
         notes.append("handoff: no KV handoff in the window (no disaggregated traffic), so it is taken as free")
     current = current_split(workers)
@@ -219,7 +220,16 @@ def _worst(c: Candidate, slo: Slo) -> str:
 
 
 def explain(plan: Plan) -> str:
-    """One sentence: the winner, what it serves within the SLOs, and what it beats and why."""
+    """One sentence: the winner, what it serves within the SLOs, and what it beats and why; and when a phase's
+    costs were not fitted to its steps, that the numbers are rougher."""
+    rough = [fallback.phase for fallback in plan.costs.fallbacks]
+    if not rough:
+        return _compare(plan)
+    return (f"{_compare(plan)} (rough: too few {' and '.join(rough)} steps in the window to fit, so "
+            f"{'they are' if len(rough) > 1 else 'it is'} costed from the workers' stepping time)")
+
+
+def _compare(plan: Plan) -> str:
     best, slo = plan.recommended, plan.slo
     current = plan.candidate(plan.current)
     others = [c for c in plan.candidates if c is not best]

@@ -26,12 +26,16 @@ from fleetctl.kernels.batch_invariant import ROW_TILE, per_row_tile
 
 MAX_TOKENS = 6
 SHARED_PREFIX = [(11 * i + 5) % 300 + 3 for i in range(480)]
+SEED = st.one_of(st.none(), st.integers(0, 2**31))  # None: greedy; else the sampling seed
 SEQUENCE = st.tuples(
     st.integers(1, 480),  # prompt length
     st.integers(0, 8),  # the step at which it joins
-    st.one_of(st.none(), st.integers(0, 2**31)),  # None: greedy; else the sampling seed
+    SEED,
     st.sampled_from([0, 0, 40, 64, 200]),  # leading prompt tokens taken from SHARED_PREFIX
 )
+# The real model in emulated bf16 (a CPU without bf16 instructions) runs ~100 tokens/s in deterministic
+# mode: shorter prompts and fewer of them keep its case inside the test timeout on a 2-core machine.
+SMOLLM2_SEQUENCE = st.tuples(st.integers(1, 160), st.integers(0, 6), SEED, st.sampled_from([0, 40, 64]))
 Arrival = tuple[int, int, int | None, int]  # a SEQUENCE example
 
 
@@ -115,7 +119,7 @@ def test_quantized_sequences_equal_their_solo_runs(tiny_model_dir: Path, quantiz
 
 @pytest.mark.slow
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sequences=st.lists(SEQUENCE, min_size=2, max_size=10))
+@given(sequences=st.lists(SMOLLM2_SEQUENCE, min_size=2, max_size=5))
 def test_smollm2_bf16_sequences_equal_their_solo_runs(smollm2_dir: Path,
                                                       sequences: list[Arrival]) -> None:
     check_invariance(smollm2_dir, "bfloat16", sequences, 512)

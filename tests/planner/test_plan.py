@@ -172,3 +172,25 @@ def test_a_tie_in_goodput_and_headroom_keeps_the_current_layout(stores: dict) ->
     plan = replace(plan_of(stores, "agent"), slo=slo, current=Split(mixed=3), candidates=[colocated, split, worse])
     reason = explain(plan)
     assert reason.startswith("the current colocated 3 is already best") and "as much headroom" in reason, reason
+
+
+def test_a_window_with_too_few_steps_to_fit_is_costed_from_stepping_time(tmp_path: Path) -> None:
+    """Two requests: two prefill steps and two decodes, too few to fit either model (3 points each). The plan
+    still answers, from the seconds the workers' samples spent stepping, and says its numbers are rough."""
+    requests = workload("agent", 2, 2.0)
+    now = write_store(tmp_path / "two.db", requests)
+    plan = plan_from_store(tmp_path / "two.db", WINDOW, PlanRequest(devices=THREE), now=now)
+    truth, prompts = TrueCosts(), [prompt for _, prompt, _ in requests]
+    assert [f.phase for f in plan.costs.fallbacks] == ["prefill", "decode"]
+    prefill, decode = plan.costs.prefill, plan.costs.decode
+    assert (prefill.coefficients[0], prefill.coefficients[2], prefill.error) == (0.0, 0.0, 0.5)
+    assert prefill.points == 2
+    # the prefill worker's intervals hold only its two steps: their stepping time, to the bit of a rounding
+    assert prefill.coefficients[1] * sum(prompts) == pytest.approx(sum(map(truth.prefill_s, prompts)), rel=1e-6)
+    longest = max(prompt + out for _, prompt, out in requests)
+    assert decode.coefficients[1:] == (0.0, 0.0)
+    assert truth.decode_s(1, min(prompts)) <= decode.coefficients[0] <= truth.decode_s(2, 2 * longest)
+    assert any("need 3: costed instead from the workers' stepping time" in note for note in plan.notes)
+    assert plan.reason.endswith("(rough: too few prefill and decode steps in the window to fit, so they are "
+                                "costed from the workers' stepping time)")
+    assert plan.as_json()["fit"]["prefill"]["error"] == 0.5
