@@ -52,6 +52,7 @@ class EventKind(StrEnum):
     BUSY = "busy"  # requests refused with 429 (the queue was full); at most one event per BUSY_EVENT_S
     PLAN = "plan"  # an autoplan decision (apply, wait, hold or skip) and its reason
     REBALANCE = "rebalance"  # a rebalance ended (done or failed): the moves it made
+    SWITCH = "switch"  # a worker changed role in place (the same process, a new id; `was` names the old one)
 
 
 class RequestOutcome(StrEnum):

@@ -175,11 +175,11 @@ class _Calls:
         return _Call("GET", "/fleet/devices", DevicePeaks)
 
     @staticmethod
-    def rebalance_preview(split: str, force: bool) -> _Call[RebalancePreview]:
+    def rebalance_preview(split: str, force: bool, via: str | None) -> _Call[RebalancePreview]:
         from fleetctl.engine.server.schemas import RebalancePreview
 
         return _Call("POST", "/fleet/rebalance", RebalancePreview, body={"split": split, "apply": False,
-                                                                        "force": force})
+                                                                        "force": force, "via": via})
 
     @staticmethod
     def history(params: Params) -> _Call[FleetHistory]:
@@ -221,8 +221,8 @@ class FleetClient:
     def devices(self) -> DevicePeaks:
         return self._call(_Calls.devices())
 
-    def rebalance_preview(self, split: str, force: bool = False) -> RebalancePreview:
-        return self._call(_Calls.rebalance_preview(split, force))
+    def rebalance_preview(self, split: str, force: bool = False, via: str | None = None) -> RebalancePreview:
+        return self._call(_Calls.rebalance_preview(split, force, via))
 
     def history(self, params: Params) -> FleetHistory:
         return self._call(_Calls.history(params))
@@ -275,8 +275,8 @@ class AsyncFleetClient:
     async def devices(self) -> DevicePeaks:
         return await self._call(_Calls.devices())
 
-    async def rebalance_preview(self, split: str, force: bool = False) -> RebalancePreview:
-        return await self._call(_Calls.rebalance_preview(split, force))
+    async def rebalance_preview(self, split: str, force: bool = False, via: str | None = None) -> RebalancePreview:
+        return await self._call(_Calls.rebalance_preview(split, force, via))
 
     async def history(self, params: Params) -> FleetHistory:
         return await self._call(_Calls.history(params))

@@ -12,7 +12,18 @@ from fleetctl.console.cli.demo import demo
 from fleetctl.console.cli.devices import devices
 from fleetctl.console.cli.generate import generate
 from fleetctl.console.cli.models import models_app
-from fleetctl.console.cli.ops import checkpoint, checkpoints, drain, migrate, move, restore, resume, start, stop
+from fleetctl.console.cli.ops import (
+    checkpoint,
+    checkpoints,
+    drain,
+    migrate,
+    move,
+    restore,
+    resume,
+    start,
+    stop,
+    switch,
+)
 from fleetctl.console.cli.planning import classify, plan, rebalance
 from fleetctl.console.cli.serve import serve
 from fleetctl.console.cli.status import status, workers
@@ -68,6 +79,7 @@ app.command("start")(start)
 app.command("drain")(drain)
 app.command("resume")(resume)
 app.command("stop")(stop)
+app.command("switch")(switch)
 app.add_typer(models_app, name="models")
 
 

@@ -143,6 +143,18 @@ def resume(
     _run(f"/fleet/workers/{worker}/resume", {}, url, as_json, timeout)
 
 
+def switch(
+    worker: str = typer.Argument(..., help="Worker id, e.g. decode-1."),
+    role: WorkerRole = typer.Option(..., "--role", help="The role it serves from now on: prefill or decode."),
+    url: str = URL_OPTION,
+    as_json: bool = JSON_OPTION,
+    timeout: float = TIMEOUT_OPTION,
+) -> None:
+    """Change WORKER's role in place: its sessions move live to peers (or finish), then the same process serves
+    ROLE under the next id of that role, its weights and prefix cache kept."""
+    _run(f"/fleet/workers/{worker}/switch", {"role": role.value}, url, as_json, timeout)
+
+
 def stop(
     worker: str = typer.Argument(..., help="Worker id, e.g. decode-0."),
     force: bool = typer.Option(False, "--force", help="Do not wait: recompute its sessions on peers now."),

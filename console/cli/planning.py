@@ -120,7 +120,10 @@ def rebalance(
     split: str = typer.Option(..., "--split", help="PREFILL:DECODE over the fleet's devices, e.g. 2:1."),
     apply: bool = typer.Option(False, "--apply", help="Do it (default: a dry run that lists the moves)."),
     force: bool = typer.Option(False, "--force", help="Recompute the moved workers' sessions on peers at once "
-                                                      "instead of letting them finish."),
+                                                      "instead of letting them finish (implies --via restart)."),
+    via: str | None = typer.Option(None, "--via", help="switch: each worker re-lays itself in place, the same "
+                                                       "process (default); restart: it is stopped and a new one "
+                                                       "started (the default when the roles' weight formats differ)."),
     url: str = URL_OPTION,
     as_json: bool = JSON_OPTION,
     timeout: float = TIMEOUT_OPTION,
@@ -129,10 +132,10 @@ def rebalance(
     with fleet_errors():
         client = FleetClient(url, timeout=30.0)
         if not apply:
-            preview = client.rebalance_preview(split, force)
+            preview = client.rebalance_preview(split, force, via)
             print(json.dumps(preview.model_dump(mode="json")) if as_json else _dry_run(preview))
             return
-        started = client.start("/fleet/rebalance", {"split": split, "apply": True, "force": force})
+        started = client.start("/fleet/rebalance", {"split": split, "apply": True, "force": force, "via": via})
         op = follow_operation(client, started, timeout)
     print(operation_output(op, as_json, timeout))
 
@@ -143,7 +146,8 @@ def _dry_run(preview: RebalancePreview) -> str:
     how = {"recompute": "are recomputed on peers at once",
            "move": "move live to peers of their role (a prefill worker's finish where they are)",
            "finish": "finish where they are (no new work meanwhile)"}[preview.evacuation]
-    lines = [f"{preview.current} -> {preview.split}: {len(preview.moves)} worker(s) change role; "
+    change = "in place (the same process)" if preview.via == "switch" else "by restart (a new process)"
+    lines = [f"{preview.current} -> {preview.split}: {len(preview.moves)} worker(s) change role {change}; "
              f"their sessions {how}"]
     lines += [f"  {m.worker} on {m.device}: {m.from_} -> {m.to} ({m.sessions} session(s))" for m in preview.moves]
     lines.append("dry run: add --apply to do it")

@@ -1,6 +1,7 @@
 """One engine: a model on one device with its KV pool, scheduler and runner. A worker process
 (and `fleetctl generate`) drives it step by step."""
 
+import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass
@@ -34,6 +35,11 @@ from fleetctl.kernels.batch_invariant import TILE as QUERY_TILE
 from fleetctl.kernels.triton_support import Launch
 
 DIGEST_BLOCKS = 4096  # cap on a prefix digest: 64 KiB of hashes, 65,536 tokens of prefixes
+SWITCHED_EAGER = "switched from prefill in place: its weights are laid out for eager steps (a restart compiles)"
+
+
+class EngineBusy(RuntimeError):
+    """The engine holds sequences, and what was asked of it needs it empty."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,7 @@ class LLMEngine:
         scratch = self.eager_reason is None or needs_kernel_warm_up(self.device)
         self.kv_cache = KVCache(spec, self._pool_blocks(spec), self.device, root, scratch=scratch)
         self.decoder: CompiledDecoder | None = None
+        self._compiled: CompiledDecoder | None = None  # the compiled decode step, kept across role switches
         if self.eager_reason is None and self.kv_cache.scratch_block is not None:
             use_fleet_inductor_cache()
             self.decoder = CompiledDecoder(self.model, self.kv_cache.scratch_block, settings.max_num_seqs)
@@ -121,6 +128,27 @@ class LLMEngine:
                 decode=self.decoder is None and not self.config.prefill_only)
         if self.decoder is not None:
             self.decoder.warm_up(self.kv_cache.tensor)
+        return time.perf_counter() - start
+
+    def switch_role(self, prefill_only: bool) -> float:
+        """Re-lay this engine, in place, for a prefill worker (`prefill_only`: each sequence parks after its
+        prefill, no decode step) or one that decodes. The weights, the KV pool and its prefix cache stay; what
+        changes is whether steps park and which decode step runs. An engine that loaded as a prefill worker
+        decodes eagerly (its weights were laid out for eager steps); one that compiled its decode step keeps the
+        graphs for a switch back. Raises EngineBusy while it holds a sequence. Returns the seconds taken, the
+        warm-up of the new role's kernels included."""
+        if self._seqs:
+            raise EngineBusy(f"the engine holds {len(self._seqs)} sequence(s): a role switch needs it empty")
+        start = time.perf_counter()
+        self.config = dataclasses.replace(self.config, prefill_only=prefill_only)
+        if self.decoder is not None:
+            self._compiled = self.decoder
+        self.decoder = None if prefill_only else self._compiled
+        if self.decoder is None:
+            self.eager_reason = compile_refusal(self.config, self.device, self.quantization is not Quantization.NONE,
+                                                self.model_config) or SWITCHED_EAGER
+        self.runner = ModelRunner(self.model, self.kv_cache, self.decoder)
+        self.warm_up()
         return time.perf_counter() - start
 
     def _pool_blocks(self, spec: KVCacheSpec) -> int:

@@ -36,6 +36,7 @@ from fleetctl.engine.fleet.ops.restore import Restores
 from fleetctl.engine.fleet.ops.results import RebalancePreview
 from fleetctl.engine.fleet.ops.runner import OperationRunner
 from fleetctl.engine.fleet.ops.session_move import SessionMoves
+from fleetctl.engine.fleet.ops.switch import RoleSwitches
 from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.recovery import Recovery
 from fleetctl.engine.fleet.request import StreamEvent, TrackedRequest
@@ -86,7 +87,8 @@ class Fleet:
         self.migrations = Migrations(self.operations, self.checkpoints, self.restores,
                                      LiveMigration(self.operations, self.moves))
         self.lifecycle = WorkerLifecycle(self.operations, self.moves)
-        self.rebalancer = Rebalancer(self.operations, self.lifecycle)
+        self.switches = RoleSwitches(self.operations, self.lifecycle)
+        self.rebalancer = Rebalancer(self.operations, self.lifecycle, self.switches)
         self.supervisor = Supervisor(self.operations, self.dispatcher.fail_stranded)
         self.watchdog = Watchdog(self.state.views, self.state.links, config.supervision.heartbeat_timeout_s)
         self.inbox = WorkerInbox(
@@ -223,6 +225,9 @@ class Fleet:
     def stop_worker(self, worker_id: str, force: bool = False) -> Operation:
         return self.lifecycle.stop(worker_id, force)
 
+    def switch_worker(self, worker_id: str, role: str) -> Operation:
+        return self.switches.switch(worker_id, role)
+
     def checkpoint(self, worker_id: str, hold_s: float | None = None) -> Operation:
         return self.checkpoints.checkpoint(worker_id, hold_s)
 
@@ -235,11 +240,11 @@ class Fleet:
     def move_session(self, request_id: str, to: str) -> Operation:
         return self.moves.move(request_id, to)
 
-    def rebalance_preview(self, split: str, force: bool = False) -> RebalancePreview:
-        return self.rebalancer.preview(split, force)
+    def rebalance_preview(self, split: str, force: bool = False, via: str | None = None) -> RebalancePreview:
+        return self.rebalancer.preview(split, force, via)
 
-    def rebalance(self, split: str, force: bool = False) -> Operation:
-        return self.rebalancer.start(split, force)
+    def rebalance(self, split: str, force: bool = False, via: str | None = None) -> Operation:
+        return self.rebalancer.start(split, force, via)
 
     # ---- what operations ask of the controller (runner.WorkerHost) ----------------------------
 

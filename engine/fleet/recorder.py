@@ -26,7 +26,7 @@ class FleetRecorder:
         self.aggregator.add_worker(view.worker_id, view.role, view.peak_flops, view.peak_bytes_per_s, now)
         self.writer.add(WorkerRecord(view.worker_id, view.role, view.device, view.pid, WorkerState.RUNNING, now))
         self.event(EventKind.START, view.worker_id, {"device": view.device, "role": view.role.value,
-                                                     "pid": view.pid})
+                                                     "pid": view.pid, "load_s": round(view.load_s, 3)})
 
     def worker_stopped(self, view: WorkerView, state: WorkerState, details: dict | None = None) -> None:
         now = time.time()

@@ -7,8 +7,9 @@ owned by dispatch).
 Who writes what (everyone may read):
 - `config`: nobody after the assembly (`Fleet`).
 - `specs`, `views`, `links` (the worker table, keyed by worker id): `Fleet` (the workers it starts,
-  `take_over` when a process becomes a worker id) and the live migration (`rename_worker`,
-  `forget_worker` for its standby) — nothing else adds, renames or drops an id. A view's fields: the
+  `take_over` when a process becomes a worker id), the live migration (`rename_worker`,
+  `forget_worker` for its standby) and a role switch (`switch_role`) — nothing else adds, renames or drops
+  an id. `retired_ids`: the ids switched workers left, never given again. A view's fields: the
   worker's reports (`worker_inbox`), the requests it holds (`placement` only), its state (the part acting
   on the worker: recovery, the operations).
 - `requests`: `Fleet.submit_samples` adds, `Dispatcher` removes (every ending goes through it).
@@ -49,6 +50,7 @@ class FleetState:
     arriving: dict[str, WorkerRole] = field(default_factory=dict)
     closing: bool = False  # shutting down: no new request is admitted
     stopping: bool = False  # the fleet is stopping: a worker exiting now stopped (not failed, not restarted)
+    retired_ids: set[str] = field(default_factory=set)  # ids a worker left when it switched role
 
     def take_over(self, worker_id: str, link: WorkerLink) -> None:
         """`link`'s process becomes `worker_id`, with the spec it was launched with (a new id gets its view)."""
@@ -67,6 +69,14 @@ class FleetState:
         link.worker_id = view.worker_id = new
         self.links[new], self.views[new] = link, view
         self.specs[new] = dataclasses.replace(spec, worker_id=new)
+        return link, view
+
+    def switch_role(self, old: str, new: str, role: WorkerRole) -> tuple[WorkerLink, WorkerView]:
+        """The worker `old` serves `role` as `new` from now on, the same process (`ops/switch.py`)."""
+        link, view = self.rename_worker(old, new)
+        view.role, view.was = role, old
+        self.specs[new] = dataclasses.replace(self.specs[new], role=role)
+        self.retired_ids.add(old)
         return link, view
 
     def forget_worker(self, worker_id: str) -> None:

@@ -61,6 +61,7 @@ class WorkerInbox:
         if link.exit_cause is not None:  # its placement's word (Ray: the actor died, or its node was lost)
             view.last_error, view.node_lost = view.last_error or link.exit_cause.reason, link.exit_cause.node_lost
         self.operations.resolve(wid, Awaited.CHECKPOINT, m.CheckpointFailed("the worker exited"))
+        self.operations.resolve(wid, Awaited.SWITCHED, m.SwitchFailed("the worker exited"))
         self.moves.on_worker_exit(wid)  # before recovery: a session past its final stage goes on at its destination
         if self.recovery.on_worker_exit(wid):
             self.supervisor.on_failure(wid)  # first: requests for its role may wait for the restart
@@ -85,7 +86,7 @@ class WorkerInbox:
             case m.WorkerReady():
                 view.state, view.pid, view.last_error = WorkerState.RUNNING, msg.pid, ""
                 view.num_kv_blocks, view.block_size = msg.num_kv_blocks, msg.block_size
-                view.free_blocks = msg.num_kv_blocks
+                view.free_blocks, view.load_s = msg.num_kv_blocks, msg.load_seconds
                 view.prefix.clear()  # a new process: its cache starts empty, its changes start with a reset
                 view.device_name, view.peak_flops, view.peak_bytes_per_s, view.weights = (
                     msg.device_name, msg.peak_flops, msg.peak_bytes_per_s, msg.weights)
@@ -123,3 +124,5 @@ class WorkerInbox:
                 self.moves.on_message(wid, msg)
             case m.CheckpointStarted() | m.CheckpointDone() | m.CheckpointFailed():
                 self.checkpoints.on_worker_message(wid, msg)
+            case m.RoleSwitched() | m.SwitchFailed():
+                self.operations.resolve(wid, Awaited.SWITCHED, msg)

@@ -30,6 +30,8 @@ class WorkerView:
     peak_flops: float = 0.0
     peak_bytes_per_s: float = 0.0
     weights: str = ""  # its layers' weight format as it reported when ready (bfloat16, int8, int4-gguf)
+    load_s: float = 0.0  # how long its process took to load the model (its engine's construction), as reported
+    was: str | None = None  # its id before it switched role in place
     last_error: str = ""  # why the worker's last process exited, in its own words
     last_heard: float = 0.0  # time.monotonic() of its last message (the watchdog's clock)
     prefix: PrefixIndex = field(default_factory=PrefixIndex)  # what its prefix cache holds, as last reported

@@ -1,5 +1,5 @@
 """/fleet/*: the fleet's status and workers, its long operations (checkpoint, restore, migrate, a session's
-live move, and the pool changes start, drain, resume, stop: 202 and an operation id to poll), checkpoints,
+live move, and the pool changes start, drain, resume, stop, switch: 202 and an operation id to poll), checkpoints,
 recent requests' timing breakdowns, the store's history for remote consoles, the planner's routes
 (`plan_routes`) and the store's other reports (`store_routes`)."""
 
@@ -62,6 +62,10 @@ class DrainBody(BaseModel):
     move: bool = False  # move its decoding sessions to peers live rather than wait for them to finish
 
 
+class SwitchBody(BaseModel):
+    role: str  # prefill or decode: the role it serves once switched
+
+
 class StopBody(BaseModel):
     force: bool = False
 
@@ -117,6 +121,10 @@ def fleet_router(fleet: Fleet) -> APIRouter:
     async def stop(worker_id: str, response: Response, body: StopBody | None = None) -> OperationInfo:
         force = body.force if body else False
         return start(lambda: fleet.stop_worker(worker_id, force), response)
+
+    @router.post("/workers/{worker_id}/switch", status_code=202)
+    async def switch(worker_id: str, body: SwitchBody, response: Response) -> OperationInfo:
+        return start(lambda: fleet.switch_worker(worker_id, body.role), response)
 
     @router.post("/workers/{worker_id}/checkpoint", status_code=202)
     async def checkpoint(worker_id: str, response: Response, body: CheckpointBody | None = None) -> OperationInfo:

@@ -24,6 +24,7 @@ class RebalanceBody(BaseModel):
     split: str  # "P:D", checked by the rebalancer
     apply: bool = False
     force: bool = False
+    via: str | None = None  # switch (in place) or restart; default switch where the roles' weight formats agree
 
 
 def plan_router(fleet: Fleet) -> APIRouter:
@@ -50,8 +51,8 @@ def plan_router(fleet: Fleet) -> APIRouter:
         """A dry run (200: the role changes it would make) unless `apply` (202: the operation to poll)."""
         try:
             if not body.apply:
-                return fleet.rebalance_preview(body.split, body.force)
-            op = fleet.rebalance(body.split, body.force)
+                return fleet.rebalance_preview(body.split, body.force, body.via)
+            op = fleet.rebalance(body.split, body.force, body.via)
         except OperationRefused as exc:
             raise APIError(exc.status, str(exc), "invalid_request_error") from None
         response.status_code = 202

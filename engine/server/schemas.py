@@ -28,6 +28,7 @@ from fleetctl.engine.fleet.ops.results import (
     SessionMoved,
     StartResult,
     StopResult,
+    SwitchResult,
 )
 from fleetctl.engine.fleet.ops.stages import STAGES, progress
 from fleetctl.store.records import DeviceRecord
@@ -35,7 +36,8 @@ from fleetctl.store.records import DeviceRecord
 __all__ = [
     "STAGES", "CheckpointResult", "DrainResult", "LiveMigrateResult", "MoveResult", "MoveStageDone",
     "OperationResult", "RebalancePreview", "RebalanceResult", "RestartResult", "RestoreResult", "ResumeResult",
-    "RoleChange", "RoleChanged", "SessionMoved", "StartResult", "StopResult", "describe", "operation_info",
+    "RoleChange", "RoleChanged", "SessionMoved", "StartResult", "StopResult", "SwitchResult", "describe",
+    "operation_info",
 ]
 
 
@@ -61,6 +63,7 @@ class WorkerInfo(_Open):
     mbu: float
     tokens_per_s: float
     prefix_hit_ratio: float
+    was: str | None = None  # its id before it switched role in place (`fleetctl switch`)
 
 
 class PoolInfo(_Open):

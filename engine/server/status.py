@@ -31,6 +31,7 @@ def workers_status(fleet: Fleet) -> list[WorkerInfo]:
             mbu=round(util.mbu, 6),
             tokens_per_s=round(util.tokens_per_s, 1),
             prefix_hit_ratio=round(fleet.stats.hit_ratio_of([view.worker_id]), 4),
+            was=view.was,
         ))
     return rows
 

@@ -19,13 +19,13 @@ import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from fleetctl.domain import Phase
+from fleetctl.domain import Phase, WorkerRole
 from fleetctl.engine.checkpoint.engine_io import current_compat, restore_engine, write_engine_checkpoint
 from fleetctl.engine.checkpoint.format import CheckpointError, read_checkpoint
 from fleetctl.engine.core.block_allocator import OutOfBlocks
 from fleetctl.engine.core.device_errors import poisons_device
 from fleetctl.engine.core.faults import InjectedFault, fault_point
-from fleetctl.engine.core.llm_engine import LLMEngine
+from fleetctl.engine.core.llm_engine import EngineBusy, LLMEngine
 from fleetctl.engine.core.output import RequestOutput
 from fleetctl.engine.core.prompt import PromptError
 from fleetctl.engine.core.scheduler import ScheduledStep
@@ -156,6 +156,8 @@ class Worker:
                 pass  # only meaningful while holding after a checkpoint (see _hold)
             case m.Restore():
                 self._restore(Path(msg.path))
+            case m.SwitchRole():
+                self._switch(msg)
             case _:
                 raise TypeError(f"unknown message {msg!r}")
 
@@ -288,6 +290,18 @@ class Worker:
                 self._publish(rid)
             except Exception as exc:
                 self._drop(rid, exc)
+
+    def _switch(self, msg: m.SwitchRole) -> None:
+        """Between steps, holding no session: the same process serves `msg.role` from the next step on."""
+        try:
+            fault_point("switch", self.spec.worker_id)
+            seconds = self.engine.switch_role(prefill_only=msg.role is WorkerRole.PREFILL)
+        except (EngineBusy, InjectedFault) as exc:
+            self.send(m.SwitchFailed(f"{type(exc).__name__}: {exc}"))
+            return
+        self.spec = dataclasses.replace(self.spec, role=msg.role, worker_id=msg.worker_id)
+        self.heartbeat.worker_id = msg.worker_id
+        self.send(m.RoleSwitched(msg.worker_id, msg.role, seconds))
 
     def _hold(self) -> None:
         """Paused after a checkpoint (a migration in progress): no steps until Resume or Shutdown."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from fleetctl.domain import Phase
+from fleetctl.domain import Phase, WorkerRole
 from fleetctl.engine.checkpoint.format import RestoreMode
 from fleetctl.engine.core.output import TokenLogprobs
 from fleetctl.engine.core.sequence import FinishReason, SamplingParams, SessionState
@@ -121,6 +121,16 @@ class Restore:
 class Rename:
     """A migration's destination takes over the id of the worker it replaces."""
 
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class SwitchRole:
+    """Re-lay the worker for `role` in place and take the id `worker_id` (`fleet/ops/switch.py`): weights, KV pool
+    and prefix cache stay. Sent once it holds no session; answered RoleSwitched, or SwitchFailed (nothing
+    changed)."""
+
+    role: WorkerRole
     worker_id: str
 
 
@@ -294,6 +304,18 @@ class CheckpointDone:
 
 @dataclass(frozen=True)
 class CheckpointFailed:
+    reason: str
+
+
+@dataclass(frozen=True)
+class RoleSwitched:
+    worker_id: str  # its new id
+    role: WorkerRole
+    seconds: float  # the engine's re-layout, the new role's kernel warm-up included
+
+
+@dataclass(frozen=True)
+class SwitchFailed:
     reason: str
 
 

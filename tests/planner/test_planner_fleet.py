@@ -88,10 +88,10 @@ def test_rebalance_under_live_traffic_loses_no_stream(tiny_model_dir: Path) -> N
         # sessions still running when its drain starts move live to the other decode worker (how many depends on
         # timing: the streams below must come out identical either way)
         assert result["evacuation"] == "move", result
-        assert result["moves"][0]["new_worker"] == "prefill-1"
+        assert (result["moves"][0]["new_worker"], result["via"]) == ("prefill-1", "switch")
         now = workers(url)
         assert now["prefill-1"]["state"] == "running" and now["prefill-1"]["device"] == move["device"]
-        assert now[move["worker"]]["state"] == "stopped"
+        assert move["worker"] not in now and now["prefill-1"]["was"] == move["worker"]  # switched in place
 
         third = start_streams(url, PROMPTS, TOKENS)
         staying = next(w for w in ("decode-0", "decode-1") if w != move["worker"])

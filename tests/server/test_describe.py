@@ -16,6 +16,7 @@ from fleetctl.engine.server.schemas import (
     RoleChanged,
     StartResult,
     StopResult,
+    SwitchResult,
     describe,
     operation_info,
 )
@@ -57,8 +58,13 @@ def test_each_kind_in_one_sentence() -> None:
     change = RoleChanged(worker="decode-0", device="cpu:1", from_="decode", to="prefill", sessions=2,
                          new_worker="prefill-1", sessions_finished=1, sessions_moved=1, seconds=4.0)
     assert said(OpKind.REBALANCE, RebalanceResult(split="2:1", from_="1:2", evacuation="move", moves=[change],
-                                                  seconds=5.0)) == (
-        "fleet 1:2 → 2:1: 1 worker(s) changed role (move); 1 session(s) moved, 1 finished, 5.0 s")
+                                                  seconds=5.0, via="switch")) == (
+        "fleet 1:2 → 2:1: 1 worker(s) changed role (move, via switch); 1 session(s) moved, 1 finished, 5.0 s")
+    assert said(OpKind.SWITCH, SwitchResult(worker="prefill-1", was="decode-0", from_="decode", to="prefill", pid=7,
+                                            sessions_finished=1, sessions_moved=2, switch_s=0.01,
+                                            out_of_service_s=1.5, seconds=1.5)) == (
+        "decode-0 is now prefill-1 (decode → prefill, the same process 7): 2 session(s) moved, 1 finished in place; "
+        "out of service 1.50 s, of which the switch itself 0.01 s")
 
 
 def test_operations_that_did_not_finish() -> None:
@@ -73,4 +79,5 @@ def test_operations_that_did_not_finish() -> None:
 def test_a_rebalance_preview() -> None:
     preview = RebalancePreview(split="2:1", current="1:2", force=False, evacuation="move", moves=[
         RoleChange(worker="decode-0", device="cpu:1", from_="decode", to="prefill", sessions=2)])
-    assert preview.describe() == "fleet 1:2 → 2:1 (move): decode-0 on cpu:1: decode → prefill (2 session(s))"
+    assert preview.describe() == ("fleet 1:2 → 2:1 (move, via restart): decode-0 on cpu:1: decode → prefill "
+                                  "(2 session(s))")

@@ -67,6 +67,25 @@ def test_start_drain_resume_stop_over_http(client: TestClient) -> None:
     assert done.status_code == 200
 
 
+def test_switch_over_http_renames_the_worker_and_keeps_its_process(client: TestClient) -> None:
+    accepted(client, "/fleet/workers", {"role": "decode", "device": "cpu:2"})
+    pid = client.get("/fleet/workers").json()["workers"][-1]["pid"]
+    switched = accepted(client, "/fleet/workers/decode-1/switch", {"role": "prefill"})
+    assert switched["kind"] == "switch" and switched["state"] == "done", switched
+    result = switched["result"]
+    assert {k: result[k] for k in ("worker", "was", "from", "to", "pid", "sessions_moved")} == {
+        "worker": "prefill-1", "was": "decode-1", "from": "decode", "to": "prefill", "pid": pid, "sessions_moved": 0}
+    workers = {w["id"]: w for w in client.get("/fleet/workers").json()["workers"]}
+    assert "decode-1" not in workers
+    assert (workers["prefill-1"]["role"], workers["prefill-1"]["was"], workers["prefill-1"]["pid"]) == (
+        "prefill", "decode-1", pid)
+    assert workers["prefill-0"]["was"] is None
+    again = accepted(client, "/fleet/workers/prefill-1/switch", {"role": "decode"})
+    assert again["result"]["worker"] == "decode-2"  # decode-1 is the id it left: never given again
+    done = client.post("/v1/completions", json={"model": "tiny-llama0", "prompt": [5, 6], "max_tokens": 4})
+    assert done.status_code == 200
+
+
 def test_bad_pool_changes_get_one_clear_error_and_change_nothing(client: TestClient) -> None:
     before = states(client)
     cases = [
@@ -83,6 +102,11 @@ def test_bad_pool_changes_get_one_clear_error_and_change_nothing(client: TestCli
         ("/fleet/workers/decode-0/stop", None, 409, "last running decode worker"),
         ("/fleet/workers/prefill-0/drain", None, 409, "last running prefill worker"),
         ("/fleet/workers/decode-0/resume", None, 409, "decode-0 is running, not draining"),
+        ("/fleet/workers/decode-9/switch", {"role": "prefill"}, 404, "unknown worker 'decode-9'"),
+        ("/fleet/workers/decode-0/switch", {"role": "decode"}, 409, "decode-0 is already a decode worker"),
+        ("/fleet/workers/decode-0/switch", {"role": "mixed"}, 400, "disaggregated"),
+        ("/fleet/workers/decode-0/switch", {"role": "prefill"}, 409, "last running decode worker"),
+        ("/fleet/workers/decode-0/switch", None, 400, "Field required"),
     ]
     for path, body, status, message in cases:
         response = client.post(path, json=body)

@@ -59,7 +59,7 @@ def test_rebalance_dry_run_then_apply(client: TestClient) -> None:
     assert dry.status_code == 200, dry.text
     assert dry.json() == {"split": "2:1", "current": "1:2", "force": False, "evacuation": "move",
                           "moves": [{"worker": "decode-0", "device": "cpu:1", "from": "decode", "to": "prefill",
-                                     "sessions": 0}]}
+                                     "sessions": 0}], "via": "switch"}
     started = client.post("/fleet/rebalance", json={"split": "2:1", "apply": True})
     assert started.status_code == 202 and started.json()["kind"] == "rebalance"
     op = started.json()
@@ -70,8 +70,8 @@ def test_rebalance_dry_run_then_apply(client: TestClient) -> None:
         op = client.get(f"/fleet/operations/{op['id']}").json()
     assert op["state"] == "done", op
     assert op["result"]["from"] == "1:2" and op["result"]["moves"][0]["new_worker"] == "prefill-1"
-    workers = {w["id"]: (w["role"], w["state"]) for w in client.get("/fleet/workers").json()["workers"]}
-    assert workers["decode-0"] == ("decode", "stopped") and workers["prefill-1"] == ("prefill", "running")
+    workers = {w["id"]: (w["role"], w["state"], w["was"]) for w in client.get("/fleet/workers").json()["workers"]}
+    assert "decode-0" not in workers and workers["prefill-1"] == ("prefill", "running", "decode-0")  # switched
     again = client.post("/fleet/rebalance", json={"split": "2:1", "apply": True})
     assert again.status_code == 409 and again.json()["error"]["message"] == "the fleet is already at split 2:1"
 

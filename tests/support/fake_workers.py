@@ -8,6 +8,7 @@ sends heartbeats from a thread (silent once it hangs), names its KV buffers afte
 (shm_files), checkpoints and restores (fake_checkpoints.py) and moves sessions live (fake_moves.py)."""
 
 import asyncio
+import dataclasses
 import itertools
 import multiprocessing as mp
 import os
@@ -60,6 +61,7 @@ class Faults:
     crash_before_publish: set[str] = field(default_factory=set)  # once each: die after its first token
     crash_on_adopt: set[str] = field(default_factory=set)  # once each: die adopting it
     refuse_moves: bool = False  # every fake answers every live move with MoveRefused
+    fail_switch: set[str] = field(default_factory=set)  # answer a SwitchRole with SwitchFailed
 
     def once(self, keys: set[str], rid: str) -> bool:
         """Whether `rid` matches one of `keys`, which then fires no more."""
@@ -168,6 +170,14 @@ class FakeWorker:
                 return checkpoints.handle(msg)
             case m.ReserveBlocks() | m.SendBlocks() | m.ReceiveBlocks() | m.EndMove():
                 self.moves.handle(msg)
+            case m.SwitchRole():  # as the real worker: only empty, the same "process" under its new id
+                if self.spec.worker_id in self.faults.fail_switch:
+                    self.send(m.SwitchFailed("InjectedFault: fault injected at switch"))
+                elif self.sessions:
+                    self.send(m.SwitchFailed(f"EngineBusy: the engine holds {len(self.sessions)} sequence(s)"))
+                else:
+                    self.spec = dataclasses.replace(self.spec, role=msg.role, worker_id=msg.worker_id)
+                    self.send(m.RoleSwitched(msg.worker_id, msg.role, 0.001))
         return True
 
     @property

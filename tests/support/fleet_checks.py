@@ -57,7 +57,9 @@ async def ends(fleet: Fleet, reqs: list[TrackedRequest]) -> dict[str, str | None
 async def nothing_leaked(fleet: Fleet, launcher: FakeLauncher) -> None:
     """Every live worker's blocks are free again (as it says, and as the controller sees it), no buffer
     is left in shared memory and the controller follows no request."""
-    live = [w for wid, w in launcher.workers.items() if fleet.views[wid].state is WorkerState.RUNNING]
+    # by the id each fake answers to now (a worker that switched role took a new one)
+    live = [w for w in launcher.workers.values()
+            if (view := fleet.views.get(w.spec.worker_id)) is not None and view.state is WorkerState.RUNNING]
     await until(lambda: all(not w.sessions for w in live) and not list(launcher.shm_dir.iterdir()),
                 lambda: f"sessions {[(w.spec.worker_id, list(w.sessions)) for w in live]}, "
                         f"buffers {list(launcher.shm_dir.iterdir())}")

@@ -9,6 +9,7 @@ A draining worker keeps serving what it holds. A drain (or the drain inside a st
 import asyncio
 import contextlib
 import time
+from enum import StrEnum
 
 from fleetctl.domain import EventKind, WorkerRole, WorkerState
 from fleetctl.engine.core.block_allocator import blocks_for
@@ -36,22 +37,26 @@ class WorkerLifecycle:
     # ---- starting operations (validation happens here, synchronously: 4xx before any change) ----
 
     def start(self, role: str, device: str) -> Operation:
-        worker_role = self._fleet_role(role)
+        worker_role = self.fleet_role(role)
         self.runner.check_device(device, exclude=None)
-        op = Operation(OpKind.START, self._next_id(worker_role), device=device)
+        op = Operation(OpKind.START, self.next_id(worker_role), device=device)
         return self.runner.launch(op, self._start(op, worker_role, device))
 
     def drain(self, worker_id: str, move: bool = False) -> Operation:
         """`move`: its decoding sessions move live to its peers rather than finish where they are."""
         view = self.runner.running_worker(worker_id)
-        self._check_not_last(view, "drain")
+        self.check_not_last(view, "drain")
         if move and view.role is WorkerRole.PREFILL:
             raise OperationRefused(409, f"{worker_id} is a prefill worker: its sessions do not decode there, so "
                                         f"none moves; drain it without --move")
-        view.state = WorkerState.DRAINING  # routes nothing new to it from here on
         op = Operation(OpKind.DRAIN, worker_id)
-        self._draining[op.id] = False
+        self.begin_drain(view, op)
         return self.runner.launch(op, self._drain(op, view, len(view.requests), move))
+
+    def begin_drain(self, view: WorkerView, op: Operation) -> None:
+        """`view` is routed nothing new from here on, and `resume` calls `op`'s wait for it to empty off."""
+        view.state = WorkerState.DRAINING
+        self._draining[op.id] = False
 
     def resume(self, worker_id: str) -> Operation:
         view = self.runner.known_worker(worker_id)
@@ -72,14 +77,14 @@ class WorkerLifecycle:
         if view.state not in (WorkerState.RUNNING, WorkerState.DRAINING):
             raise OperationRefused(409, f"{worker_id} is {view.state.value}, not running")
         if view.state is WorkerState.RUNNING:
-            self._check_not_last(view, "stop")
+            self.check_not_last(view, "stop")
         view.state = WorkerState.DRAINING
         op = Operation(OpKind.STOP, worker_id)
         if not force:
             self._draining[op.id] = False
         return self.runner.launch(op, self._stop(op, view, len(view.requests), force))
 
-    def _fleet_role(self, role: str) -> WorkerRole:
+    def fleet_role(self, role: str) -> WorkerRole:
         try:
             worker_role = WorkerRole(role)
         except ValueError:
@@ -92,14 +97,15 @@ class WorkerLifecycle:
             raise OperationRefused(400, f"this fleet is {layout}, not {worker_role.value} workers")
         return worker_role
 
-    def _next_id(self, role: WorkerRole) -> str:
+    def next_id(self, role: WorkerRole) -> str:
         """The lowest `<role>-N` no worker of this fleet has had and no running operation is starting."""
         n = 0
-        while f"{role.value}-{n}" in self.state.views or self.runner.busy_with(f"{role.value}-{n}"):
+        while (f"{role.value}-{n}" in self.state.views or f"{role.value}-{n}" in self.state.retired_ids
+               or self.runner.busy_with(f"{role.value}-{n}")):
             n += 1
         return f"{role.value}-{n}"
 
-    def _check_not_last(self, view: WorkerView, verb: str) -> None:
+    def check_not_last(self, view: WorkerView, verb: str) -> None:
         """Refuse to take the last running worker of a role out of service: the fleet needs that role."""
         peers = [v for v in self.state.views.values() if v.role is view.role and v.worker_id != view.worker_id]
         if any(v.state is WorkerState.RUNNING for v in peers):
@@ -129,19 +135,26 @@ class WorkerLifecycle:
     async def _drain(self, op: Operation, view: WorkerView, held: int, move: bool) -> DrainResult:
         """`held`: the sessions the worker held when it stopped taking new ones."""
         started = time.time()
+        moved = await self.vacate(op, view, move, DrainStage.MOVING_SESSIONS, DrainStage.DRAINING)
+        result = DrainResult(worker=view.worker_id, sessions_finished=held - moved,
+                             seconds=round(time.time() - started, 3), sessions_moved=moved if move else None)
+        details = result.model_dump(exclude={"kind", "worker"})
+        self.state.record_event(EventKind.DRAIN, view.worker_id, details)
+        return result
+
+    async def vacate(self, op: Operation, view: WorkerView, move: bool, moving: StrEnum, draining: StrEnum) -> int:
+        """Wait until the draining `view` (`begin_drain`) holds no session, its decoding sessions first moved
+        live to its peers when `move` (at stage `moving`; what cannot move finishes in place, at `draining`).
+        Returns how many moved; raises OperationCancelled when a resume calls it off."""
         moved: list[MoveResult] = []
         if move:
             # called off by a resume (raised below), or timed out: what did not move finishes where it is
             with contextlib.suppress(MoveFailed):
                 moved = await evacuate(self.moves, view.worker_id, lambda req: self._peer_for(req, view),
-                                       lambda detail: op.at(DrainStage.MOVING_SESSIONS, detail),
+                                       lambda detail: op.at(moving, detail),
                                        lambda: "resumed" if self._draining[op.id] else None)
-        await self._drain_sessions(op, view, DrainStage.DRAINING)
-        result = DrainResult(worker=view.worker_id, sessions_finished=held - len(moved),
-                             seconds=round(time.time() - started, 3), sessions_moved=len(moved) if move else None)
-        details = result.model_dump(exclude={"kind", "worker"})
-        self.state.record_event(EventKind.DRAIN, view.worker_id, details)
-        return result
+        await self._drain_sessions(op, view, draining)
+        return len(moved)
 
     def _peer_for(self, req: TrackedRequest, view: WorkerView) -> str | None:
         """The running peer of `view`'s role with room for `req`, holding the fewest sessions."""
@@ -178,7 +191,7 @@ class WorkerLifecycle:
         return StopResult(worker=view.worker_id, sessions_finished=finished, sessions_moved=moved,
                           seconds=round(time.time() - started, 3))
 
-    async def _drain_sessions(self, op: Operation, view: WorkerView, stage: DrainStage | StopStage) -> None:
+    async def _drain_sessions(self, op: Operation, view: WorkerView, stage: StrEnum) -> None:
         """Wait until the (draining) worker holds no session. Raises OperationCancelled when a resume
         calls the drain off (the operation's id was entered in `_draining` when it was accepted)."""
         try:

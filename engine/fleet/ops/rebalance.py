@@ -1,8 +1,9 @@
 """`rebalance`: move a disaggregated fleet to another prefill:decode split on the same devices, one worker
 at a time, without losing a session. Each worker that changes role has its sessions leave it (see
-`Evacuation`), is stopped, and a worker of the other role is started on its device (with a fresh id,
-as `start` gives). Each step is an operation of `lifecycle`; the rebalance is one operation over them
-that an operator polls like the others.
+`Evacuation`) and then, `Via` the default switch, re-lays itself in place (`switch.py`: the same process,
+no model load), or via restart is stopped and a worker of the other role started on its device. Either way
+it takes a fresh id of its new role, as `start` gives. Each step is an operation of `lifecycle` or
+`switch`; the rebalance is one operation over them that an operator polls like the others.
 
 Refused (4xx, nothing changed): a split that does not parse, has an empty role, or does not use the
 fleet's devices exactly; a colocated fleet; a fleet already at that split; another operation running or
@@ -28,9 +29,11 @@ from fleetctl.engine.fleet.ops.results import (
     RoleChanged,
     StartResult,
     StopResult,
+    SwitchResult,
 )
 from fleetctl.engine.fleet.ops.runner import OperationRunner
 from fleetctl.engine.fleet.ops.stages import RebalanceStage
+from fleetctl.engine.fleet.ops.switch import RoleSwitches
 from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.planner.split import Split, SplitError, parse_split
 
@@ -49,11 +52,19 @@ class Evacuation(StrEnum):
     RECOMPUTE = "recompute"  # `force`: recomputed at once on its peers from their tokens
 
 
+class Via(StrEnum):
+    """How a worker changes role."""
+
+    SWITCH = "switch"  # the same process re-lays itself (`switch.py`); the default where the roles' weights agree
+    RESTART = "restart"  # stopped, and a worker of the other role started on its device (loads the model again)
+
+
 class Rebalancer:
-    def __init__(self, runner: OperationRunner, lifecycle: WorkerLifecycle) -> None:
+    def __init__(self, runner: OperationRunner, lifecycle: WorkerLifecycle, switches: RoleSwitches) -> None:
         self.runner = runner
         self.state = runner.state
         self.lifecycle = lifecycle
+        self.switches = switches
 
     def running_operation(self) -> Operation | None:
         return next((op for op in self.runner.ops.values() if op.state is OpState.RUNNING), None)
@@ -67,19 +78,41 @@ class Rebalancer:
         counts = self.counts()
         return f"{counts[WorkerRole.PREFILL]}:{counts[WorkerRole.DECODE]}"
 
-    def preview(self, split: str, force: bool) -> RebalancePreview:
+    def preview(self, split: str, force: bool, via: str | None = None) -> RebalancePreview:
         """The dry run: what `start` would do."""
         target = self._parse(split)
+        how = self._via(via, force)
         return RebalancePreview(split=target.label, current=self.current(), force=force,
-                                evacuation=_evacuation(force).value, moves=self.role_changes(target, force))
+                                evacuation=_evacuation(force).value, moves=self.role_changes(target, force),
+                                via=how.value)
 
-    def start(self, split: str | Split, force: bool) -> Operation:
+    def start(self, split: str | Split, force: bool, via: str | None = None) -> Operation:
         target = self._parse(split) if isinstance(split, str) else split
+        how = self._via(via, force)
         changes = self.role_changes(target, force)
         if not changes:
             raise OperationRefused(409, f"the fleet is already at split {target.label}")
         op = Operation(OpKind.REBALANCE, FLEET)
-        return self.runner.launch(op, self._run(op, target, changes, _evacuation(force)))
+        return self.runner.launch(op, self._run(op, target, changes, _evacuation(force), how))
+
+    def _via(self, via: str | None, force: bool) -> Via:
+        """`via` as asked, or by default a switch unless `force` (a stop's recompute) or the roles serve different
+        weight formats (a switch keeps the weights) call for a restart."""
+        config = self.state.config
+        formats_agree = config.quantization_for(WorkerRole.PREFILL) is config.quantization_for(WorkerRole.DECODE)
+        if via is None:
+            return Via.SWITCH if formats_agree and not force else Via.RESTART
+        try:
+            how = Via(via)
+        except ValueError:
+            raise OperationRefused(400, f"unknown --via {via!r}: use switch or restart") from None
+        if how is Via.SWITCH and force:
+            raise OperationRefused(400, "--force recomputes sessions on peers as a worker stops: use --via restart "
+                                        "with it (a switch moves them live)")
+        if how is Via.SWITCH and not formats_agree:
+            raise OperationRefused(409, "this fleet's prefill and decode workers serve different weight formats and "
+                                        "a switch keeps the weights it loaded: use --via restart")
+        return how
 
     @staticmethod
     def _parse(split: str) -> Split:
@@ -131,11 +164,19 @@ class Rebalancer:
                                         f"needs {needed} KV blocks and their peers have {free} free: rebalance without "
                                         f"--force (sessions finish in place) or when the load is lower")
 
-    async def _run(self, op: Operation, target: Split, changes: list[RoleChange], how: Evacuation) -> RebalanceResult:
+    async def _run(self, op: Operation, target: Split, changes: list[RoleChange], how: Evacuation,
+                   via: Via) -> RebalanceResult:
         started, origin, done = time.time(), self.current(), []
         try:
             for n, change in enumerate(changes, 1):
                 step = f"{n}/{len(changes)} {change.worker} on {change.device} -> {change.to}"
+                if via is Via.SWITCH:
+                    switched = await self._follow(op, step, self.switches.switch(change.worker, change.to),
+                                                  SwitchResult)
+                    done.append(RoleChanged(**change.model_dump(by_alias=False), new_worker=switched.worker,
+                                            sessions_finished=switched.sessions_finished,
+                                            sessions_moved=switched.sessions_moved, seconds=switched.seconds))
+                    continue
                 finished, moved = 0, 0
                 if how is Evacuation.MOVE and change.from_ == WorkerRole.DECODE.value:
                     drained = await self._follow(op, step, self.lifecycle.drain(change.worker, move=True), DrainResult)
@@ -155,10 +196,11 @@ class Rebalancer:
             raise OperationFailed(f"{exc} (the fleet is at {reached} after {len(done)} of {len(changes)} "
                                   f"move(s))") from None
         result = RebalanceResult(split=target.label, from_=origin, evacuation=how.value, moves=done,
-                                 seconds=round(time.time() - started, 3))
+                                 seconds=round(time.time() - started, 3), via=via.value)
         self.state.record_event(EventKind.REBALANCE, None, {"from": origin, "to": target.label,
                                                             "moves": [c.model_dump() for c in done],
-                                                            "evacuation": how.value, "seconds": result.seconds})
+                                                            "evacuation": how.value, "via": via.value,
+                                                            "seconds": result.seconds})
         return result
 
     @staticmethod

@@ -20,6 +20,7 @@ class OpKind(StrEnum):
     STOP = "stop"
     RESTART = "restart"  # the supervisor brings a worker that died back (supervisor.py)
     REBALANCE = "rebalance"  # several workers change role, one after another (`ops/rebalance.py`)
+    SWITCH = "switch"  # one worker changes role in place, its process kept (`ops/switch.py`)
 
 
 class OpState(StrEnum):

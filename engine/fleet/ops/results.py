@@ -196,6 +196,27 @@ class RoleChanged(RoleChange):
                 f"{self.sessions_finished} session(s) finished, {self.sessions_moved} moved, {self.seconds:.1f} s")
 
 
+class SwitchResult(_Result):
+    """A worker changed role in place: the same process (`pid`) under a new id."""
+
+    kind: Literal["switch"] = Field(default="switch", exclude=True)
+    worker: str  # its new id
+    was: str  # its id before
+    from_: str = Field(alias="from")
+    to: str
+    pid: int | None
+    sessions_finished: int
+    sessions_moved: int
+    switch_s: float  # the process re-laying itself (no model load)
+    out_of_service_s: float  # from taking no new work to serving the new role
+    seconds: float
+
+    def describe(self) -> str:
+        return (f"{self.was} is now {self.worker} ({self.from_} → {self.to}, the same process {self.pid}): "
+                f"{self.sessions_moved} session(s) moved, {self.sessions_finished} finished in place; out of "
+                f"service {self.out_of_service_s:.2f} s, of which the switch itself {self.switch_s:.2f} s")
+
+
 class RebalanceResult(_Result):
     kind: Literal["rebalance"] = Field(default="rebalance", exclude=True)
     split: str
@@ -203,12 +224,13 @@ class RebalanceResult(_Result):
     evacuation: str
     moves: list[RoleChanged]
     seconds: float
+    via: str = "restart"  # switch (in place) or restart
 
     def describe(self) -> str:
         moved = sum(change.sessions_moved for change in self.moves)
         finished = sum(change.sessions_finished for change in self.moves)
-        return (f"fleet {self.from_} → {self.split}: {len(self.moves)} worker(s) changed role ({self.evacuation}); "
-                f"{moved} session(s) moved, {finished} finished, {self.seconds:.1f} s")
+        return (f"fleet {self.from_} → {self.split}: {len(self.moves)} worker(s) changed role ({self.evacuation}, "
+                f"via {self.via}); {moved} session(s) moved, {finished} finished, {self.seconds:.1f} s")
 
 
 def _tag(result: object) -> str:
@@ -224,7 +246,8 @@ OperationResult = Annotated[
     | Annotated[LiveMigrateResult, Tag("migrate live")] | Annotated[MoveResult, Tag("move")]
     | Annotated[StartResult, Tag("start")] | Annotated[DrainResult, Tag("drain")]
     | Annotated[ResumeResult, Tag("resume")] | Annotated[StopResult, Tag("stop")]
-    | Annotated[RestartResult, Tag("restart")] | Annotated[RebalanceResult, Tag("rebalance")],
+    | Annotated[RestartResult, Tag("restart")] | Annotated[RebalanceResult, Tag("rebalance")]
+    | Annotated[SwitchResult, Tag("switch")],
     Discriminator(_tag)]
 
 
@@ -236,7 +259,8 @@ class RebalancePreview(_Result):
     force: bool
     evacuation: str
     moves: list[RoleChange]
+    via: str = "restart"  # switch (in place) or restart
 
     def describe(self) -> str:
         changes = "; ".join(change.describe() for change in self.moves) or "no worker changes role"
-        return f"fleet {self.current} → {self.split} ({self.evacuation}): {changes}"
+        return f"fleet {self.current} → {self.split} ({self.evacuation}, via {self.via}): {changes}"

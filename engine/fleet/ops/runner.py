@@ -41,6 +41,7 @@ class Awaited(StrEnum):
     RESTORED = "restored"  # a standby loaded a checkpoint (Restored / RestoreFailed)
     CHECKPOINT = "checkpoint"  # a worker wrote its checkpoint (CheckpointDone / CheckpointFailed)
     FIRST_TOKEN = "first-token"  # a restored worker served its sessions again
+    SWITCHED = "switched"  # a worker re-laid itself for another role (RoleSwitched / SwitchFailed)
 
 
 class WorkerHost(Protocol):

@@ -95,8 +95,16 @@ class RebalanceStage(StrEnum):
     DONE = "done"
 
 
+class SwitchStage(StrEnum):
+    QUEUED = "queued"
+    MOVING_SESSIONS = "moving sessions"  # a decode worker's sessions move live to its peers
+    DRAINING = "draining"  # what could not move, and a prefill worker's handoffs, finish in place
+    SWITCHING = "switching"  # the process re-lays itself for the new role
+    DONE = "done"
+
+
 Stage = (CheckpointStage | RestoreStage | LiveMigrateStage | CheckpointMigrateStage | MoveStage | StartStage
-         | DrainStage | ResumeStage | StopStage | RestartStage | RebalanceStage)
+         | DrainStage | ResumeStage | StopStage | RestartStage | RebalanceStage | SwitchStage)
 
 # each kind's stages; a kind with several paths lists one enum per path
 STAGES: dict[OpKind, tuple[type[StrEnum], ...]] = {
@@ -110,6 +118,7 @@ STAGES: dict[OpKind, tuple[type[StrEnum], ...]] = {
     OpKind.STOP: (StopStage,),
     OpKind.RESTART: (RestartStage,),
     OpKind.REBALANCE: (RebalanceStage,),
+    OpKind.SWITCH: (SwitchStage,),
 }
 
 

@@ -34,6 +34,7 @@ from fleetctl.engine.server.schemas import (
     ResumeResult,
     StartResult,
     StopResult,
+    SwitchResult,
     WorkerList,
 )
 
@@ -44,6 +45,7 @@ CHECKPOINT = {"worker", "path", "sessions", "bytes", "seconds"}
 MIGRATE = {"worker", "from", "to", "mode", "reason", "sessions", "bytes", "downtime_s", "checkpoint"}
 PLAN = {"recommended", "current", "candidates", "reason"}
 CANDIDATE = {"prefill", "decode", "goodput", "ttft_p90_s", "tpot_p90_s"}
+SWITCH = {"worker", "was", "from", "to", "pid", "sessions_moved", "sessions_finished", "out_of_service_s", "seconds"}
 
 
 def json_of(model: type[BaseModel], *args: str) -> dict:
@@ -75,6 +77,8 @@ def test_status_workers_and_the_pool_changes(url: str) -> None:
     assert json_of(ResumeResult, "resume", "decode-2", "--url", url) == {"worker": "decode-2",
                                                                          "cancelled_operation": None}
     assert json_of(StopResult, "stop", "decode-2", "--url", url)["worker"] == "decode-2"
+    switched = json_of(SwitchResult, "switch", "decode-1", "--role", "prefill", "--url", url)
+    assert set(switched) >= SWITCH and (switched["worker"], switched["was"]) == ("prefill-1", "decode-1")
 
 
 def test_checkpoint_restore_and_both_migrations(url: str) -> None:

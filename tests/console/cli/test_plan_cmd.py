@@ -98,19 +98,19 @@ def url(tiny_model_dir: Path, tmp_path: Path) -> Iterator[str]:
 def test_rebalance_dry_run_apply_and_refusal(url: str) -> None:
     dry = fleetctl("rebalance", "--split", "2:1", "--url", url)
     assert dry.exit_code == 0, dry.stderr
-    assert dry.stdout == ("1:2 -> 2:1: 1 worker(s) change role; their sessions move live to peers of their "
-                          "role (a prefill worker's finish where they are)\n"
+    assert dry.stdout == ("1:2 -> 2:1: 1 worker(s) change role in place (the same process); their sessions move "
+                          "live to peers of their role (a prefill worker's finish where they are)\n"
                           "  decode-0 on cpu:1: decode -> prefill (0 session(s))\n"
                           "dry run: add --apply to do it\n")
     applied = fleetctl("rebalance", "--split", "2:1", "--apply", "--url", url, "--json")
     assert applied.exit_code == 0, applied.stderr
     result = json.loads(applied.stdout)
-    assert (result["split"], result["from"], result["evacuation"]) == ("2:1", "1:2", "move")
+    assert (result["split"], result["from"], result["evacuation"], result["via"]) == ("2:1", "1:2", "move", "switch")
     assert [(m["worker"], m["new_worker"]) for m in result["moves"]] == [("decode-0", "prefill-1")]
     back = fleetctl("rebalance", "--split", "1:2", "--apply", "--force", "--url", url)
     assert back.exit_code == 0, back.stderr
-    assert re.fullmatch(r"fleet 2:1 → 1:2: 1 worker\(s\) changed role \(recompute\); 0 session\(s\) moved, 0 finished, "
-                        r"\d+\.\d s\n", back.stdout), back.stdout
+    assert re.fullmatch(r"fleet 2:1 → 1:2: 1 worker\(s\) changed role \(recompute, via restart\); "
+                        r"0 session\(s\) moved, 0 finished, \d+\.\d s\n", back.stdout), back.stdout
     same = fleetctl("rebalance", "--split", "1:2", "--url", url)
     assert same.stdout == "the fleet is already at 1:2: nothing to move\n"
     refused = fleetctl("rebalance", "--split", "4:1", "--apply", "--url", url)

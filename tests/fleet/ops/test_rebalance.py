@@ -37,24 +37,29 @@ def refused(call: Callable[[], object], status: int, message: str) -> None:
     assert error.value.status == status
 
 
-@pytest.mark.parametrize(("force", "refuse_moves"), [(False, False), (False, True), (True, False)],
-                         ids=["moves-live", "moves-refused", "force"])
+@pytest.mark.parametrize(("force", "refuse_moves", "via"), [
+    (False, False, None), (False, True, None), (True, False, None), (False, False, "restart")],
+    ids=["moves-live", "moves-refused", "force", "moves-live-restart"])
 def test_rebalance_under_load_loses_no_session(tiny_model_dir: Path, tmp_path: Path, force: bool,
-                                               refuse_moves: bool) -> None:
+                                               refuse_moves: bool, via: str | None) -> None:
     """Without --force the decode worker's sessions move to its peer live (no recompute); where the workers
-    refuse live moves they finish in place instead; with --force they are recomputed on the peer."""
+    refuse live moves they finish in place instead; with --force they are recomputed on the peer. By default
+    the worker switches role in place (the same process); --force, or --via restart, starts a new one."""
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
         rebalancer = fleet.rebalancer
+        switch = via is None and not force
         reqs = [fleet.submit(p, LONG) for p in prompts(8)]
         # every prompt handed off, so no session lands on the moved worker between the preview and the move
         await until(lambda: all(len(fleet.views[w].requests) >= 2 for w in ("decode-0", "decode-1"))
                     and sum(len(fleet.views[w].requests) for w in ("decode-0", "decode-1")) == len(reqs))
-        preview = rebalancer.preview("2:1", force).model_dump()
+        preview = rebalancer.preview("2:1", force, via).model_dump()
         assert preview["current"] == "1:2" and preview["split"] == "2:1"
+        assert preview["via"] == ("switch" if switch else "restart")
         assert [(m["worker"], m["from"], m["to"]) for m in preview["moves"]] in (
             [("decode-0", "decode", "prefill")], [("decode-1", "decode", "prefill")])
         moved = preview["moves"][0]
-        op = rebalancer.start("2:1", force)
+        fake = launcher.workers[moved["worker"]]
+        op = rebalancer.start("2:1", force, via)
         assert (op.kind.value, op.worker_id) == ("rebalance", "fleet")
         later = [fleet.submit(p, LONG) for p in prompts(6, offset=40)]  # traffic keeps coming meanwhile
         stages = set()
@@ -62,9 +67,11 @@ def test_rebalance_under_load_loses_no_session(tiny_model_dir: Path, tmp_path: P
             stages.add(op.stage)
             await asyncio.sleep(0.005)
         assert op.state is OpState.DONE, op.error
-        assert any(s.startswith(f"1/1 {moved['worker']} on {moved['device']} -> prefill: stop") for s in stages)
+        verb = "switch" if switch else "stop"
+        assert any(s.startswith(f"1/1 {moved['worker']} on {moved['device']} -> prefill: {verb}") for s in stages)
         [done] = op.result.model_dump()["moves"]
         assert done["new_worker"] == "prefill-1" and done["device"] == moved["device"]
+        assert (fleet.views["prefill-1"].pid == fake.pid) == switch  # switched: the same worker, under a new id
         if force:
             assert done["sessions_moved"] >= 1
         elif refuse_moves:
@@ -125,12 +132,39 @@ def test_a_colocated_fleet_is_not_rebalanced(tiny_model_dir: Path, tmp_path: Pat
 
 def test_a_failed_step_ends_the_rebalance_and_says_where_the_fleet_is(tiny_model_dir: Path, tmp_path: Path) -> None:
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
-        op = await finished(fleet.rebalancer.start("2:1", False))
+        op = await finished(fleet.rebalancer.start("2:1", False, "restart"))
         assert op.state is OpState.FAILED
         assert op.error == ("start of prefill-1 failed: the new prefill-1 process on cpu:1 exited during startup "
                             "(the fleet is at 1:1 after 0 of 1 move(s))")
 
     run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path), fail_start={"prefill-1"}), scenario)
+
+
+def test_a_failed_switch_ends_the_rebalance_with_the_worker_in_its_old_role(tiny_model_dir: Path,
+                                                                           tmp_path: Path) -> None:
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        op = await finished(fleet.rebalancer.start("2:1", False))
+        assert op.state is OpState.FAILED
+        assert op.error == ("switch of decode-0 failed: the switch of decode-0 to prefill was called off: "
+                            "InjectedFault: fault injected at switch; decode-0 is running as a decode worker "
+                            "(the fleet is at 1:2 after 0 of 1 move(s))")
+        assert roles(fleet) == {"prefill-0": ("prefill", "cpu:0"), "decode-0": ("decode", "cpu:1"),
+                                "decode-1": ("decode", "cpu:2")}
+        await all_complete(fleet, [fleet.submit(p, LONG) for p in prompts(4)])
+
+    run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path), faults=Faults(fail_switch={"decode-0", "decode-1"})),
+              scenario)
+
+
+def test_via_switch_is_refused_where_it_cannot_keep_its_promise(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        refused(lambda: fleet.rebalancer.start("2:1", False, "teleport"), 400, "unknown --via 'teleport'")
+        refused(lambda: fleet.rebalancer.start("2:1", True, "switch"), 400, "--force recomputes sessions")
+        refused(lambda: fleet.rebalancer.preview("2:1", False, "switch"), 409, "serve different weight formats")
+        assert fleet.rebalancer.preview("2:1", False).via == "restart"  # the default where formats differ
+
+    run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path)), scenario,
+              role_quantization=((WorkerRole.PREFILL, Quantization.NONE), (WorkerRole.DECODE, Quantization.INT4)))
 
 
 def test_autoplan_applies_the_split_after_two_windows_and_records_each_decision(tiny_model_dir: Path,
