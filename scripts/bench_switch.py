@@ -99,8 +99,10 @@ def main() -> None:
             sessions.stop()
     switch, restart = statistics.median(seconds["switch"]), statistics.median(seconds["restart"])
     load = f"{statistics.median(loads):.2f} s" if loads else "not in the events"
+    worst = max(seconds["switch"])
     print(f"median out of service: switch {switch:.3f} s, restart {restart:.3f} s (model load {load}); "
-          f"switch/restart {switch / restart:.3f}x; streams that ended in an error: {sessions.errors}")
+          f"switch/restart {switch / restart:.2g}x, the slowest switch (sessions moving off it first) {worst:.3f} s = "
+          f"{worst / restart:.2g}x; streams that ended in an error: {sessions.errors}")
 
 
 if __name__ == "__main__":
