@@ -10,6 +10,8 @@ import httpx
 import pytest
 from support.fleet_harness import Stream, fleetctl, generate_json, serve, start_streams, wait_until, workers
 
+from fleetctl.engine.worker.shm_files import SHM_DIR
+
 pytestmark = pytest.mark.fleet  # real worker processes and a real server
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was", "def add(a, b):", "Numbers 0 1 2 3",
@@ -71,6 +73,10 @@ def test_switch_each_way_in_place_under_streams(tiny_model_dir: Path) -> None:
         assert {d for _, d in pairs} <= {"decode-0", "decode-2"} and "decode-2" in {d for _, d in pairs}
 
         assert wait_until(lambda: switch_events(url) == [("prefill-1", "decode-1"), ("decode-2", "prefill-0")], 10)
+        # nothing of the old layouts is left: every block free again, no KV buffer published by the switched ones
+        assert wait_until(lambda: all(w["free_blocks"] == w["kv_blocks"] for w in workers(url).values()), 30)
+        switched = {pids["decode-1"], pids["prefill-0"]}
+        assert not [p for p in SHM_DIR.glob("fleetctl-kv-*") if int(p.name.split("-")[3]) in switched]
 
 
 def switch_events(url: str) -> list[tuple[str, str]]:
