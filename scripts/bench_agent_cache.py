@@ -17,6 +17,11 @@ with the cache on, later turns' TTFT >= 3x better than with it off.
 (conditional disaggregation) and prints each run's later-turn TTFT, throughput, local prefills and decode
 share: where more local prefill stops helping is the crossover `serve`'s default comes from.
 
+`--tiers` runs, instead, the same trace with the cache on and the KV pool held to `--kv-blocks` (about a third of
+the sessions' KV) three times: no tiers, a host-memory tier (`--kv-offload-memory`), and a small host tier over a
+disk tier (`--kv-offload-gb`), each tier in a fresh folder of its own; it prints each run's later-turn TTFT
+p50/p99, hit ratio (pool and tiers together), throughput and decode share, and the ratios to the run without.
+
 `--local-prefill-tokens` is passed to both fleets (conditional disaggregation; with the cache off nothing is
 cached, so nothing is prefilled locally). `--max-model-len` caps the context the sessions are sized to (0: the
 model's own); on a CPU a smaller one keeps the cache-off run (every turn prefills the whole conversation
@@ -40,9 +45,10 @@ from fleetctl.store.db import open_db
 WINDOW_S = 7 * 86400  # the whole of a fresh store
 
 
-def run_fleet(model: Path, layout: list[str], store: Path, trace_args: tuple, cache: bool) -> dict:
+def run_fleet(model: Path, layout: list[str], store: Path, trace_args: tuple, cache: bool,
+              extra: tuple[str, ...] = ()) -> dict:
     flags = [] if cache else ["--no-prefix-cache"]
-    with local_fleet(model, *layout, "--store", str(store), *flags) as url:
+    with local_fleet(model, *layout, "--store", str(store), *flags, *extra) as url:
         context = FleetClient(url).get("/v1/models")["data"][0]["max_model_len"]
         name, trace = load_trace("agent", *trace_args, context=context)
         result = asyncio.run(run_bench(url, trace, name, slo_ttft=10.0, slo_tpot=1.0))
@@ -83,6 +89,9 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=0)
     parser.add_argument("--local-prefill-tokens", type=int, default=None)
     parser.add_argument("--local-sweep", default="", help="comma-separated --local-prefill-tokens values")
+    parser.add_argument("--tiers", action="store_true", help="no tiers vs host vs host + disk, the pool held small")
+    parser.add_argument("--kv-blocks", type=int, default=64, help="each worker's KV pool with --tiers")
+    parser.add_argument("--host-mib", type=int, default=256, help="the host tier with --tiers (alone)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     model = resolve_model(args.model)
@@ -93,6 +102,10 @@ def main() -> None:
         layout += ["--local-prefill-tokens", str(args.local_prefill_tokens)]
     if args.local_sweep:
         sweep(model, layout, (args.requests, args.rate, args.seed), [int(n) for n in args.local_sweep.split(",")])
+        return
+    if args.tiers:
+        tiers(model, [*layout, "--kv-blocks", str(args.kv_blocks)], (args.requests, args.rate, args.seed),
+              args.host_mib)
         return
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -119,6 +132,27 @@ def main() -> None:
         return
     print("ratios", json.dumps(results["ratios"]))
     print(f"decode share of model time: cache on {on['decode_share']:.1%} (goal >= 90%), off {off['decode_share']:.1%}")
+
+
+def tiers(model: Path, layout: list[str], trace_args: tuple, host_mib: int) -> None:
+    """The cache on with a small pool: without tiers, over a host tier, over a small host tier and a disk one."""
+    print(f"{'tiers':>12} {'later TTFT p50':>15} {'p99':>8} {'tokens/s':>9} {'hit ratio':>10} {'decode share':>13}")
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        for name, extra in (
+                ("none", ()),
+                ("host", ("--kv-offload-memory", str(host_mib), "--kv-offload-host-dir", f"{shm}/host")),
+                ("host+disk", ("--kv-offload-memory", str(max(1, host_mib // 8)), "--kv-offload-host-dir",
+                               f"{shm}/small", "--kv-offload-dir", f"{tmp}/disk", "--kv-offload-gb", "4"))):
+            run = runs[name] = run_fleet(model, layout, Path(tmp) / f"{name}.db", trace_args, True, extra)
+            later = run["ttft_later_turns_s"]
+            print(f"{name:>12} {later['p50']:>13.3f} s {later['p99']:>6.3f} s {run['throughput_tokens_per_s']:>9.2f} "
+                  f"{run['prefix_hit_ratio']:>10.1%} {run['decode_share']:>13.1%}", flush=True)
+    none = runs["none"]["ttft_later_turns_s"]
+    for name in ("host", "host+disk"):
+        later = runs[name]["ttft_later_turns_s"]
+        print(f"{name}: later-turn TTFT p50 {none['p50'] / later['p50']:.2f}x better, p99 "
+              f"{none['p99'] / later['p99']:.2f}x, than without tiers")
 
 
 def sweep(model: Path, layout: list[str], trace_args: tuple, thresholds: list[int]) -> None:

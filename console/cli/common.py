@@ -87,6 +87,7 @@ def fail(message: str, code: int = EXIT_FAILURE) -> typer.Exit:
 
 def _user_errors() -> tuple[type[Exception], ...]:
     # imported here so `fleetctl --help` does not pay for torch
+    from fleetctl.engine.core.config import EngineSettingsError
     from fleetctl.engine.core.device_names import DeviceError
     from fleetctl.engine.core.prompt import PromptError
     from fleetctl.engine.core.sequence import SamplingError
@@ -96,7 +97,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from fleetctl.engine.model.weight_errors import WeightLoadError
 
     return (DeviceError, PromptError, ModelConfigError, WeightLoadError, ModelStoreError, TokenizerError,
-            SamplingError)
+            SamplingError, EngineSettingsError)
 
 
 @contextmanager

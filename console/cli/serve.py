@@ -54,6 +54,16 @@ def serve(
              "its tokens are uncached there; 0: always the prefill pool."),
     kv_memory: int = typer.Option(0, "--kv-memory", min=0, help="Cap each worker's KV pool, MiB (0: from memory)."),
     kv_blocks: int = typer.Option(0, "--kv-blocks", min=0, help="Exact KV blocks per worker (overrides --kv-memory)."),
+    kv_offload_memory: int = typer.Option(
+        0, "--kv-offload-memory", min=0,
+        help="MiB of host memory (/dev/shm, shared by the node's workers) keeping the KV blocks the pools evict, "
+             "read back instead of recomputed (0: none; needs the prefix cache)."),
+    kv_offload_dir: Path | None = typer.Option(None, "--kv-offload-dir", help="A folder for a disk tier below the "
+                                                                              "host one (with --kv-offload-gb)."),
+    kv_offload_gb: float = typer.Option(0.0, "--kv-offload-gb", min=0.0, help="The disk tier's bound, GB."),
+    kv_offload_host_dir: Path | None = typer.Option(None, "--kv-offload-host-dir",
+                                                    help="The host tier's folder (default /dev/shm/fleetctl-kv-tiers: "
+                                                         "every fleet of the node shares it)."),
     store: str = STORE_OPTION,
     store_reset: bool = typer.Option(False, "--store-reset", help="If the store is not a database (corrupt, or "
                                                                   "another file), move it aside and start a fresh "
@@ -132,7 +142,10 @@ def serve(
                                     kv_memory_bytes=kv_memory * 2**20 or None, num_kv_blocks=kv_blocks or None,
                                     max_model_len=max_model_len or None, prefix_cache=prefix_cache,
                                     compile=compile_mode, quantization=quantization,
-                                    quant_group_size=quant_group_size)
+                                    quant_group_size=quant_group_size,
+                                    kv_offload_memory_bytes=kv_offload_memory * 2**20,
+                                    kv_offload_host_dir=kv_offload_host_dir, kv_offload_dir=kv_offload_dir,
+                                    kv_offload_disk_bytes=int(kv_offload_gb * 1e9))
             config = FleetConfig(
                 model_dir=resolve_model(model), prefill=prefill, decode=decode, colocated=colocated,
                 devices=tuple(d.strip() for d in devices.split(",") if d.strip()), engine=engine,

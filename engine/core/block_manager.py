@@ -15,9 +15,14 @@ out are exactly those the plain free list would hand out.
 
 Released blocks enter the LRU order last block first, so a chain loses its tail before its head: a
 block is only reachable through all the blocks before it.
+
+Below the pool, a node-wide tier store (`kv_tiers`, wired by `kv_offload`) may keep what the pool lets go:
+`on_reclaim` is told of each cached block just before it is reclaimed (its K/V still intact), and
+`register_loaded` takes a block for K/V read back from a tier, registered and cached as if computed here.
 """
 
 from collections import OrderedDict, abc
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleetctl.engine.core.block_allocator import BLOCK_SIZE, BlockAllocator, OutOfBlocks
@@ -44,6 +49,7 @@ class BlockManager:
         self._by_hash: dict[bytes, int] = {}
         self._cached: dict[int, CachedBlock] = {}  # every registered block, referenced or not
         self._evictable: OrderedDict[int, None] = OrderedDict()  # registered and unreferenced, LRU first
+        self.on_reclaim: Callable[[int, CachedBlock], None] | None = None  # a cached block about to be reused
 
     @property
     def num_free(self) -> int:
@@ -143,6 +149,19 @@ class BlockManager:
             self._by_hash[digest] = block
             self._cached[block] = CachedBlock(digest, parent, self._tokens(tokens, i))
 
+    def register_loaded(self, cached: CachedBlock) -> int | None:
+        """A block for K/V read back from a tier, registered as `cached` and unreferenced (the most recently
+        used cached block, found by `match` like one computed here); None when its hash is registered already or
+        no block is free or reclaimable. The caller writes the K/V into the block before the next step."""
+        if self.root is None or cached.block_hash in self._by_hash or not self.num_free:
+            return None
+        block = self._fresh()
+        del self._refs[block]
+        self._by_hash[cached.block_hash] = block
+        self._cached[block] = cached
+        self._evictable[block] = None
+        return block
+
     def digest(self, limit: int) -> PrefixDigest:
         """At most `limit` registered hashes: those of referenced blocks first, then the most recently used."""
         held = [info.block_hash for block, info in self._cached.items() if block in self._refs]
@@ -157,6 +176,9 @@ class BlockManager:
             block = self._free_list.allocate(1)[0]
         else:  # reclaim the least recently used cached block
             block, _ = self._evictable.popitem(last=False)
-            del self._by_hash[self._cached.pop(block).block_hash]
+            cached = self._cached.pop(block)
+            del self._by_hash[cached.block_hash]
+            if self.on_reclaim is not None:
+                self.on_reclaim(block, cached)
         self._refs[block] = 1
         return block

@@ -35,6 +35,10 @@ DEFAULT_CPU_KV_BYTES = 2 << 30  # cap on a CPU: plenty for a small model, bounde
 GPU_KV_FRACTION = 0.85  # share of the device memory left free after loading the weights
 
 
+class EngineSettingsError(ValueError):
+    """Engine settings that cannot work together or at all (the message is one line for the user)."""
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     dtype: DType = DType.AUTO
@@ -48,22 +52,33 @@ class EngineSettings:
     compile: CompileMode = CompileMode.OFF  # the decode step compiled once per batch bucket
     quantization: Quantization = Quantization.NONE  # the layers' weight format (engine/model/quantize)
     quant_group_size: int = 32  # inputs per int4 scale: 32, 64 or 128 (32 takes a GGUF's own 4-bit blocks)
+    # the node-wide KV block store under the pool (engine/core/kv_offload.py): a host-memory tier's bound and a
+    # disk tier's folder and bound; 0 / None: no such tier
+    kv_offload_memory_bytes: int = 0
+    kv_offload_host_dir: Path | None = None  # the host tier's folder: None, /dev/shm/fleetctl-kv-tiers (node-wide)
+    kv_offload_dir: Path | None = None
+    kv_offload_disk_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.dtype not in tuple(DType):
-            raise ValueError(f"dtype must be one of {', '.join(DType)}, got {self.dtype!r}")
+            raise EngineSettingsError(f"dtype must be one of {', '.join(DType)}, got {self.dtype!r}")
         object.__setattr__(self, "dtype", DType(self.dtype))
         object.__setattr__(self, "compile", CompileMode(self.compile))
         object.__setattr__(self, "quantization", Quantization(self.quantization))
         if self.quant_group_size not in INT4_GROUP_SIZES:
-            raise ValueError(f"quant_group_size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}")
+            raise EngineSettingsError(f"quant_group_size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive")
+                raise EngineSettingsError(f"{name} must be positive")
+        if self.kv_offload_memory_bytes < 0 or self.kv_offload_disk_bytes < 0:
+            raise EngineSettingsError("KV offload tiers' bounds must not be negative")
+        if (self.kv_offload_dir is None) != (self.kv_offload_disk_bytes == 0):
+            raise EngineSettingsError("a disk tier needs both its folder (--kv-offload-dir) and its bound "
+                                      "(--kv-offload-gb)")
         for name in ("kv_memory_bytes", "num_kv_blocks", "max_model_len"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ValueError(f"{name} must be positive when set")
+                raise EngineSettingsError(f"{name} must be positive when set")
 
 
 @dataclass(frozen=True)

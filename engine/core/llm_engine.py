@@ -17,6 +17,7 @@ from fleetctl.engine.core.decode_compile import compile_refusal, use_fleet_induc
 from fleetctl.engine.core.devices import available_memory, kv_budget, resolve_dtype, torch_device, total_memory
 from fleetctl.engine.core.kernel_warmup import needs_kernel_warm_up, warm_up_kernels
 from fleetctl.engine.core.kv_cache import KVCache, KVCacheSpec
+from fleetctl.engine.core.kv_offload import KVOffload, open_tiers
 from fleetctl.engine.core.kv_window import KVWindow
 from fleetctl.engine.core.model_runner import ModelRunner, StepStats
 from fleetctl.engine.core.output import RequestOutput, TextStream, token_finish_reason
@@ -87,6 +88,10 @@ class LLMEngine:
         # a scratch block for the compiled step's padding rows, or for the kernels' warm-up
         scratch = self.eager_reason is None or needs_kernel_warm_up(self.device)
         self.kv_cache = KVCache(spec, self._pool_blocks(spec), self.device, root, scratch=scratch)
+        tiers = open_tiers(settings.kv_offload_memory_bytes, settings.kv_offload_host_dir, settings.kv_offload_dir,
+                           settings.kv_offload_disk_bytes) if root is not None else None
+        # the node-wide tiers below the pool (prefix caching on): what it evicts is kept there, read back here
+        self.offload = KVOffload(tiers, self.kv_cache) if tiers is not None else None
         self.decoder: CompiledDecoder | None = None
         self._compiled: CompiledDecoder | None = None  # the compiled decode step, kept across role switches
         if self.eager_reason is None and self.kv_cache.scratch_block is not None:
@@ -194,6 +199,8 @@ class LLMEngine:
             output_token_ids=list(output_token_ids or []), seed=seed,
         )
         self._register(seq)
+        if self.offload is not None:  # what the tiers hold of its prefix goes into the pool, as cached blocks
+            self.offload.fill(seq.token_ids, self.kv_cache.allocator.block_hashes(seq))
         self.scheduler.add(seq)
         return seq
 

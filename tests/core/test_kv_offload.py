@@ -1,0 +1,91 @@
+"""An engine over the node-wide KV tiers (`kv_offload`): the blocks its pool reclaims are kept in the host tier
+(and what that evicts, on disk); a prompt whose prefix left the pool is read back from whichever tier holds it;
+and in deterministic mode every logit of it is bit-identical to computing it, from host, from disk and after a
+corrupted record (a miss: computed again)."""
+
+from pathlib import Path
+
+import torch
+from test_batch_invariance import recorded_logits
+
+from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.llm_engine import LLMEngine
+from fleetctl.engine.core.sequence import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+PROMPT = [(7 * i) % 300 + 3 for i in range(90)]  # 5 full blocks of 16 and 10 tokens more
+OTHERS = [[(11 * i + 13 * n) % 300 + 3 for i in range(90)] for n in range(1, 4)]
+
+
+def make_engine(model_dir: Path, tmp_path: Path, host_bytes: int, disk_bytes: int,
+                prefix_cache: bool = True) -> LLMEngine:
+    settings = EngineSettings(dtype="float32", deterministic=True, num_kv_blocks=8, prefix_cache=prefix_cache,
+                              kv_offload_memory_bytes=host_bytes, kv_offload_host_dir=tmp_path / "host",
+                              kv_offload_dir=tmp_path / "disk" if disk_bytes else None,
+                              kv_offload_disk_bytes=disk_bytes)
+    return LLMEngine(EngineConfig(model_dir=model_dir, settings=settings))
+
+
+def run(engine: LLMEngine, prompt: list[int]) -> tuple[torch.Tensor, int]:
+    """Every logits row of `prompt`'s answer [tokens, vocab], and the prompt tokens its prefill took from the
+    pool's cache (where blocks read back from a tier are)."""
+    with recorded_logits() as rows:
+        engine.add_request(prompt, GREEDY)
+        engine.step()
+        assert engine.last_step is not None
+        hit = engine.last_step.cached_tokens[0]
+        while engine.has_unfinished():
+            engine.step()
+    return torch.stack([rows[key] for key in sorted(rows, key=lambda key: key[1])]), hit
+
+
+def evict_prompt(engine: LLMEngine) -> None:
+    """Other prompts through the 8-block pool: PROMPT's blocks are reclaimed (and offered to the tiers)."""
+    for other in OTHERS:
+        run(engine, other)
+    assert engine.offload is not None
+    engine.offload.tiers.flush()
+
+
+def test_a_prefix_read_back_from_host_or_disk_gives_the_computed_logits(tiny_model_dir: Path, tmp_path: Path) -> None:
+    computed, _ = run(make_engine(tiny_model_dir, tmp_path / "none", 0, 0, prefix_cache=False), PROMPT)
+    probe = make_engine(tiny_model_dir, tmp_path / "probe", 1 << 20, 0).kv_cache.tensor
+    record_bytes = probe[:, :, 0].numel() * probe.element_size() + 1024
+    engine = make_engine(tiny_model_dir, tmp_path, 6 * record_bytes, 64 * record_bytes)
+    offload = engine.offload
+    assert offload is not None
+    host, disk = offload.tiers.tiers
+
+    first, _ = run(engine, PROMPT)
+    assert torch.equal(first, computed)
+    evict_prompt(engine)
+    from_tiers, hit = run(engine, PROMPT)
+    assert sum(offload.hits.values()) == 5  # every full block before the last token's, read back
+    assert hit == 80  # and the prefill took them: only the last 10 tokens were computed
+    assert torch.equal(from_tiers, computed)
+
+    evict_prompt(engine)
+    for path in host.root.glob("*.kvb"):  # the host tier lost: what it spilled is on disk
+        path.unlink()
+    offload.hits.clear()
+    from_disk, hit = run(engine, PROMPT)
+    assert offload.hits["disk"] >= 1 and hit == 16 * sum(offload.hits.values())
+    assert host.usage() <= host.max_bytes and disk.usage() <= disk.max_bytes
+    assert torch.equal(from_disk, computed)
+
+
+def test_a_corrupted_record_is_computed_again(tiny_model_dir: Path, tmp_path: Path) -> None:
+    computed, _ = run(make_engine(tiny_model_dir, tmp_path / "none", 0, 0, prefix_cache=False), PROMPT)
+    engine = make_engine(tiny_model_dir, tmp_path, 16 << 20, 0)
+    offload = engine.offload
+    assert offload is not None
+    run(engine, PROMPT)
+    evict_prompt(engine)
+    [host] = offload.tiers.tiers
+    for path in host.root.glob("*.kvb"):
+        data = bytearray(path.read_bytes())
+        data[-100] ^= 0xFF
+        path.write_bytes(bytes(data))
+    again, hit = run(engine, PROMPT)
+    assert sum(offload.hits.values()) == 0 and host.stats.corrupt >= 1 and hit == 0
+    assert torch.equal(again, computed)
