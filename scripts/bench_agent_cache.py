@@ -18,7 +18,8 @@ with the cache on, later turns' TTFT >= 3x better than with it off.
 share: where more local prefill stops helping is the crossover `serve`'s default comes from.
 
 `--tiers` runs, instead, the same trace with the cache on and the KV pool held to `--kv-blocks` (about a third of
-the sessions' KV) three times: no tiers, a host-memory tier (`--kv-offload-memory`), and a small host tier over a
+the sessions' KV; give `--max-model-len` at most the pool's tokens, or the fleet sizes sessions past it) three
+times: no tiers, a host-memory tier (`--kv-offload-memory`), and a small host tier over a
 disk tier (`--kv-offload-gb`), each tier in a fresh folder of its own; it prints each run's later-turn TTFT
 p50/p99, hit ratio (pool and tiers together), throughput and decode share, and the ratios to the run without.
 
@@ -136,7 +137,8 @@ def main() -> None:
 
 def tiers(model: Path, layout: list[str], trace_args: tuple, host_mib: int) -> None:
     """The cache on with a small pool: without tiers, over a host tier, over a small host tier and a disk one."""
-    print(f"{'tiers':>12} {'later TTFT p50':>15} {'p99':>8} {'tokens/s':>9} {'hit ratio':>10} {'decode share':>13}")
+    print(f"{'tiers':>12} {'later TTFT p50':>15} {'p99':>8} {'tokens/s':>9} {'hit ratio':>10} {'decode share':>13} "
+          f"{'errors':>7}")
     runs = {}
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
         for name, extra in (
@@ -147,7 +149,7 @@ def tiers(model: Path, layout: list[str], trace_args: tuple, host_mib: int) -> N
             run = runs[name] = run_fleet(model, layout, Path(tmp) / f"{name}.db", trace_args, True, extra)
             later = run["ttft_later_turns_s"]
             print(f"{name:>12} {later['p50']:>13.3f} s {later['p99']:>6.3f} s {run['throughput_tokens_per_s']:>9.2f} "
-                  f"{run['prefix_hit_ratio']:>10.1%} {run['decode_share']:>13.1%}", flush=True)
+                  f"{run['prefix_hit_ratio']:>10.1%} {run['decode_share']:>13.1%} {run['errors']:>7}", flush=True)
     none = runs["none"]["ttft_later_turns_s"]
     for name in ("host", "host+disk"):
         later = runs[name]["ttft_later_turns_s"]
