@@ -102,7 +102,8 @@ def check_invariance(model_dir: Path, dtype: str, sequences: list[Arrival],
 @pytest.mark.slow  # over ~10 s: `make test` runs it, `make test-fast` does not
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sequences=st.lists(SEQUENCE, min_size=1, max_size=32), num_kv_blocks=st.sampled_from([40, 80, 512]))
+# up to 20 sequences: batches past two row tiles (ROW_TILE, 8), and inside the timeout in emulated bf16 on CI
+@given(sequences=st.lists(SEQUENCE, min_size=1, max_size=20), num_kv_blocks=st.sampled_from([40, 80, 512]))
 def test_every_sequence_equals_its_solo_run(small_model_dir: Path, dtype: str, sequences: list[Arrival],
                                             num_kv_blocks: int) -> None:
     check_invariance(small_model_dir, dtype, sequences, num_kv_blocks)
