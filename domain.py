@@ -8,7 +8,15 @@ from enum import StrEnum
 class WorkerRole(StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
-    MIXED = "mixed"  # colocated baseline: both phases, no handoff
+    MIXED = "mixed"  # both phases, no handoff: the colocated baseline, or beside prefill and decode workers
+
+    def covers(self, phase: "WorkerRole") -> bool:
+        """Whether this role's workers do `phase`'s work (PREFILL: take prompts; DECODE: decode): a mixed
+        worker does both."""
+        return self is phase or self is WorkerRole.MIXED
+
+
+PHASES = (WorkerRole.PREFILL, WorkerRole.DECODE)  # the work a fleet needs workers for: prompts, and decoding
 
 
 class Quantization(StrEnum):

@@ -110,8 +110,7 @@ def move(
 
 
 def start(
-    role: WorkerRole = typer.Option(..., "--role", help="prefill or decode (a disaggregated fleet), mixed "
-                                                        "(a colocated one)."),
+    role: WorkerRole = typer.Option(..., "--role", help="prefill, decode, or mixed (both phases; in any fleet)."),
     device: str = typer.Option(..., "--device", help="A free device: cpu:N or cuda:N."),
     url: str = URL_OPTION,
     as_json: bool = JSON_OPTION,
@@ -145,7 +144,8 @@ def resume(
 
 def switch(
     worker: str = typer.Argument(..., help="Worker id, e.g. decode-1."),
-    role: WorkerRole = typer.Option(..., "--role", help="The role it serves from now on: prefill or decode."),
+    role: WorkerRole = typer.Option(..., "--role", help="The role it serves from now on: prefill, decode or "
+                                                        "mixed (both phases)."),
     url: str = URL_OPTION,
     as_json: bool = JSON_OPTION,
     timeout: float = TIMEOUT_OPTION,

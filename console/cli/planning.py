@@ -117,7 +117,8 @@ def render_plan(plan: FleetPlan) -> str:
 
 
 def rebalance(
-    split: str = typer.Option(..., "--split", help="PREFILL:DECODE over the fleet's devices, e.g. 2:1."),
+    split: str = typer.Option(..., "--split", help="PREFILL:DECODE over the fleet's devices, e.g. 2:1; "
+                                                   "PREFILL:DECODE:MIXED, e.g. 1:1:1; or 'colocated N'."),
     apply: bool = typer.Option(False, "--apply", help="Do it (default: a dry run that lists the moves)."),
     force: bool = typer.Option(False, "--force", help="Recompute the moved workers' sessions on peers at once "
                                                       "instead of letting them finish (implies --via restart)."),
@@ -128,7 +129,7 @@ def rebalance(
     as_json: bool = JSON_OPTION,
     timeout: float = TIMEOUT_OPTION,
 ) -> None:
-    """Move the fleet to another prefill:decode split without losing a session (dry run unless --apply)."""
+    """Move the fleet to another layout of its devices without losing a session (dry run unless --apply)."""
     with fleet_errors():
         client = FleetClient(url, timeout=30.0)
         if not apply:
@@ -144,7 +145,7 @@ def _dry_run(preview: RebalancePreview) -> str:
     if not preview.moves:
         return f"the fleet is already at {preview.split}: nothing to move"
     how = {"recompute": "are recomputed on peers at once",
-           "move": "move live to peers of their role (a prefill worker's finish where they are)",
+           "move": "move live to peers that decode (a prefill worker's finish where they are)",
            "finish": "finish where they are (no new work meanwhile)"}[preview.evacuation]
     change = "in place (the same process)" if preview.via == "switch" else "by restart (a new process)"
     lines = [f"{preview.current} -> {preview.split}: {len(preview.moves)} worker(s) change role {change}; "

@@ -116,7 +116,7 @@ class FleetConsole(App[None]):
             widget.show(reading)
 
     def _match_pools(self, roles: list[str]) -> None:
-        """One panel per pool the fleet has (prefill + decode, or mixed for a colocated fleet)."""
+        """One panel per pool the fleet has (the roles it started with, and any a worker switched to)."""
         mounted = {panel.role: panel for panel in self.query(PoolPanel)}
         if set(mounted) == set(roles):
             return

@@ -11,7 +11,7 @@ from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog, OperationDialog
 from fleetctl.console.tui.source import FleetSource
-from fleetctl.domain import DeviceKind
+from fleetctl.domain import DeviceKind, WorkerRole
 from fleetctl.engine.core.device_names import DeviceName, parse_device_name
 from fleetctl.engine.fleet.config import Supervision
 from fleetctl.engine.server.schemas import OperationInfo, WorkerInfo
@@ -124,8 +124,7 @@ class ActionFlows:
         return await self.app.source.start(f"/fleet/workers/{worker}/stop", {"force": how == "force"})
 
     async def start(self, _: str | None) -> OperationInfo | None:
-        roles = sorted(self.app.reading.pools)
-        role = await self._ask("start a worker of which role?", [(r, r) for r in roles])
+        role = await self._ask("start a worker of which role?", [(r.value, r.value) for r in WorkerRole])
         if role is None:
             return None
         device = await self._device(f"start a {role} worker on which device?")

@@ -4,7 +4,7 @@ generate than `max_queue`). Refusals for capacity are counted into one store eve
 
 import time
 
-from fleetctl.domain import EventKind
+from fleetctl.domain import PHASES, EventKind
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.errors import FleetBusy, FleetClosing, NoWorkers, RequestIdInUse
 from fleetctl.engine.fleet.state import FleetState
@@ -26,9 +26,9 @@ class Admission:
             raise RequestIdInUse(f"request id {request_id!r} is already in flight")
         if state.closing:
             raise FleetClosing("the fleet is shutting down")
-        for role in state.config.roles:
-            if not state.serves(role):
-                raise NoWorkers(f"no {role.value} worker is available{state.lost_nodes_note(role)}")
+        for phase in PHASES:
+            if not state.serves(phase):
+                raise NoWorkers(f"no {state.phase_workers(phase)} worker is available{state.lost_nodes_note(phase)}")
         waiting = self.busy(arriving)
         if waiting is not None:
             self._record_refusal(waiting)

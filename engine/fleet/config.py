@@ -110,9 +110,8 @@ class FleetConfig:
         if stray := [role.value for role, _ in self.role_quantization if role not in self.roles]:
             raise FleetConfigError(f"a weight format for {', '.join(stray)} workers, which this fleet has none of "
                                    f"(its roles: {', '.join(r.value for r in self.roles)})")
-        if self.autoplan and (self.colocated or self.store_path is None):
-            raise FleetConfigError("--autoplan needs a disaggregated fleet (it moves prefill:decode splits) with a "
-                                   "metrics store (it plans from it)")
+        if self.autoplan and self.store_path is None:
+            raise FleetConfigError("--autoplan needs a metrics store (it plans from it)")
 
     @property
     def num_workers(self) -> int:

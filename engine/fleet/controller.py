@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from fleetctl.domain import WorkerRole, WorkerState
+from fleetctl.domain import PHASES, WorkerRole, WorkerState
 from fleetctl.engine.core.device_names import DeviceError
 from fleetctl.engine.core.output import TextStream
 from fleetctl.engine.core.prompt import check_prompt
@@ -310,8 +310,14 @@ class Fleet:
         """The client went away: stop the work wherever it is (a no-op for a request that ended)."""
         self.dispatcher.cancel(req)
 
-    def has_role(self, role: WorkerRole) -> bool:
-        return self.state.has_role(role)
+    def healthy(self) -> bool:
+        """Running workers take prompts and decode (prefill and decode ones, mixed ones, or both)."""
+        return all(self.state.covers(phase) for phase in PHASES)
+
+    def roles(self) -> list[WorkerRole]:
+        """The roles of its pools: those it started with, and any a worker has now (a switch adds mixed)."""
+        present = set(self.config.roles) | {v.role for v in self.views.values() if not v.gone}
+        return [role for role in WorkerRole if role in present]
 
     def sessions(self, worker_id: str) -> list[dict]:
         """The requests `worker_id` holds (prefilling, publishing or decoding them), oldest first."""

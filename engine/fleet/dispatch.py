@@ -1,12 +1,13 @@
-"""Where requests go and how they end: queued prompts to prefill (or mixed) workers — or straight to the
+"""Where requests go and how they end: queued prompts to prefill or mixed workers — or straight to the
 decode worker that caches most of the prompt when what it lacks is short (conditional disaggregation) —,
 a request recomputed from its tokens on a survivor, and the end of a request (finished or failed) with
-every copy of it released on the workers."""
+every copy of it released on the workers. A fleet may run prefill, decode and mixed workers at once: a
+mixed worker decodes the prompts it takes, and takes handoffs and recomputes like a decode worker."""
 
 import time
 from collections import deque
 
-from fleetctl.domain import WorkerRole
+from fleetctl.domain import PHASES, WorkerRole
 from fleetctl.engine.core.block_hash import chain_hashes
 from fleetctl.engine.fleet import placement
 from fleetctl.engine.fleet.request import RequestStage, StreamEvent, TrackedRequest
@@ -44,19 +45,20 @@ class Dispatcher:
         return [v for v in views if v.worker_id not in taken]
 
     def _place(self, req: TrackedRequest) -> bool:
-        """Send a queued request to a worker: its decode worker when that one caches all but at most
-        `local_prefill_tokens` of it, else a worker of the prompt role. False when none has room."""
+        """Send a queued request to a worker: the decode worker that caches all but at most
+        `local_prefill_tokens` of it, else a prefill or mixed worker. False when none has room."""
         state = self.state
         views, cached, tokens = self.candidates(req), cached_tokens(req), _num_tokens(req)
         threshold = state.config.local_prefill_tokens
-        if threshold and not state.config.colocated:
-            local = self.router.pick_decode_worker(views, tokens, cached=cached)
+        if threshold:  # mixed workers take prompts anyway: the prefill pick weighs their cache
+            decoders = [v for v in views if v.role is WorkerRole.DECODE]
+            local = self.router.pick_decode_worker(decoders, tokens, cached=cached)
             if local is not None and cached(local) and tokens - cached(local) <= threshold:
                 req.local_prefill = True
                 state.stats.on_local_prefill()
                 self._run_on_decode(req, local, cached)
                 return True
-        view = self.router.pick_prefill_worker(views, state.config.prompt_role, num_tokens=tokens, cached=cached,
+        view = self.router.pick_prefill_worker(views, num_tokens=tokens, cached=cached,
                                                 near=req.sibling_prefill_workers())
         if view is None:
             return False
@@ -64,12 +66,13 @@ class Dispatcher:
         return True
 
     def run_on(self, req: TrackedRequest, view: WorkerView) -> None:
-        """Prefill `req` (prompt and any output so far) on `view`'s worker."""
+        """Prefill `req` (prompt and any output so far) on `view`'s worker (a mixed one decodes it too)."""
         placement.place_prefill(req, view)
         self._send_run(req, view, cached_tokens(req))
 
     def _run_on_decode(self, req: TrackedRequest, view: WorkerView, cached: CachedTokens) -> None:
-        """Prefill and decode `req` on decode worker `view` (a recompute, or a local prefill): no handoff."""
+        """Prefill and decode `req` on decode or mixed worker `view` (a recompute, or a local prefill): no
+        handoff."""
         placement.place_decode(req, view)
         self._send_run(req, view, cached)
 
@@ -77,48 +80,63 @@ class Dispatcher:
         view.prefilling[req.request_id] = max(1, _num_tokens(req) - cached(view))
         self.state.send(view.worker_id, _run_request(req))
 
-    def recompute(self, req: TrackedRequest, role: WorkerRole) -> None:
-        """Re-run the request from its tokens on a surviving worker of `role` (decode workers prefill
-        the tokens themselves), one it has not failed on if there is one."""
+    def recompute(self, req: TrackedRequest, phase: WorkerRole) -> None:
+        """Re-run the request from its tokens on a surviving worker doing `phase`'s work (PREFILL: a prefill
+        or mixed worker; DECODE: a decode or mixed worker, which prefills the tokens itself), one it has not
+        failed on if there is one."""
         state = self.state
         req.recomputes += 1
         cached = cached_tokens(req)
-        if role is WorkerRole.DECODE:
+        if phase is WorkerRole.DECODE:
             view = self.router.pick_decode_worker(self.candidates(req), 0, req.failed_on, cached)
         else:
-            view = self.router.pick_prefill_worker(self.candidates(req), role, req.failed_on, _num_tokens(req),
-                                                    cached)
+            view = self.router.pick_prefill_worker(self.candidates(req), req.failed_on, _num_tokens(req), cached)
         if view is None:
-            if not state.serves(role):
-                why = state.lost_nodes_note(role)
-                self.abandon(req, f"no {role.value} worker is left to continue this request{why}")
+            if not state.serves(phase):
+                why = state.lost_nodes_note(phase)
+                self.abandon(req, f"no {state.phase_workers(phase)} worker is left to continue this request{why}")
             else:
                 placement.requeue(req)
                 state.queued.appendleft(req)
             return
-        if role is not WorkerRole.DECODE:
+        if phase is not WorkerRole.DECODE:
             self.run_on(req, view)
             return
         self._run_on_decode(req, view, cached)
 
     def fail_stranded(self) -> None:
-        """Requests waiting for a role that no worker serves any more, and none is on its way for (see
+        """Requests waiting for a phase that no worker serves any more, and none is on its way for (see
         FleetState.serves), end now with an error that says so: they would wait forever."""
         state = self.state
-        lost = [role for role in state.config.roles if not state.serves(role)]
+        lost = [phase for phase in PHASES if not state.serves(phase)]
         if not lost:
             return
         for req in list(state.requests.values()):
-            role = next((role for role in lost if role in _needs(req, state.config.colocated)), None)
-            if role is not None:
-                self.abandon(req, f"no {role.value} worker is left to serve this request{state.lost_nodes_note(role)}")
+            phase = next((phase for phase in lost if phase in self._needs(req)), None)
+            if phase is not None:
+                self.abandon(req, f"no {state.phase_workers(phase)} worker is left to serve this "
+                                  f"request{state.lost_nodes_note(phase)}")
 
     def waiting(self) -> int:
         """Requests admitted but not yet generating: queued here, prefilling (or waiting to) on a worker, or
         with their KV waiting for a decode worker. Admission is refused past `max_queue` of them."""
-        colocated = self.state.config.colocated
-        return sum(1 for r in self.state.requests.values() if r.stage is RequestStage.QUEUED or (
-            r.stage in (RequestStage.PREFILL, RequestStage.HANDOFF) and not (colocated and r.output_token_ids)))
+        return sum(1 for r in self.state.requests.values() if r.stage in (RequestStage.QUEUED, RequestStage.HANDOFF)
+                   or (r.stage is RequestStage.PREFILL and not (r.output_token_ids and self._prefilled_by_decoder(r))))
+
+    def _needs(self, req: TrackedRequest) -> tuple[WorkerRole, ...]:
+        """The phases `req` still needs a worker for (a request a worker decodes needs no other)."""
+        if req.stage is RequestStage.QUEUED:
+            return PHASES
+        if req.stage is RequestStage.HANDOFF or (req.stage is RequestStage.PREFILL
+                                                 and not self._prefilled_by_decoder(req)):
+            return (WorkerRole.DECODE,)
+        return ()
+
+    def _prefilled_by_decoder(self, req: TrackedRequest) -> bool:
+        """Its prefill runs on a worker that decodes it there too (a mixed one, or one its session moved to
+        from a mixed one)."""
+        view = self.state.views.get(req.prefill_worker or "")
+        return view is not None and view.role.covers(WorkerRole.DECODE)
 
     def queue_length(self, role: WorkerRole) -> int:
         """Requests waiting for a worker of `role` in the controller (prompts, or handoffs for decode)."""
@@ -188,15 +206,6 @@ class Dispatcher:
         if req.handle is not None and views[req.prefill_worker].gone:
             req.handle.unlink()
         req.handle = None
-
-
-def _needs(req: TrackedRequest, colocated: int) -> tuple[WorkerRole, ...]:
-    """The roles `req` still needs a worker of (a request a worker holds needs no other)."""
-    if colocated:
-        return (WorkerRole.MIXED,) if req.stage is RequestStage.QUEUED else ()
-    if req.stage is RequestStage.QUEUED:
-        return WorkerRole.PREFILL, WorkerRole.DECODE
-    return (WorkerRole.DECODE,) if req.stage in (RequestStage.PREFILL, RequestStage.HANDOFF) else ()
 
 
 def cached_tokens(req: TrackedRequest) -> CachedTokens:

@@ -3,11 +3,12 @@
 KV-aware: a request's `CachedTokens` says how many of its leading tokens each worker's prefix cache
 holds (from the digests workers report). Overlap alone would pile every conversation onto the worker
 that saw its system prompt first, so each pick weighs it against load:
-- a prompt goes to the worker of its role where it would finish prefilling soonest, in tokens: the
+Mixed workers count as both: they take prompts beside prefill workers and handoffs beside decode ones.
+- a prompt goes to the prefill or mixed worker where it would finish prefilling soonest, in tokens: the
   tokens that worker has still to prefill for others plus the ones this prompt would compute there
   (its length less what that worker caches). A busy worker holding the prefix loses to an idle one
   without it once its backlog exceeds what the cache saves.
-- a handoff (or a local prefill) goes to the decode worker caching the most of it among those holding
+- a handoff (or a recompute) goes to the decode or mixed worker caching the most of it among those holding
   at most `decode_load_slack` sessions more than the least-loaded one: a session stays where its
   conversation is unless that worker is overloaded.
 """
@@ -36,15 +37,14 @@ class Router:
     def __init__(self, config: RouterConfig = RouterConfig()) -> None:
         self.config = config
 
-    def pick_prefill_worker(self, views: list[WorkerView], role: WorkerRole,
-                            avoid: set[str] | frozenset[str] = frozenset(), num_tokens: int = 0,
-                            cached: CachedTokens = _nothing_cached,
+    def pick_prefill_worker(self, views: list[WorkerView], avoid: set[str] | frozenset[str] = frozenset(),
+                            num_tokens: int = 0, cached: CachedTokens = _nothing_cached,
                             near: set[str] | frozenset[str] = frozenset()) -> WorkerView | None:
-        """The accepting worker of `role` (prefill, mixed, or decode for a recompute) with room where a
-        prompt of `num_tokens` would be prefilled soonest: fewest tokens of backlog plus uncached prompt,
-        then fewest requests; one not in `avoid` (workers the request failed on) if there is one, and one in
-        `near` (holding its siblings: their prompt's KV) if there is one."""
-        candidates = _preferred([v for v in views if v.role is role and v.accepting
+        """The accepting prefill or mixed worker with room where a prompt of `num_tokens` would be prefilled
+        soonest: fewest tokens of backlog plus uncached prompt, then fewest requests; one not in `avoid`
+        (workers the request failed on) if there is one, and one in `near` (holding its siblings: their
+        prompt's KV) if there is one."""
+        candidates = _preferred([v for v in views if v.role.covers(WorkerRole.PREFILL) and v.accepting
                                  and len(v.requests) < self.config.max_requests_per_worker], avoid)
         candidates = [v for v in candidates if v.worker_id in near] or candidates
         return min(candidates, default=None, key=lambda v: (
@@ -54,10 +54,10 @@ class Router:
                            avoid: set[str] | frozenset[str] = frozenset(),
                            cached: CachedTokens = _nothing_cached,
                            near: set[str] | frozenset[str] = frozenset()) -> WorkerView | None:
-        """The accepting decode worker with free blocks for `num_tokens` tokens that caches most of them,
+        """The accepting decode (or mixed) worker with free blocks for `num_tokens` tokens that caches most of them,
         among those within `decode_load_slack` sessions of the least loaded; then least loaded, most free
         blocks (one not in `avoid` if there is one; one in `near`, holding its siblings, if there is one)."""
-        candidates = _preferred([v for v in views if v.role is WorkerRole.DECODE and v.accepting
+        candidates = _preferred([v for v in views if v.role.covers(WorkerRole.DECODE) and v.accepting
                                  and v.free_blocks >= blocks_for(num_tokens, v.block_size)], avoid)
         candidates = [v for v in candidates if v.worker_id in near] or candidates
         if not candidates:
@@ -67,8 +67,9 @@ class Router:
         return min(unloaded, key=lambda v: (-cached(v), len(v.requests), -v.free_blocks, v.worker_id))
 
     @staticmethod
-    def has_role(views: list[WorkerView], role: WorkerRole) -> bool:
-        return any(v.role is role and v.state in (WorkerState.RUNNING, WorkerState.STARTING) for v in views)
+    def covered(views: list[WorkerView], phase: WorkerRole) -> bool:
+        """A running (or starting) worker does `phase`'s work (see WorkerRole.covers)."""
+        return any(v.role.covers(phase) and v.state in (WorkerState.RUNNING, WorkerState.STARTING) for v in views)
 
 
 def _preferred(candidates: list[WorkerView], avoid: set[str] | frozenset[str]) -> list[WorkerView]:

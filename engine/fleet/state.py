@@ -1,6 +1,6 @@
 """What the controller's parts share: the worker table as the controller sees it, the requests it follows,
 the two queues, where live numbers go, and the few questions every part asks of them (`serves`,
-`has_role`). Plain state, handed to the parts that act on requests and workers (dispatch, handoff,
+`covers`). Plain state, handed to the parts that act on requests and workers (dispatch, handoff,
 recovery, operations); a part that needs less gets less (the watchdog: the views and links, the router:
 owned by dispatch).
 
@@ -90,21 +90,32 @@ class FleetState:
     def all_views(self) -> list[WorkerView]:
         return list(self.views.values())
 
-    def has_role(self, role: WorkerRole) -> bool:
-        return Router.has_role(self.all_views(), role)
+    def covers(self, phase: WorkerRole) -> bool:
+        """A running (or starting) worker does `phase`'s work: PREFILL takes prompts, DECODE decodes."""
+        return Router.covered(self.all_views(), phase)
 
-    def serves(self, role: WorkerRole) -> bool:
-        """A worker of `role` runs or starts, or one is on its way back (restarted by the supervisor, started
-        or paused for a checkpoint by an operation, stood down with its hold running): requests for the role
-        may wait for it, each wait bounded (start timeout, crash budget, checkpoint timeout, hold). Otherwise
-        they fail: no worker of the role is left."""
-        return (self.has_role(role) or role in self.restarting.values() or role in self.arriving.values()
-                or any(v.role is role and v.state is WorkerState.CHECKPOINTED for v in self.views.values()))
+    def serves(self, phase: WorkerRole) -> bool:
+        """A worker doing `phase`'s work runs or starts, or one is on its way back (restarted by the supervisor,
+        started or paused for a checkpoint by an operation, stood down with its hold running): requests for the
+        phase may wait for it, each wait bounded (start timeout, crash budget, checkpoint timeout, hold).
+        Otherwise they fail: no worker of the phase is left."""
+        coming = [*self.restarting.values(), *self.arriving.values(),
+                  *(v.role for v in self.views.values() if v.state is WorkerState.CHECKPOINTED)]
+        return self.covers(phase) or any(role.covers(phase) for role in coming)
 
-    def lost_nodes_note(self, role: WorkerRole) -> str:
-        """For an error saying no `role` worker is left: " (the Ray cluster lost the node of decode-0 on node3)"
-        when that is why, else ""."""
-        lost = sorted(f"{v.worker_id} on {v.node}" for v in self.views.values() if v.role is role and v.node_lost)
+    def phase_workers(self, phase: WorkerRole) -> str:
+        """Who does `phase`'s work, for an error saying none is left: "decode", or "decode or mixed" when the
+        fleet has had mixed workers beside others."""
+        roles = {v.role for v in self.views.values()} | set(self.config.roles)
+        if roles == {WorkerRole.MIXED}:
+            return WorkerRole.MIXED.value
+        return f"{phase.value} or mixed" if WorkerRole.MIXED in roles else phase.value
+
+    def lost_nodes_note(self, phase: WorkerRole) -> str:
+        """For an error saying no worker of `phase` is left: " (the Ray cluster lost the node of decode-0 on
+        node3)" when that is why, else ""."""
+        lost = sorted(f"{v.worker_id} on {v.node}" for v in self.views.values() if v.role.covers(phase)
+                      and v.node_lost)
         return f" (the Ray cluster lost the node of {', '.join(lost)})" if lost else ""
 
     def record_event(self, kind: EventKind, worker_id: str | None, details: dict) -> None:

@@ -34,12 +34,12 @@ class AutoplanPolicy:
         return Verdict(Decision.SKIP, reason)
 
     def judge(self, plan: Plan) -> Verdict:
-        best, gain, current = plan.best_split, plan.gain_pct(), plan.current
-        if best is None or gain is None or current is None:
-            return self.skip("no prefill:decode layout to compare with the fleet's own")
+        best, gain, current = plan.recommended, plan.gain_pct(), plan.current
+        if gain is None or current is None:
+            return self.skip("the fleet's own layout was not replayed: nothing to compare with")
         previous, self._candidate = self._candidate, None
         if best.split == current:
-            return Verdict(Decision.HOLD, f"the current {current.label} is the best split "
+            return Verdict(Decision.HOLD, f"the current {current.label} is the best layout "
                                           f"({best.goodput:.3g} req/s within {plan.slo.describe()})")
         gained = f"{best.split.label} would gain {gain:.1f} % of goodput over the current {current.label}"
         if gain < self.settings.min_gain_pct:

@@ -96,7 +96,7 @@ class Plan:
 
     @property
     def best_split(self) -> Candidate | None:
-        """The best prefill:decode split: what `rebalance` can move a disaggregated fleet to."""
+        """The best prefill:decode split (the recommended layout may be colocated)."""
         return next((c for c in self.candidates if c.split.layout is Layout.DISAGGREGATED), None)
 
     def candidate(self, split: Split | None) -> Candidate | None:
@@ -106,9 +106,9 @@ class Plan:
         return next((c for c in self.candidates if c.split == split), None)
 
     def gain_pct(self) -> float | None:
-        """Predicted goodput gain of the best split over the current one, in percent (None when either is
-        missing; inf when the current one serves nothing within the SLOs and the best one does)."""
-        best, now = self.best_split, self.candidate(self.current)
+        """Predicted goodput gain of the recommended layout over the current one, in percent (None when the
+        current one was not replayed; inf when it serves nothing within the SLOs and the recommended one does)."""
+        best, now = self.recommended, self.candidate(self.current)
         if best is None or now is None:
             return None
         if now.goodput == 0:
@@ -262,7 +262,4 @@ def _compare(plan: Plan) -> str:
     split = plan.best_split
     if split is not None and split is not rival:
         sentence += f"; the best prefill:decode split is {split.split.label} at {split.goodput:.3g} req/s"
-    if plan.current is not None and plan.current.layout is Layout.DISAGGREGATED:
-        sentence += (f"; colocated takes a restart with --colocated {best.split.mixed} (rebalance moves prefill:decode "
-                     f"splits only)")
     return sentence

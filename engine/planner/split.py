@@ -1,4 +1,6 @@
-"""A fleet's layout as the planner counts it: P prefill and D decode workers, or N mixed (colocated)."""
+"""A fleet's layout as the planner counts it: P prefill and D decode workers, or N mixed (colocated) — or, as
+`rebalance` can reach and a switch can leave a fleet, prefill, decode and mixed workers side by side
+(P:D:M). The planner ranks the first two kinds."""
 
 import re
 from dataclasses import dataclass
@@ -8,6 +10,7 @@ from enum import StrEnum
 class Layout(StrEnum):
     DISAGGREGATED = "disaggregated"
     COLOCATED = "colocated"
+    HYBRID = "hybrid"  # mixed workers beside prefill or decode ones
 
 
 class SplitError(ValueError):
@@ -18,39 +21,50 @@ class SplitError(ValueError):
 class Split:
     prefill: int = 0
     decode: int = 0
-    mixed: int = 0  # > 0: colocated, and prefill == decode == 0
+    mixed: int = 0  # workers doing both phases: alone, the colocated baseline
 
     def __post_init__(self) -> None:
         if min(self.prefill, self.decode, self.mixed) < 0:
             raise SplitError("worker counts must be >= 0")
-        if self.mixed and (self.prefill or self.decode):
-            raise SplitError("a split is either prefill:decode or colocated, not both")
-        if not self.mixed and (self.prefill < 1 or self.decode < 1):
-            raise SplitError(f"split {self.prefill}:{self.decode} leaves a role empty: both need >= 1 worker")
+        if self.prefill + self.mixed < 1 or self.decode + self.mixed < 1:
+            raise SplitError(f"split {self.label} leaves a role empty: prompts and decoding each need >= 1 worker "
+                             f"(prefill or mixed, decode or mixed)")
 
     @property
     def layout(self) -> Layout:
-        return Layout.COLOCATED if self.mixed else Layout.DISAGGREGATED
+        if not self.mixed:
+            return Layout.DISAGGREGATED
+        return Layout.HYBRID if self.prefill or self.decode else Layout.COLOCATED
 
     @property
     def devices(self) -> int:
-        return self.mixed or self.prefill + self.decode
+        return self.prefill + self.decode + self.mixed
 
     @property
     def label(self) -> str:
-        return f"colocated {self.mixed}" if self.mixed else f"{self.prefill}:{self.decode}"
+        return layout_label(self.prefill, self.decode, self.mixed)
 
     def as_json(self) -> dict[str, int | str]:
         """`{"prefill", "decode"}` (DESIGN's plan shape), plus `mixed` and `layout`."""
         return {"prefill": self.prefill, "decode": self.decode, "mixed": self.mixed, "layout": self.layout.value}
 
 
+def layout_label(prefill: int, decode: int, mixed: int) -> str:
+    """'2:1', 'colocated 3', or '1:1:1' (any counts: a fleet losing workers may have an empty role)."""
+    if not mixed:
+        return f"{prefill}:{decode}"
+    return f"{prefill}:{decode}:{mixed}" if prefill or decode else f"colocated {mixed}"
+
+
 def parse_split(text: str) -> Split:
-    """'2:1' -> Split(prefill=2, decode=1)."""
-    match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text)
+    """'2:1' -> Split(prefill=2, decode=1); '1:1:1' -> one of each; 'colocated 3' (or '0:0:3') -> 3 mixed."""
+    colocated = re.fullmatch(r"\s*colocated\s+(\d+)\s*", text)
+    if colocated:
+        return Split(mixed=int(colocated.group(1)))
+    match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*(?::\s*(\d+)\s*)?", text)
     if not match:
-        raise SplitError(f"bad split {text!r}: use PREFILL:DECODE, e.g. 2:1")
-    return Split(int(match.group(1)), int(match.group(2)))
+        raise SplitError(f"bad split {text!r}: use PREFILL:DECODE, e.g. 2:1, PREFILL:DECODE:MIXED, or colocated N")
+    return Split(int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
 
 
 def splits_of(devices: int) -> list[Split]:

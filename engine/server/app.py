@@ -52,7 +52,7 @@ def create_app(fleet: Fleet, admin_token: str | None, bound_host: str = "127.0.0
     async def health() -> JSONResponse:
         if fleet.closing:
             return JSONResponse({"status": "shutting down"}, 503)
-        ok = all(fleet.has_role(role) for role in fleet.config.roles)
+        ok = fleet.healthy()
         return JSONResponse({"status": "ok" if ok else "degraded"}, 200 if ok else 503)
 
     @app.get("/metrics")

@@ -39,7 +39,7 @@ def workers_status(fleet: Fleet) -> list[WorkerInfo]:
 def fleet_status(fleet: Fleet) -> FleetStatus:
     workers = workers_status(fleet)
     pools = {}
-    for role in fleet.config.roles:
+    for role in fleet.roles():
         members = [w for w in workers if w.role == role.value and w.state == WorkerState.RUNNING.value]
         count = len(members) or 1
         pools[role.value] = PoolInfo(

@@ -56,25 +56,25 @@ def test_turn_two_goes_to_the_prefill_worker_holding_turn_one() -> None:
     router = Router()
     views = [worker("prefill-0", WorkerRole.PREFILL), worker("prefill-1", WorkerRole.PREFILL, holds=TURN1),
              worker("prefill-2", WorkerRole.PREFILL)]
-    pick = router.pick_prefill_worker(views, WorkerRole.PREFILL, num_tokens=len(TURN2), cached=cached(TURN2))
+    pick = router.pick_prefill_worker(views, num_tokens=len(TURN2), cached=cached(TURN2))
     assert pick.worker_id == "prefill-1"
     # busier, but its backlog (300 tokens) is less than what its cache saves (320): still the fastest
     views[1] = worker("prefill-1", WorkerRole.PREFILL, holds=TURN1, sessions=1, backlog=300)
-    assert router.pick_prefill_worker(views, WorkerRole.PREFILL, num_tokens=len(TURN2),
+    assert router.pick_prefill_worker(views, num_tokens=len(TURN2),
                                       cached=cached(TURN2)).worker_id == "prefill-1"
 
 
 def test_a_hot_prefill_worker_with_the_prefix_loses_to_an_idle_one_without_it() -> None:
     views = [worker("prefill-0", WorkerRole.PREFILL, holds=TURN1, sessions=3, backlog=1500),
              worker("prefill-1", WorkerRole.PREFILL, sessions=1, backlog=50)]
-    pick = Router().pick_prefill_worker(views, WorkerRole.PREFILL, num_tokens=len(TURN2), cached=cached(TURN2))
+    pick = Router().pick_prefill_worker(views, num_tokens=len(TURN2), cached=cached(TURN2))
     assert pick.worker_id == "prefill-1"
 
 
 def test_without_cache_information_prefill_picks_the_smallest_backlog_then_fewest_requests() -> None:
     views = [worker("a", WorkerRole.PREFILL, sessions=1, backlog=900), worker("b", WorkerRole.PREFILL, sessions=2),
              worker("c", WorkerRole.PREFILL, sessions=1)]
-    assert Router().pick_prefill_worker(views, WorkerRole.PREFILL, num_tokens=100).worker_id == "c"
+    assert Router().pick_prefill_worker(views, num_tokens=100).worker_id == "c"
 
 
 def test_backlog_forgets_requests_the_worker_no_longer_holds() -> None:

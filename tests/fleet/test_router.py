@@ -44,47 +44,49 @@ def test_only_running_workers_accept(state: WorkerState) -> None:
 
 def test_prefill_pick_takes_fewest_requests() -> None:
     views = [view("a", requests=3), view("b", requests=1), view("c", requests=2)]
-    assert Router().pick_prefill_worker(views, WorkerRole.PREFILL).worker_id == "b"
+    assert Router().pick_prefill_worker(views).worker_id == "b"
 
 
 def test_prefill_pick_breaks_ties_by_worker_id() -> None:
     views = [view("w2", requests=1), view("w10", requests=1), view("w1", requests=1), view("w0", requests=2)]
-    assert Router().pick_prefill_worker(views, WorkerRole.PREFILL).worker_id == "w1"
-    assert Router().pick_prefill_worker(list(reversed(views)), WorkerRole.PREFILL).worker_id == "w1"
+    assert Router().pick_prefill_worker(views).worker_id == "w1"
+    assert Router().pick_prefill_worker(list(reversed(views))).worker_id == "w1"
 
 
-def test_prefill_pick_only_takes_the_asked_role() -> None:
-    views = [view("d", WorkerRole.DECODE), view("m", WorkerRole.MIXED, requests=5), view("p", requests=9)]
+def test_prompts_go_to_prefill_and_mixed_workers_handoffs_to_decode_and_mixed_ones() -> None:
+    views = [view("d", WorkerRole.DECODE, free_blocks=10), view("m", WorkerRole.MIXED, requests=5, free_blocks=10),
+             view("p", requests=9, free_blocks=10)]
     router = Router()
-    assert router.pick_prefill_worker(views, WorkerRole.PREFILL).worker_id == "p"
-    assert router.pick_prefill_worker(views, WorkerRole.MIXED).worker_id == "m"
-    assert router.pick_prefill_worker(views, WorkerRole.DECODE).worker_id == "d"  # a recompute
+    assert router.pick_prefill_worker(views).worker_id == "m"  # fewer requests than p; d takes no prompt
+    assert router.pick_prefill_worker(views[:1]) is None
+    assert router.pick_decode_worker(views, 1).worker_id == "d"
+    assert router.pick_decode_worker(views[1:], 1).worker_id == "m"  # p decodes nothing
 
 
 @pytest.mark.parametrize("state", [s for s in WorkerState if s is not WorkerState.RUNNING])
 def test_prefill_pick_skips_workers_that_are_not_running(state: WorkerState) -> None:
     views = [view("idle", state=state), view("busy", requests=50)]
-    assert Router().pick_prefill_worker(views, WorkerRole.PREFILL).worker_id == "busy"
-    assert Router().pick_prefill_worker([view("idle", state=state)], WorkerRole.PREFILL) is None
+    assert Router().pick_prefill_worker(views).worker_id == "busy"
+    assert Router().pick_prefill_worker([view("idle", state=state)]) is None
 
 
 def test_prefill_pick_skips_full_workers() -> None:
     router = Router(RouterConfig(max_requests_per_worker=2))
     assert (
-        router.pick_prefill_worker([view("a", requests=2), view("b", requests=1)], WorkerRole.PREFILL).worker_id == "b"
+        router.pick_prefill_worker([view("a", requests=2), view("b", requests=1)]).worker_id == "b"
     )
-    assert router.pick_prefill_worker([view("a", requests=2), view("b", requests=3)], WorkerRole.PREFILL) is None
+    assert router.pick_prefill_worker([view("a", requests=2), view("b", requests=3)]) is None
 
 
 def test_default_request_limit() -> None:
     router = Router()
     limit = RouterConfig().max_requests_per_worker
-    assert router.pick_prefill_worker([view("a", requests=limit - 1)], WorkerRole.PREFILL) is not None
-    assert router.pick_prefill_worker([view("a", requests=limit)], WorkerRole.PREFILL) is None
+    assert router.pick_prefill_worker([view("a", requests=limit - 1)]) is not None
+    assert router.pick_prefill_worker([view("a", requests=limit)]) is None
 
 
 def test_prefill_pick_with_no_workers() -> None:
-    assert Router().pick_prefill_worker([], WorkerRole.PREFILL) is None
+    assert Router().pick_prefill_worker([]) is None
 
 
 def decode(worker_id: str, **kw: object) -> WorkerView:
@@ -126,11 +128,11 @@ def test_decode_pick_ties_by_worker_id() -> None:
     assert Router().pick_decode_worker(views, 1).worker_id == "x"
 
 
-def test_decode_pick_only_takes_running_decode_workers() -> None:
+def test_decode_pick_only_takes_running_workers_that_decode() -> None:
     router = Router()
     views = [
         view("p", WorkerRole.PREFILL, free_blocks=100),
-        view("m", WorkerRole.MIXED, free_blocks=100),
+        view("m", WorkerRole.MIXED, state=WorkerState.DRAINING, free_blocks=100),
         decode("draining", state=WorkerState.DRAINING, free_blocks=100),
         decode("starting", state=WorkerState.STARTING, free_blocks=100),
     ]
@@ -150,15 +152,20 @@ def test_decode_pick_only_takes_running_decode_workers() -> None:
         (WorkerState.FAILED, False),
     ],
 )
-def test_has_role_counts_running_and_starting(state: WorkerState, expected: bool) -> None:
+def test_covered_counts_running_and_starting(state: WorkerState, expected: bool) -> None:
     views = [view("p", WorkerRole.PREFILL), view("d", WorkerRole.DECODE, state=state)]
-    assert Router.has_role(views, WorkerRole.DECODE) is expected
-    assert Router.has_role(views, WorkerRole.PREFILL) is True
-    assert Router.has_role(views, WorkerRole.MIXED) is False
+    assert Router.covered(views, WorkerRole.DECODE) is expected
+    assert Router.covered(views, WorkerRole.PREFILL) is True
 
 
-def test_has_role_with_no_workers() -> None:
-    assert Router.has_role([], WorkerRole.PREFILL) is False
+def test_a_mixed_worker_covers_both_phases() -> None:
+    assert Router.covered([view("m", WorkerRole.MIXED)], WorkerRole.PREFILL) is True
+    assert Router.covered([view("m", WorkerRole.MIXED)], WorkerRole.DECODE) is True
+    assert Router.covered([view("p", WorkerRole.PREFILL)], WorkerRole.DECODE) is False
+
+
+def test_covered_with_no_workers() -> None:
+    assert Router.covered([], WorkerRole.PREFILL) is False
 
 
 def test_kv_usage() -> None:

@@ -1,7 +1,8 @@
 """`fleetctl switch` on a real fleet (worker processes on CPU slots, HTTP, the CLI) while streams run: a decode
 worker becomes a prefill worker and a prefill worker a decode worker, each the same process, its sessions moved
 live first; every stream is token-identical to a plain `generate` (`--deterministic`), and the switched workers
-serve their new roles. A switch the worker fails leaves it serving its old role; bad switches are refused."""
+serve their new roles. `rebalance` goes from 1:2 to colocated and back by switches under streams. A switch the
+worker fails leaves it serving its old role; bad switches are refused."""
 
 import json
 from pathlib import Path
@@ -79,6 +80,36 @@ def test_switch_each_way_in_place_under_streams(tiny_model_dir: Path) -> None:
         assert not [p for p in SHM_DIR.glob("fleetctl-kv-*") if int(p.name.split("-")[3]) in switched]
 
 
+def test_rebalance_to_colocated_and_back_in_place_under_streams(tiny_model_dir: Path) -> None:
+    """1:2 -> colocated 3 -> 1:2 while streams decode: the same three processes throughout, each worker switched
+    with its sessions moved live to one that decodes, and every stream token-identical to a plain `generate`."""
+    reference = [r["text"] for r in generate_json(tiny_model_dir, PROMPTS, "--dtype", "float32", "--deterministic",
+                                                  "--max-tokens", str(TOKENS), "--ignore-eos")]
+    with serve(tiny_model_dir, *FLEET, env=SLOW_STEPS) as url:
+        pids = {info["pid"] for info in workers(url).values()}
+        first = start_streams(url, PROMPTS, TOKENS)
+        assert wait_until(lambda: decoding(url, "decode-0") + decoding(url, "decode-1") >= 2, 60)
+
+        there = cli_json("rebalance", "--split", "0:0:3", "--apply", "--url", url)
+        assert (there["from"], there["split"], there["via"]) == ("1:2", "colocated 3", "switch")
+        assert sorted((m["from"], m["to"]) for m in there["moves"]) == [
+            ("decode", "mixed"), ("decode", "mixed"), ("prefill", "mixed")]
+        assert sum(m["sessions_moved"] for m in there["moves"]) >= 1, there  # decoding sessions moved, live
+        now = workers(url)
+        assert sorted(now) == ["mixed-0", "mixed-1", "mixed-2"] and {w["pid"] for w in now.values()} == pids
+        second = start_streams(url, PROMPTS[:3], TOKENS)  # the colocated fleet serves new prompts end to end
+        assert wait_until(lambda: sum(decoding(url, w) for w in now) >= 2, 60)
+
+        back = cli_json("rebalance", "--split", "1:2", "--apply", "--url", url)
+        assert (back["from"], back["split"]) == ("colocated 3", "1:2")
+        now = workers(url)
+        assert sorted(w["role"] for w in now.values()) == ["decode", "decode", "prefill"]
+        assert {w["pid"] for w in now.values()} == pids
+        assert first.result(timeout=600) == reference
+        assert second.result(timeout=600) == reference[:3]
+        assert start_streams(url, PROMPTS[3:], TOKENS).result(timeout=600) == reference[3:]
+
+
 def switch_events(url: str) -> list[tuple[str, str]]:
     """(new id, was) of each switch event in the store, oldest first."""
     events = httpx.get(f"{url}/fleet/history", params={"since": 600}, timeout=10).json()["events"]
@@ -100,7 +131,6 @@ def test_a_failed_switch_leaves_the_worker_serving_its_old_role(tiny_model_dir: 
         refusals = {
             ("decode-0", "--role", "decode"): "HTTP 409: decode-0 is already a decode worker",
             ("decode-9", "--role", "prefill"): "HTTP 404: unknown worker 'decode-9'",
-            ("decode-0", "--role", "mixed"): "HTTP 400: this fleet is disaggregated",
             ("prefill-0", "--role", "decode"): "HTTP 409: cannot switch prefill-0: it is the last running prefill",
         }
         for args, message in refusals.items():

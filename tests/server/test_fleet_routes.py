@@ -90,7 +90,6 @@ def test_bad_pool_changes_get_one_clear_error_and_change_nothing(client: TestCli
     before = states(client)
     cases = [
         ("/fleet/workers", {"role": "gpu", "device": "cpu:2"}, 400, "unknown role 'gpu'"),
-        ("/fleet/workers", {"role": "mixed", "device": "cpu:2"}, 400, "disaggregated"),
         ("/fleet/workers", {"role": "decode", "device": "tpu:0"}, 400, "unknown device 'tpu:0'"),
         ("/fleet/workers", {"role": "decode", "device": "cpu:0"}, 409, "cpu:0 already hosts prefill-0"),
         ("/fleet/workers", {"role": "decode"}, 400, "device: Field required"),
@@ -104,8 +103,8 @@ def test_bad_pool_changes_get_one_clear_error_and_change_nothing(client: TestCli
         ("/fleet/workers/decode-0/resume", None, 409, "decode-0 is running, not draining"),
         ("/fleet/workers/decode-9/switch", {"role": "prefill"}, 404, "unknown worker 'decode-9'"),
         ("/fleet/workers/decode-0/switch", {"role": "decode"}, 409, "decode-0 is already a decode worker"),
-        ("/fleet/workers/decode-0/switch", {"role": "mixed"}, 400, "disaggregated"),
         ("/fleet/workers/decode-0/switch", {"role": "prefill"}, 409, "last running decode worker"),
+        ("/fleet/workers/prefill-0/switch", {"role": "decode"}, 409, "last running prefill worker"),
         ("/fleet/workers/decode-0/switch", None, 400, "Field required"),
     ]
     for path, body, status, message in cases:

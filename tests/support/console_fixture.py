@@ -161,8 +161,10 @@ class FixtureSource:
     url = "http://fixture:8700"
 
     def __init__(self, reachable: bool = True, hold_at: int | None = None,
-                 results: Mapping[OpKind, OperationResult] | None = None, store: StoreInfo | None = None) -> None:
+                 results: Mapping[OpKind, OperationResult] | None = None, store: StoreInfo | None = None,
+                 plan: FleetPlan = PLAN) -> None:
         self.reachable = reachable
+        self.fleet_plan = plan  # what /fleet/plan answers
         self.store = store  # what /fleet/status says of the metrics store (None: the fleet keeps none)
         self.hold_at = hold_at  # an operation stays at this stage (a picture of the progress dialog)
         self.results = {**RESULTS, **(results or {})}
@@ -210,7 +212,7 @@ class FixtureSource:
         raise FleetRefused("GET", "/fleet/checkpoints", 404, "not in the fixture")
 
     async def plan(self, since: str) -> FleetPlan:
-        return PLAN
+        return self.fleet_plan
 
     async def rebalance_preview(self, split: str) -> RebalancePreview:
         self.posted.append(("/fleet/rebalance", {"split": split, "apply": False}))

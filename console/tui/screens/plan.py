@@ -1,6 +1,6 @@
 """`p`: the planner's view of the fleet (`GET /fleet/plan`): the current split, the recommended one,
-the predicted gain and the reason, every layout it replayed — and `a` to rebalance to the best split
-(a dry run first, listed in the confirmation; disabled in read-only consoles)."""
+the predicted gain and the reason, every layout it replayed — and `a` to rebalance to the recommended layout,
+colocated included (a dry run first, listed in the confirmation; disabled in read-only consoles)."""
 
 from textual import work
 from textual.app import ComposeResult
@@ -11,13 +11,14 @@ from textual.widgets import DataTable, Footer, Label
 
 from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.actions import READONLY_REASON
+from fleetctl.engine.planner.split import layout_label as split_label
 from fleetctl.engine.server.schemas import FleetPlan, SplitInfo
 
 WINDOWS = ("10m", "30m", "1h", "5m")  # `w` steps through them; the first is the default
 
 
 def layout_label(layout: SplitInfo) -> str:
-    return f"colocated {layout.mixed}" if layout.mixed else f"{layout.prefill}:{layout.decode}"
+    return split_label(layout.prefill, layout.decode, layout.mixed)
 
 
 def gain_text(gain: float | str | None) -> str:
@@ -39,7 +40,7 @@ def summary_lines(plan: FleetPlan) -> list[str]:
              f"current      {layout_label(current) if current else '-'}",
              f"recommended  {layout_label(recommended)}"]
     if best and layout_label(best) != layout_label(recommended):
-        lines.append(f"best split   {layout_label(best)} (what rebalance can reach)")
+        lines.append(f"best split   {layout_label(best)} (the best prefill:decode split)")
     lines.append(f"gain         {gain_text(plan.gain_pct)}")
     lines.append(f"why          {plan.reason}")
     lines += [f"note         {note}" for note in plan.notes]
@@ -48,7 +49,7 @@ def summary_lines(plan: FleetPlan) -> list[str]:
 
 class PlanScreen(Screen[None]):
     BINDINGS = [Binding("escape,backspace", "back", "Back"),
-                Binding("a", "apply", "apply best split"),
+                Binding("a", "apply", "apply recommended"),
                 Binding("r", "replan", "plan again"),
                 Binding("w", "window", "window")]
 
@@ -109,8 +110,7 @@ class PlanScreen(Screen[None]):
         if self.app.readonly:
             self.notify(READONLY_REASON, severity="warning")
             return
-        best = self.plan.best_split if self.plan else None
-        if not best:
-            self.notify("no split to apply: plan first (r)", severity="warning")
+        if not self.plan:
+            self.notify("no layout to apply: plan first (r)", severity="warning")
             return
-        self.app.flows.launch("rebalance", self.app.flows.rebalance(layout_label(best)))
+        self.app.flows.launch("rebalance", self.app.flows.rebalance(layout_label(self.plan.recommended)))

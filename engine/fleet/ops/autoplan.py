@@ -49,7 +49,7 @@ class Autoplanner:
             else:
                 verdict = self.policy.judge(plan)
                 details = {"current": plan.current.label if plan.current else None,
-                           "recommended": plan.best_split.split.label if plan.best_split else None,
+                           "recommended": plan.recommended.split.label,
                            "gain_pct": plan.gain_json(),
                            "goodput": {c.split.label: round(c.goodput, 4) for c in plan.candidates},
                            "requests": plan.recommended.requests}

@@ -11,7 +11,7 @@ import contextlib
 import time
 from enum import StrEnum
 
-from fleetctl.domain import EventKind, WorkerRole, WorkerState
+from fleetctl.domain import PHASES, EventKind, WorkerRole, WorkerState
 from fleetctl.engine.core.block_allocator import blocks_for
 from fleetctl.engine.fleet.errors import MoveFailed, OperationCancelled, OperationFailed, OperationRefused
 from fleetctl.engine.fleet.ops.evacuate import evacuate
@@ -46,7 +46,7 @@ class WorkerLifecycle:
         """`move`: its decoding sessions move live to its peers rather than finish where they are."""
         view = self.runner.running_worker(worker_id)
         self.check_not_last(view, "drain")
-        if move and view.role is WorkerRole.PREFILL:
+        if move and not view.role.covers(WorkerRole.DECODE):
             raise OperationRefused(409, f"{worker_id} is a prefill worker: its sessions do not decode there, so "
                                         f"none moves; drain it without --move")
         op = Operation(OpKind.DRAIN, worker_id)
@@ -90,11 +90,6 @@ class WorkerLifecycle:
         except ValueError:
             roles = ", ".join(r.value for r in WorkerRole)
             raise OperationRefused(400, f"unknown role {role!r}: use {roles}") from None
-        config = self.state.config
-        if worker_role not in config.roles:
-            layout = ("colocated: it runs mixed workers only" if config.colocated
-                      else "disaggregated: it runs prefill and decode workers")
-            raise OperationRefused(400, f"this fleet is {layout}, not {worker_role.value} workers")
         return worker_role
 
     def next_id(self, role: WorkerRole) -> str:
@@ -105,17 +100,25 @@ class WorkerLifecycle:
             n += 1
         return f"{role.value}-{n}"
 
-    def check_not_last(self, view: WorkerView, verb: str) -> None:
-        """Refuse to take the last running worker of a role out of service: the fleet needs that role."""
-        peers = [v for v in self.state.views.values() if v.role is view.role and v.worker_id != view.worker_id]
+    def check_not_last(self, view: WorkerView, verb: str, becoming: WorkerRole | None = None) -> None:
+        """Refuse to take the last running worker of a phase out of service (the last to take prompts, or to
+        decode: a mixed worker does both): the fleet needs every phase — unless the worker comes back
+        `becoming` a role that does it (a switch: requests wait for it meanwhile)."""
+        for phase in PHASES:
+            if view.role.covers(phase) and not (becoming and becoming.covers(phase)):
+                self._check_phase_left(view, phase, verb)
+
+    def _check_phase_left(self, view: WorkerView, phase: WorkerRole, verb: str) -> None:
+        peers = [v for v in self.state.views.values() if v.role.covers(phase) and v.worker_id != view.worker_id]
         if any(v.state is WorkerState.RUNNING for v in peers):
             return
+        who = self.state.phase_workers(phase)
         in_flight = sum(1 for r in self.state.requests.values() if not r.done)
         why = (f"{in_flight} request(s) are in flight" if in_flight
-               else f"the fleet would be left without a {view.role.value} worker")
+               else f"the fleet would be left without a {who} worker")
         resumable = [v.worker_id for v in peers if self._resumable(v)]
-        fix = f"resume {resumable[0]}" if resumable else f"start another {view.role.value} worker"
-        raise OperationRefused(409, f"cannot {verb} {view.worker_id}: it is the last running {view.role.value} worker "
+        fix = f"resume {resumable[0]}" if resumable else f"start another {who} worker"
+        raise OperationRefused(409, f"cannot {verb} {view.worker_id}: it is the last running {who} worker "
                                     f"and {why}; {fix} first")
 
     def _resumable(self, view: WorkerView) -> bool:
@@ -157,9 +160,10 @@ class WorkerLifecycle:
         return len(moved)
 
     def _peer_for(self, req: TrackedRequest, view: WorkerView) -> str | None:
-        """The running peer of `view`'s role with room for `req`, holding the fewest sessions."""
+        """The running peer that decodes (a decode or mixed worker) with room for `req`, holding the fewest
+        sessions."""
         tokens = len(req.prompt_token_ids) + len(req.output_token_ids) + RESERVE_SLACK_TOKENS
-        peers = [v for v in self.state.views.values() if v.role is view.role and v.accepting
+        peers = [v for v in self.state.views.values() if v.role.covers(WorkerRole.DECODE) and v.accepting
                  and v.free_blocks >= blocks_for(tokens, v.block_size)]
         best = min(peers, key=lambda v: (len(v.requests), -v.free_blocks, v.worker_id), default=None)
         return best.worker_id if best else None

@@ -1,14 +1,18 @@
-"""`rebalance`: move a disaggregated fleet to another prefill:decode split on the same devices, one worker
-at a time, without losing a session. Each worker that changes role has its sessions leave it (see
-`Evacuation`) and then, `Via` the default switch, re-lays itself in place (`switch.py`: the same process,
-no model load), or via restart is stopped and a worker of the other role started on its device. Either way
-it takes a fresh id of its new role, as `start` gives. Each step is an operation of `lifecycle` or
+"""`rebalance`: move a fleet to another layout of the same devices — a prefill:decode split, colocated, or
+prefill, decode and mixed workers side by side (P:D:M) — one worker at a time, without losing a session.
+Each worker that changes role has its sessions leave it (see `Evacuation`) and then, `Via` the default
+switch, re-lays itself in place (`switch.py`: the same process, no model load), or via restart is stopped
+and a worker of its new role started on its device. Either way it takes a fresh id of its new role, as
+`start` gives. Each step is an operation of `lifecycle` or
 `switch`; the rebalance is one operation over them that an operator polls like the others.
 
 Refused (4xx, nothing changed): a split that does not parse, has an empty role, or does not use the
-fleet's devices exactly; a colocated fleet; a fleet already at that split; another operation running or
-a worker starting or draining; and with `force`, a worker whose sessions would not fit on its peers.
-Converting only from the role in excess keeps both roles non-empty at every step."""
+fleet's devices exactly; a fleet already at that split; another operation running or a worker starting or
+draining; and with `force`, a worker whose sessions would not fit on its peers.
+
+Only workers of a role in excess change, each to a role short of workers, in an order that keeps a running
+worker taking prompts and one decoding beside the worker that changes wherever the layouts allow (1:1 to
+colocated 2 does not: there, requests wait for the switching worker, which covers both roles after)."""
 
 import asyncio
 import time
@@ -35,7 +39,7 @@ from fleetctl.engine.fleet.ops.runner import OperationRunner
 from fleetctl.engine.fleet.ops.stages import RebalanceStage
 from fleetctl.engine.fleet.ops.switch import RoleSwitches
 from fleetctl.engine.fleet.worker_view import WorkerView
-from fleetctl.engine.planner.split import Split, SplitError, parse_split
+from fleetctl.engine.planner.split import Split, SplitError, layout_label, parse_split
 
 POLL_S = 0.05
 R = TypeVar("R", bound=OperationResult)
@@ -72,11 +76,11 @@ class Rebalancer:
     def counts(self) -> dict[WorkerRole, int]:
         """Running workers per role."""
         running = [v.role for v in self.state.views.values() if v.state is WorkerState.RUNNING]
-        return {role: running.count(role) for role in (WorkerRole.PREFILL, WorkerRole.DECODE)}
+        return {role: running.count(role) for role in WorkerRole}
 
     def current(self) -> str:
         counts = self.counts()
-        return f"{counts[WorkerRole.PREFILL]}:{counts[WorkerRole.DECODE]}"
+        return layout_label(counts[WorkerRole.PREFILL], counts[WorkerRole.DECODE], counts[WorkerRole.MIXED])
 
     def preview(self, split: str, force: bool, via: str | None = None) -> RebalancePreview:
         """The dry run: what `start` would do."""
@@ -99,7 +103,7 @@ class Rebalancer:
         """`via` as asked, or by default a switch unless `force` (a stop's recompute) or the roles serve different
         weight formats (a switch keeps the weights) call for a restart."""
         config = self.state.config
-        formats_agree = config.quantization_for(WorkerRole.PREFILL) is config.quantization_for(WorkerRole.DECODE)
+        formats_agree = len({config.quantization_for(role) for role in WorkerRole}) == 1
         if via is None:
             return Via.SWITCH if formats_agree and not force else Via.RESTART
         try:
@@ -110,8 +114,8 @@ class Rebalancer:
             raise OperationRefused(400, "--force recomputes sessions on peers as a worker stops: use --via restart "
                                         "with it (a switch moves them live)")
         if how is Via.SWITCH and not formats_agree:
-            raise OperationRefused(409, "this fleet's prefill and decode workers serve different weight formats and "
-                                        "a switch keeps the weights it loaded: use --via restart")
+            raise OperationRefused(409, "this fleet's roles serve different weight formats and a switch keeps the "
+                                        "weights it loaded: use --via restart")
         return how
 
     @staticmethod
@@ -122,10 +126,7 @@ class Rebalancer:
             raise OperationRefused(400, str(exc)) from None
 
     def role_changes(self, target: Split, force: bool) -> list[RoleChange]:
-        """The workers that change role, those holding the fewest sessions first; raises OperationRefused."""
-        if self.state.config.colocated:
-            raise OperationRefused(409, "this fleet is colocated (mixed workers): rebalance moves prefill:decode "
-                                        "splits; restart it with --prefill P --decode D")
+        """The workers that change role, in order; raises OperationRefused."""
         busy = self.running_operation()
         if busy is not None:
             raise OperationRefused(409, f"another operation is running ({busy.kind.value} {busy.id} on "
@@ -139,20 +140,23 @@ class Rebalancer:
             need = "needs more devices than" if target.devices > len(live) else "leaves devices idle of"
             raise OperationRefused(400, f"split {target.label} {need} the fleet's {len(live)} "
                                         f"({', '.join(sorted(v.device for v in live))}): a split uses them all")
-        prefill = self.counts()[WorkerRole.PREFILL]
-        excess, to_role, count = ((WorkerRole.PREFILL, WorkerRole.DECODE, prefill - target.prefill)
-                                  if prefill > target.prefill
-                                  else (WorkerRole.DECODE, WorkerRole.PREFILL, target.prefill - prefill))
-        chosen = sorted((v for v in live if v.role is excess), key=lambda v: (len(v.requests), v.worker_id))[:count]
+        counts, wanted = self.counts(), {WorkerRole.PREFILL: target.prefill, WorkerRole.DECODE: target.decode,
+                                         WorkerRole.MIXED: target.mixed}
+        leaving = [v for role in WorkerRole for v in sorted((v for v in live if v.role is role), key=_fewest_sessions)
+                   [:max(0, counts[role] - wanted[role])]]
+        short = [role for role in WorkerRole for _ in range(max(0, wanted[role] - counts[role]))]
+        steps = _order(sorted(leaving, key=_fewest_sessions), short, counts)
         if force:
-            self._check_room(chosen, [v for v in live if v.role is excess and v not in chosen])
-        return [RoleChange(worker=v.worker_id, device=v.device, from_=excess.value, to=to_role.value,
-                           sessions=len(v.requests)) for v in chosen]
+            self._check_room([v for v, _ in steps], [v for v in live if v not in leaving])
+        return [RoleChange(worker=v.worker_id, device=v.device, from_=v.role.value, to=to.value,
+                           sessions=len(v.requests)) for v, to in steps]
 
     def _check_room(self, leaving: list[WorkerView], staying: list[WorkerView]) -> None:
-        """Sessions recomputed on peers must fit in the peers' free KV blocks (decode workers hold KV for the
-        whole answer; a prefill worker's prompts just queue for its peers)."""
-        if not leaving or leaving[0].role is not WorkerRole.DECODE:
+        """Sessions recomputed on peers must fit in the free KV blocks of the peers that decode (they hold KV
+        for the whole answer; a prefill worker's prompts just queue for its peers)."""
+        leaving = [v for v in leaving if v.role.covers(WorkerRole.DECODE)]
+        staying = [v for v in staying if v.role.covers(WorkerRole.DECODE)]
+        if not leaving:
             return
         needed = sum(blocks_for(len(req.prompt_token_ids) + len(req.output_token_ids), v.block_size)
                      for v in leaving for rid in v.requests if (req := self.state.requests.get(rid)) is not None)
@@ -178,7 +182,7 @@ class Rebalancer:
                                             sessions_moved=switched.sessions_moved, seconds=switched.seconds))
                     continue
                 finished, moved = 0, 0
-                if how is Evacuation.MOVE and change.from_ == WorkerRole.DECODE.value:
+                if how is Evacuation.MOVE and WorkerRole(change.from_).covers(WorkerRole.DECODE):
                     drained = await self._follow(op, step, self.lifecycle.drain(change.worker, move=True), DrainResult)
                     finished, moved = drained.sessions_finished, drained.sessions_moved or 0
                 stopping = self.lifecycle.stop(change.worker, force=how is Evacuation.RECOMPUTE)
@@ -214,6 +218,42 @@ class Rebalancer:
             raise OperationFailed(f"{inner.kind.value} of {inner.worker_id} {inner.state.value}: {inner.error}")
         assert isinstance(inner.result, kind)
         return inner.result
+
+
+def _fewest_sessions(view: WorkerView) -> tuple[int, str]:
+    return len(view.requests), view.worker_id
+
+
+def _order(leaving: list[WorkerView], short: list[WorkerRole],
+           counts: dict[WorkerRole, int]) -> list[tuple[WorkerView, WorkerRole]]:
+    """Pair each leaving worker with a role short of workers, step by step: at each step the first pair
+    after which another running worker still takes prompts and one decodes, else the first whose new role
+    covers what it alone did (requests wait for it meanwhile)."""
+    running, steps, pending, needed = dict(counts), [], list(leaving), list(short)
+    while pending:
+        pairs = [(v, role) for v in pending for role in dict.fromkeys(needed)]
+        step = (next((p for p in pairs if _keeps_phases(running, *p, strict=True)), None)
+                or next((p for p in pairs if _keeps_phases(running, *p, strict=False)), None))
+        if step is None:
+            raise OperationRefused(409, "no order of role changes keeps a worker taking prompts and one decoding: "
+                                        "start a worker first")
+        view, role = step
+        pending.remove(view)
+        needed.remove(role)
+        running[view.role] -= 1
+        running[role] += 1
+        steps.append(step)
+    return steps
+
+
+def _keeps_phases(running: dict[WorkerRole, int], view: WorkerView, to: WorkerRole, strict: bool) -> bool:
+    """While `view` changes to `to`, every phase it does has another running worker (`strict`), or `to` does
+    it too."""
+    for phase in (WorkerRole.PREFILL, WorkerRole.DECODE):
+        others = sum(n for role, n in running.items() if role.covers(phase)) - 1
+        if view.role.covers(phase) and others < 1 and (strict or not to.covers(phase)):
+            return False
+    return True
 
 
 def _evacuation(force: bool) -> Evacuation:

@@ -1,9 +1,9 @@
 """`switch`: a worker changes role in place — the same process, its weights, KV pool and prefix cache kept
 (no model load, no calibration) — and takes the next id of its new role (`was` names the old one).
 
-1. It is routed nothing new (draining); a decode worker's sessions move live to its decode peers, and what
-   cannot move, like a prefill worker's prompts and the handoffs of their KV, finishes where it is. A
-   `resume` calls the switch off here: the worker serves its old role again.
+1. It is routed nothing new (draining); a decode or mixed worker's sessions move live to peers that decode
+   (decode or mixed workers), and what cannot move, like a prefill worker's prompts and the handoffs of their
+   KV, finishes where it is. A `resume` calls the switch off here: the worker serves its old role again.
 2. Holding no session, the process re-lays itself (`SwitchRole`: whether steps park after prefill, which
    decode step runs) and answers. Commit or abort: an answer that it failed (or no answer, or its exit)
    leaves it under its old id and role, and a live process serves that role again.
@@ -11,10 +11,13 @@
    routing takes it as its new role. Requests it prefilled that decode elsewhere keep the old id as their
    prefill worker: that is who prefilled them.
 
-Refused (4xx, nothing changed): an unknown or busy worker, a role the fleet does not run or the worker
-already has, the last running worker of its role, and roles that serve different weight formats
-(`--prefill-quantization`/`--decode-quantization`: a switch keeps the weights, so it would serve the
-other role's format)."""
+Any role may become any other: a fleet runs prefill, decode and mixed workers side by side.
+
+Refused (4xx, nothing changed): an unknown or busy worker, a role the worker already has, the last running
+worker to take prompts or to decode when its new role does not (the last one to decode may become mixed:
+handoffs wait for it while it switches), and roles that serve
+different weight formats (`--prefill-quantization`/`--decode-quantization`: a switch keeps the weights, so it
+would serve the other role's format)."""
 
 import asyncio
 import time
@@ -49,14 +52,15 @@ class RoleSwitches:
             raise OperationRefused(409, f"this fleet serves {view.role.value} workers {old_format.value} weights and "
                                         f"{new_role.value} workers {new_format.value}: a switch keeps the weights it "
                                         f"loaded; stop {worker_id} and start a {new_role.value} worker instead")
-        self.lifecycle.check_not_last(view, "switch")
+        self.lifecycle.check_not_last(view, "switch", becoming=new_role)
         op = Operation(OpKind.SWITCH, worker_id)
         self.lifecycle.begin_drain(view, op)
+        self.runner.bringing(op, new_role)  # what waits for its new role's work waits for it (FleetState.serves)
         return self.runner.launch(op, self._switch(op, view, new_role))
 
     async def _switch(self, op: Operation, view: WorkerView, role: WorkerRole) -> SwitchResult:
         started, old_id, old_role, held = time.time(), view.worker_id, view.role, len(view.requests)
-        moved = await self.lifecycle.vacate(op, view, old_role is WorkerRole.DECODE, SwitchStage.MOVING_SESSIONS,
+        moved = await self.lifecycle.vacate(op, view, old_role.covers(WorkerRole.DECODE), SwitchStage.MOVING_SESSIONS,
                                             SwitchStage.DRAINING)
         op.at(SwitchStage.SWITCHING)
         new_id = self.lifecycle.next_id(role)

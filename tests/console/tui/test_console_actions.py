@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.console_fixture import FixtureSource, pilot_until
+from support.console_fixture import PLAN, FixtureSource, pilot_until
 from support.fleet_harness import Stream, generate_json, serve, start_streams
 
 from fleetctl.console.tui.actions import ACTIONS, READONLY_REASON
@@ -21,7 +21,7 @@ from fleetctl.console.tui.widgets.workers import WorkersTable
 from fleetctl.engine.fleet.ops.record import OpState
 from fleetctl.engine.fleet.ops.results import LiveMigrateResult
 from fleetctl.engine.server.admin_auth import read_admin_token
-from fleetctl.engine.server.schemas import FleetPlan, OperationInfo
+from fleetctl.engine.server.schemas import FleetPlan, OperationInfo, SplitInfo
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was a small model", "def add(a, b):"]
 TOKENS = 200
@@ -71,6 +71,27 @@ def test_plan_screen_applies_the_best_split_after_a_dry_run() -> None:
     asyncio.run(run())
     assert source.posted == [("/fleet/rebalance", {"split": "3:3", "apply": False}),
                              ("/fleet/rebalance", {"split": "3:3", "apply": True})]
+
+
+def test_plan_screen_applies_a_colocated_recommendation() -> None:
+    """Rebalance reaches colocated live: `a` applies the recommended layout, not the best prefill:decode split."""
+    colocated = {"prefill": 0, "decode": 0, "mixed": 6, "layout": "colocated"}
+    source = FixtureSource(plan=PLAN.model_copy(update={"recommended": SplitInfo.model_validate(colocated)}))
+
+    async def run() -> None:
+        app = FleetConsole(source, ConsoleSettings())
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot_until(pilot, lambda: app.reading.reachable)
+            await pilot.press("p")
+            await pilot_until(pilot, lambda: isinstance(app.screen, PlanScreen) and app.screen.plan is not None)
+            await pilot.press("a")
+            await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+            await pilot.press("y")
+            await pilot_until(pilot, lambda: len(source.posted) == 2)
+
+    asyncio.run(run())
+    assert source.posted == [("/fleet/rebalance", {"split": "colocated 6", "apply": False}),
+                             ("/fleet/rebalance", {"split": "colocated 6", "apply": True})]
 
 
 def test_plan_screen_in_readonly_mode_shows_the_plan_but_applies_nothing() -> None:

@@ -62,7 +62,6 @@ def test_start_refusals_change_nothing(tiny_model_dir: Path, tmp_path: Path) -> 
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
         before = {wid: view.state for wid, view in fleet.views.items()}
         refused(lambda: fleet.lifecycle.start("gpu", "cpu:3"), 400, "unknown role 'gpu'")
-        refused(lambda: fleet.lifecycle.start("mixed", "cpu:3"), 400, "disaggregated.*not mixed workers")
         refused(lambda: fleet.lifecycle.start("decode", "gpu:0"), 400, "unknown device")
         refused(lambda: fleet.lifecycle.start("decode", "cpu"), 400, "cpu:N or cuda:N")
         refused(lambda: fleet.lifecycle.start("decode", "cuda:99"), 400, "does not exist")
@@ -78,14 +77,18 @@ def test_start_refusals_change_nothing(tiny_model_dir: Path, tmp_path: Path) -> 
     run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path), load_s={"decode-2": 0.2}), scenario)
 
 
-def test_a_colocated_fleet_starts_mixed_workers_only(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_prefill_worker_beside_mixed_ones_hands_its_prompts_to_them(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Roles side by side: the prompts spread over the prefill worker and the mixed ones (they take prompts
+    too); what the prefill worker prefilled decodes on a mixed worker (they take handoffs too)."""
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
-        refused(lambda: fleet.lifecycle.start("decode", "cpu:2"), 400, "colocated.*not decode workers")
-        op = await finished(fleet.lifecycle.start("mixed", "cpu:2"))
-        assert op.state is OpState.DONE and op.result.worker == "mixed-2"
+        op = await finished(fleet.lifecycle.start("prefill", "cpu:2"))
+        assert op.state is OpState.DONE and op.result.worker == "prefill-0"
         reqs = [fleet.submit(p, LONG) for p in prompts(3)]
         await all_complete(fleet, reqs)
-        assert {r.prefill_worker for r in reqs} == {"mixed-0", "mixed-1", "mixed-2"}
+        assert {r.prefill_worker for r in reqs} == {"mixed-0", "mixed-1", "prefill-0"}
+        [handed] = [r for r in reqs if r.prefill_worker == "prefill-0"]
+        assert handed.decode_worker in ("mixed-0", "mixed-1") and handed.error is None
+        assert all(len(r.output_token_ids) == LONG.max_tokens for r in reqs)
 
     run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path)), scenario, colocated=2, devices=("cpu:0", "cpu:1"))
 

@@ -122,10 +122,20 @@ def test_rebalance_refusals_change_nothing(tiny_model_dir: Path, tmp_path: Path)
     run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path)), scenario)
 
 
-def test_a_colocated_fleet_is_not_rebalanced(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_colocated_fleet_rebalances_to_a_split_by_switches(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Two mixed workers become 1:1 under streams: the first one's sessions move live to the second; the second,
+    then the last worker that decodes, finishes them in place before it switches (no peer decodes). Every
+    stream completes in full."""
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
-        refused(lambda: fleet.rebalancer.start("1:1", False), 409,
-                "this fleet is colocated")
+        reqs = [fleet.submit(p, LONG) for p in prompts(4)]
+        preview = fleet.rebalancer.preview("1:1", False)
+        assert [(c.from_, c.to) for c in preview.moves] == [("mixed", "prefill"), ("mixed", "decode")]
+        op = await finished(fleet.rebalancer.start("1:1", False))
+        assert op.state is OpState.DONE, op.error
+        assert roles(fleet) == {"prefill-0": ("prefill", "cpu:0"), "decode-0": ("decode", "cpu:1")}
+        await all_complete(fleet, reqs)
+        assert all(r.error is None and len(r.output_token_ids) == LONG.max_tokens for r in reqs)
+        refused(lambda: fleet.rebalancer.start("1:1", False), 409, "already at split 1:1")
 
     run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path)), scenario, colocated=2, devices=("cpu:0", "cpu:1"))
 
@@ -167,10 +177,10 @@ def test_via_switch_is_refused_where_it_cannot_keep_its_promise(tiny_model_dir: 
               role_quantization=((WorkerRole.PREFILL, Quantization.NONE), (WorkerRole.DECODE, Quantization.INT4)))
 
 
-def test_autoplan_applies_the_split_after_two_windows_and_records_each_decision(tiny_model_dir: Path,
-                                                                                tmp_path: Path) -> None:
+def test_autoplan_applies_the_layout_after_two_windows_and_records_each_decision(tiny_model_dir: Path,
+                                                                                 tmp_path: Path) -> None:
     """The store holds ten minutes of rag-like traffic measured on this fleet's devices (the fixture's prefill-0
-    and decode-0): the planner wants 2:1 where the fleet runs 1:2."""
+    and decode-0): the planner wants colocated 3 where the fleet runs 1:2, and switches get it there."""
     store = tmp_path / "fleet.db"
     write_store(store, workload("rag", 60, 1.5), t0=time.time() - 600)
 
@@ -178,21 +188,21 @@ def test_autoplan_applies_the_split_after_two_windows_and_records_each_decision(
         autoplan = Autoplanner(fleet.state, fleet.rebalancer,
                                AutoplanSettings(interval_s=900.0, min_gain_pct=10.0))
         first = await autoplan.step()
-        assert first.decision is Decision.WAIT and first.reason.startswith("2:1 would gain ")
+        assert first.decision is Decision.WAIT and first.reason.startswith("colocated 3 would gain ")
         second = await autoplan.step()
         assert second.decision is Decision.APPLY and second.target is not None
         [op] = [op for op in fleet.operations.ops.values() if op.kind.value == "rebalance"]
         third = await autoplan.step()  # while it runs
         assert third.decision is Decision.SKIP and third.reason == f"an operation is running (rebalance {op.id})"
         assert (await finished(op)).state is OpState.DONE, op.error
-        assert sorted(role for role, _ in roles(fleet).values()) == ["decode", "prefill", "prefill"]
+        assert sorted(role for role, _ in roles(fleet).values()) == ["mixed", "mixed", "mixed"]
         fleet.state.recorder.writer.flush()
         db = open_db(store)
         events = db.execute("SELECT kind, details FROM events WHERE kind IN ('plan', 'rebalance') "
                             "ORDER BY id").fetchall()
         assert [(kind, json.loads(d).get("decision")) for kind, d in events] == [
             ("plan", "wait"), ("plan", "apply"), ("plan", "skip"), ("rebalance", None)]
-        assert '"operation": "' + op.id in events[1][1] and '"to": "2:1"' in events[3][1]
+        assert '"operation": "' + op.id in events[1][1] and '"to": "colocated 3"' in events[3][1]
 
     run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path)), scenario, timeout=60.0, store_path=store)
 

@@ -1,0 +1,92 @@
+"""A live trip through layouts under the demo's traffic: 1 prefill + 2 decode → colocated 3 → 1:2, each step
+`rebalance` by role switches in place (smollm2 on CPU slots by default). Prints, for the windows before,
+during each rebalance, on colocated, and after: requests finished, goodput (requests/s within the SLOs) and
+TTFT p50/p99; the rebalances' seconds and sessions moved; and the requests that ended in an error (the
+sessions lost: 0 is the goal).
+
+    python scripts/bench_layouts.py [--model smollm2-135m] [--window 40] [--slo-ttft 2] [--slo-tpot 0.2]
+"""
+
+import argparse
+import itertools
+import statistics
+import time
+
+import httpx
+
+from fleetctl.console.cli.models import resolve_model
+from fleetctl.console.demo.traffic import DemoTraffic, plan_traffic
+from fleetctl.console.loadgen.local_fleet import local_fleet
+from fleetctl.engine.server.admin_auth import read_admin_token
+
+
+def rebalance(url: str, split: str) -> tuple[dict, float, float]:
+    """(the rebalance's result, when it was accepted, when it ended)."""
+    headers = {"Authorization": f"Bearer {read_admin_token()}"}
+    started = time.time()
+    op = httpx.post(f"{url}/fleet/rebalance", json={"split": split, "apply": True}, headers=headers,
+                    timeout=60).json()
+    while op["state"] == "running":
+        time.sleep(0.05)
+        op = httpx.get(f"{url}/fleet/operations/{op['id']}", timeout=60).json()
+    if op["state"] != "done":
+        raise SystemExit(f"rebalance to {split} failed: {op['error']}")
+    return op["result"], started, time.time()
+
+
+def window_row(name: str, records: list[dict], start: float, end: float, slo_ttft: float, slo_tpot: float) -> str:
+    """Requests that arrived in [start, end): finished, within the SLOs per second, TTFT p50/p99."""
+    arrived = [r for r in records if start <= r["arrival"] < end and r["outcome"] != "running"]
+    done = [r for r in arrived if r["outcome"] != "error"]
+    good = [r for r in done if r["ttft_s"] <= slo_ttft and _tpot(r) <= slo_tpot]
+    ttfts = sorted(r["ttft_s"] for r in done)
+    p50 = statistics.median(ttfts) if ttfts else float("nan")
+    p99 = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else float("nan")
+    seconds = end - start
+    return (f"{name:<22} {seconds:7.1f} s {len(done):5} done {len(arrived) - len(done):3} errors "
+            f"goodput {len(good) / seconds:6.3f} req/s  TTFT p50 {p50:6.3f} s p99 {p99:6.3f} s")
+
+
+def _tpot(record: dict) -> float:
+    tokens = record["output_tokens"]
+    return record["decode_s"] / (tokens - 1) if tokens > 1 else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--window", type=float, default=40.0, help="Seconds on each layout.")
+    parser.add_argument("--phase-seconds", type=float, default=20.0, help="The demo traffic's phase length.")
+    parser.add_argument("--slo-ttft", type=float, default=2.0)
+    parser.add_argument("--slo-tpot", type=float, default=0.2)
+    args = parser.parse_args()
+    model = resolve_model(args.model)
+    with local_fleet(model, "--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2") as url:
+        served, config = plan_traffic(url, args.phase_seconds)
+        traffic = DemoTraffic(url, served, config)
+        traffic.start()
+        marks = [("1:2 before", time.time())]
+        time.sleep(args.window)
+        there, started, ended = rebalance(url, "colocated 3")
+        marks += [("rebalance -> colocated", started), ("colocated 3", ended)]
+        time.sleep(args.window)
+        back, started, ended = rebalance(url, "1:2")
+        marks += [("rebalance -> 1:2", started), ("1:2 after", ended)]
+        time.sleep(args.window)
+        marks.append(("end", time.time()))
+        phases = traffic.stop()
+        records = httpx.get(f"{url}/fleet/requests", params={"limit": 10_000}, timeout=60).json()["requests"]
+    for (name, start), (_, end) in itertools.pairwise(marks):
+        print(window_row(name, records, start, end, args.slo_ttft, args.slo_tpot))
+    for result in (there, back):
+        moves = ", ".join(f"{m['worker']}->{m['new_worker']} {m['seconds']:.3f} s moved {m['sessions_moved']}"
+                          for m in result["moves"])
+        print(f"rebalance {result['from']} -> {result['split']} via {result['via']}: {result['seconds']:.3f} s "
+              f"({moves})")
+    errors = sum(p.errors for p in phases)
+    print(f"requests sent {sum(p.sent for p in phases)}, completed {sum(p.completed for p in phases)}, "
+          f"ended in an error (sessions lost) {errors}; SLOs TTFT <= {args.slo_ttft:g} s, TPOT <= {args.slo_tpot:g} s")
+
+
+if __name__ == "__main__":
+    main()
