@@ -45,14 +45,16 @@ class KVOffload:
         payload = kv.view(torch.uint8).cpu().numpy().tobytes()
         self.tiers.offer(TierBlock(cached.block_hash, cached.parent, cached.tokens, payload))
 
-    def fill(self, token_ids: abc.Sequence[int], hashes: abc.Sequence[bytes]) -> None:
+    def fill(self, token_ids: abc.Sequence[int], hashes: abc.Sequence[bytes]) -> dict[str, int]:
         """Read the leading blocks of a prompt that the tiers hold and the pool does not into pool blocks,
-        stopping at the first one missing everywhere (counted in `hits` by tier); `hashes`: the prompt's full
-        blocks' chain, of which the block holding its last token is left out (that token is always computed)."""
+        stopping at the first one missing everywhere; `hashes`: the prompt's full blocks' chain, of which the
+        block holding its last token is left out (that token is always computed). Returns the tokens read, by
+        tier (and counts the blocks in `hits`)."""
         allocator, size = self.kv_cache.allocator, self.kv_cache.spec.block_size
         usable = list(hashes[: (len(token_ids) - 1) // size])
         start = len(allocator.match(token_ids, usable))
         parent = usable[start - 1] if start else allocator.root
+        read: Counter[str] = Counter()
         for i, hit in enumerate(self.tiers.lookup(usable[start:]), start):
             expected = CachedBlock(usable[i], parent, tuple(token_ids[i * size : (i + 1) * size]))
             if (hit.block.parent, hit.block.token_ids) != (expected.parent, expected.tokens):
@@ -60,7 +62,9 @@ class KVOffload:
             if not self._load(expected, hit.block.payload):
                 break
             self.hits[hit.tier] += 1
+            read[hit.tier] += size
             parent = usable[i]
+        return dict(read)
 
     def _load(self, cached: CachedBlock, payload: bytes) -> bool:
         """`payload` into a fresh pool block registered as `cached`; False when it does not fit the layout or no

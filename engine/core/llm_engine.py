@@ -200,7 +200,7 @@ class LLMEngine:
         )
         self._register(seq)
         if self.offload is not None:  # what the tiers hold of its prefix goes into the pool, as cached blocks
-            self.offload.fill(seq.token_ids, self.kv_cache.allocator.block_hashes(seq))
+            seq.tier_tokens = self.offload.fill(seq.token_ids, self.kv_cache.allocator.block_hashes(seq))
         self.scheduler.add(seq)
         return seq
 
@@ -308,7 +308,8 @@ class LLMEngine:
     def run(self, scheduled: ScheduledStep) -> list[RequestOutput]:
         """Run a scheduled step, or some of its sequences again: a step that raised changed no sequence
         (a worker re-runs them one at a time to find the one that fails)."""
-        tokens, logprobs, self.last_step = self.runner.run(scheduled)
+        tokens, logprobs, stats = self.runner.run(scheduled)
+        self.last_step = dataclasses.replace(stats, tier_tokens=_take_tier_tokens(scheduled.seqs))
         for seq, new in zip(scheduled.seqs, self.last_step.new_tokens, strict=True):
             self.kv_cache.allocator.cache_full_blocks(seq, seq.num_cached_tokens - new)
         park = self.config.prefill_only and scheduled.phase is Phase.PREFILL
@@ -356,3 +357,11 @@ def result_of(seq: Sequence, stream: TextStream | None) -> GenerationResult:
         ttft_s=first - seq.arrival_time,
         decode_tokens_per_s=decoded / (last - first) if decoded > 0 and last > first else 0.0,
     )
+
+
+def _take_tier_tokens(seqs: list[Sequence]) -> dict[str, dict[str, int]]:
+    """What the tiers served each sequence at admission, once: its first step reports it."""
+    taken = {seq.request_id: seq.tier_tokens for seq in seqs if seq.tier_tokens}
+    for seq in seqs:
+        seq.tier_tokens = {}
+    return taken

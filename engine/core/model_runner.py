@@ -2,7 +2,7 @@
 and samples one token per sequence (with its log-probabilities where the request asked)."""
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,6 +27,8 @@ class StepStats:
     new_tokens: tuple[int, ...]  # per sequence: tokens run this step (computed; the cost model charges these)
     context_lens: tuple[int, ...]  # per sequence: keys attended over (cached + new)
     cached_tokens: tuple[int, ...]  # per sequence: prompt tokens served from the prefix cache (0 in decode)
+    # by request id: of those, the tokens a KV tier served, by tier (set by the engine, which owns the tiers)
+    tier_tokens: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class ModelRunner:

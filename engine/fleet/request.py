@@ -73,6 +73,7 @@ class TrackedRequest:
     decode_model_s: float = 0.0
     prefill_cached_tokens: int = 0  # prompt tokens its prefill steps took from a prefix cache
     prefill_computed_tokens: int = 0  # tokens its prefill steps computed
+    tier_cached_tokens: dict[str, int] = field(default_factory=dict)  # of the cached ones, what a KV tier served
     local_prefill: bool = False  # its decode worker prefilled it (conditional disaggregation): no handoff
     prefix_chains: dict[tuple[bytes, int], list[bytes]] = field(default_factory=dict)  # (root, block size) -> chain
     times: RequestTimes = field(default_factory=RequestTimes)
@@ -130,5 +131,6 @@ class TrackedRequest:
             "recomputes": self.recomputes,
             "prefill_cached_tokens": self.prefill_cached_tokens,
             "prefill_computed_tokens": self.prefill_computed_tokens,
+            "tier_cached_tokens": dict(self.tier_cached_tokens),
             "local_prefill": self.local_prefill,
         }

@@ -77,6 +77,8 @@ class FleetStats:
                                "cache, per worker", ["worker", "role"], registry=r)
         self.pool_hit_ratio = Gauge("fleet_pool_prefix_cache_hit_ratio", "Share of prefill tokens served by the "
                                     "prefix cache, per pool", ["role"], registry=r)
+        self.tier_hits = Counter("fleet_kv_tier_hits", "Prompt tokens a KV tier under the pools served (read back "
+                                 "instead of computed)", ["tier", "worker", "role"], registry=r)
         self.local_prefills = Counter("fleet_local_prefills", "Requests their decode worker prefilled (no handoff)",
                                       registry=r)
         # vLLM's names, so dashboards built for vLLM read a fleet too
@@ -99,6 +101,9 @@ class FleetStats:
             totals.computed += computed
             self.cached_tokens.labels(worker=view.worker_id, role=view.role.value).inc(cached)
             self.computed_tokens.labels(worker=view.worker_id, role=view.role.value).inc(computed)
+            for by_tier in report.tier_tokens.values():
+                for tier, tokens in by_tier.items():
+                    self.tier_hits.labels(tier=tier, worker=view.worker_id, role=view.role.value).inc(tokens)
 
     def on_local_prefill(self) -> None:
         self.local_prefill_count += 1

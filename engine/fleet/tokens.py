@@ -42,6 +42,8 @@ class TokenStreams:
                 req.times.prefill_start = req.times.prefill_start or report.ended_at - report.seconds
                 req.prefill_model_s += share
                 req.prefill_cached_tokens += report.cached_tokens.get(request_id, 0)
+                for tier, served in report.tier_tokens.get(request_id, {}).items():
+                    req.tier_cached_tokens[tier] = req.tier_cached_tokens.get(tier, 0) + served
                 req.prefill_computed_tokens += tokens
             else:
                 req.decode_model_s += share

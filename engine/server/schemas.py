@@ -8,7 +8,7 @@ passed on, never dropped (fields are added, never renamed)."""
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fleetctl.engine.fleet.ops.record import Operation, OpKind, OpState
 from fleetctl.engine.fleet.ops.results import (
@@ -205,6 +205,7 @@ class RequestRecord(_Open):
     prefill_cached_tokens: int
     prefill_computed_tokens: int
     local_prefill: bool
+    tier_cached_tokens: dict[str, int] = Field(default_factory=dict)  # of the cached ones, what a KV tier served
 
 
 class RecentRequests(_Open):

@@ -242,6 +242,7 @@ class StepReport:
     chunks: dict[str, int] = field(default_factory=dict)  # prompts computed part-way: tokens run this step
     # prefill steps: prompt tokens a sequence's admission took from the prefix cache, by request id (none: absent)
     cached_tokens: dict[str, int] = field(default_factory=dict)
+    tier_tokens: dict[str, dict[str, int]] = field(default_factory=dict)  # of those, what a KV tier served, by tier
     prefix: PrefixChanges | None = None  # what the router should know of its prefix cache, when it changed
 
 

@@ -26,17 +26,19 @@ def make_engine(model_dir: Path, tmp_path: Path, host_bytes: int, disk_bytes: in
     return LLMEngine(EngineConfig(model_dir=model_dir, settings=settings))
 
 
-def run(engine: LLMEngine, prompt: list[int]) -> tuple[torch.Tensor, int]:
-    """Every logits row of `prompt`'s answer [tokens, vocab], and the prompt tokens its prefill took from the
-    pool's cache (where blocks read back from a tier are)."""
+def run(engine: LLMEngine, prompt: list[int]) -> tuple[torch.Tensor, int, dict[str, int]]:
+    """Every logits row of `prompt`'s answer [tokens, vocab], the prompt tokens its prefill took from the pool's
+    cache (where blocks read back from a tier are), and of those what each tier served, as its step reported."""
     with recorded_logits() as rows:
-        engine.add_request(prompt, GREEDY)
+        seq = engine.add_request(prompt, GREEDY)
         engine.step()
         assert engine.last_step is not None
         hit = engine.last_step.cached_tokens[0]
+        tiers = engine.last_step.tier_tokens.get(seq.request_id, {})
         while engine.has_unfinished():
             engine.step()
-    return torch.stack([rows[key] for key in sorted(rows, key=lambda key: key[1])]), hit
+            assert engine.last_step is None or not engine.last_step.tier_tokens  # reported once
+    return torch.stack([rows[key] for key in sorted(rows, key=lambda key: key[1])]), hit, tiers
 
 
 def evict_prompt(engine: LLMEngine) -> None:
@@ -48,7 +50,7 @@ def evict_prompt(engine: LLMEngine) -> None:
 
 
 def test_a_prefix_read_back_from_host_or_disk_gives_the_computed_logits(tiny_model_dir: Path, tmp_path: Path) -> None:
-    computed, _ = run(make_engine(tiny_model_dir, tmp_path / "none", 0, 0, prefix_cache=False), PROMPT)
+    computed, _, _ = run(make_engine(tiny_model_dir, tmp_path / "none", 0, 0, prefix_cache=False), PROMPT)
     probe = make_engine(tiny_model_dir, tmp_path / "probe", 1 << 20, 0).kv_cache.tensor
     record_bytes = probe[:, :, 0].numel() * probe.element_size() + 1024
     engine = make_engine(tiny_model_dir, tmp_path, 6 * record_bytes, 64 * record_bytes)
@@ -56,26 +58,29 @@ def test_a_prefix_read_back_from_host_or_disk_gives_the_computed_logits(tiny_mod
     assert offload is not None
     host, disk = offload.tiers.tiers
 
-    first, _ = run(engine, PROMPT)
-    assert torch.equal(first, computed)
+    first, _, tiers = run(engine, PROMPT)
+    assert torch.equal(first, computed) and tiers == {}
     evict_prompt(engine)
-    from_tiers, hit = run(engine, PROMPT)
+    from_tiers, hit, tiers = run(engine, PROMPT)
     assert sum(offload.hits.values()) == 5  # every full block before the last token's, read back
     assert hit == 80  # and the prefill took them: only the last 10 tokens were computed
+    assert sum(tiers.values()) == 80 and set(tiers) <= {"host", "disk"} and tiers == {
+        tier: 16 * blocks for tier, blocks in offload.hits.items()}
     assert torch.equal(from_tiers, computed)
 
     evict_prompt(engine)
     for path in host.root.glob("*.kvb"):  # the host tier lost: what it spilled is on disk
         path.unlink()
     offload.hits.clear()
-    from_disk, hit = run(engine, PROMPT)
+    from_disk, hit, tiers = run(engine, PROMPT)
     assert offload.hits["disk"] >= 1 and hit == 16 * sum(offload.hits.values())
+    assert tiers["disk"] == 16 * offload.hits["disk"] and sum(tiers.values()) == hit
     assert host.usage() <= host.max_bytes and disk.usage() <= disk.max_bytes
     assert torch.equal(from_disk, computed)
 
 
 def test_a_corrupted_record_is_computed_again(tiny_model_dir: Path, tmp_path: Path) -> None:
-    computed, _ = run(make_engine(tiny_model_dir, tmp_path / "none", 0, 0, prefix_cache=False), PROMPT)
+    computed, _, _ = run(make_engine(tiny_model_dir, tmp_path / "none", 0, 0, prefix_cache=False), PROMPT)
     engine = make_engine(tiny_model_dir, tmp_path, 16 << 20, 0)
     offload = engine.offload
     assert offload is not None
@@ -86,6 +91,6 @@ def test_a_corrupted_record_is_computed_again(tiny_model_dir: Path, tmp_path: Pa
         data = bytearray(path.read_bytes())
         data[-100] ^= 0xFF
         path.write_bytes(bytes(data))
-    again, hit = run(engine, PROMPT)
-    assert sum(offload.hits.values()) == 0 and host.stats.corrupt >= 1 and hit == 0
+    again, hit, tiers = run(engine, PROMPT)
+    assert sum(offload.hits.values()) == 0 and host.stats.corrupt >= 1 and hit == 0 and tiers == {}
     assert torch.equal(again, computed)

@@ -1,0 +1,47 @@
+"""KV tiers on a real fleet (worker processes on CPU slots, HTTP): a prompt whose blocks its prefill worker's
+small pool reclaimed comes back from the host tier — the request's record in /fleet/requests names the tier and
+its tokens, /metrics counts them in `fleet_kv_tier_hits_total{tier}` — and its answer is token-identical to the
+first time, when it was computed (`--deterministic`)."""
+
+from pathlib import Path
+
+import httpx
+import pytest
+from support.fleet_harness import serve
+
+pytestmark = pytest.mark.fleet  # real worker processes and a real server
+
+PROMPT = [(7 * i) % 300 + 3 for i in range(90)]  # 5 full blocks of 16 and 10 tokens more
+OTHERS = [[(11 * i + 13 * n) % 300 + 3 for i in range(90)] for n in range(1, 4)]
+
+
+def complete(url: str, prompt: list[int], request_id: str) -> list[int]:
+    body = {"model": "tiny-llama0", "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+            "logprobs": 1}
+    response = httpx.post(f"{url}/v1/completions", json=body, headers={"X-Request-Id": request_id}, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["logprobs"]["tokens"]
+
+
+def record(url: str, request_id: str) -> dict:
+    rows = httpx.get(f"{url}/fleet/requests", params={"limit": 100}, timeout=10).json()["requests"]
+    [row] = [r for r in rows if r["request_id"] == request_id]
+    return row
+
+
+def test_a_prefix_the_pool_lost_comes_back_from_the_host_tier(tiny_model_dir: Path, tmp_path: Path) -> None:
+    fleet = ("--prefill", "1", "--decode", "1", "--devices", "cpu:0,cpu:1", "--dtype", "float32", "--deterministic",
+             "--kv-blocks", "8", "--local-prefill-tokens", "0", "--kv-offload-memory", "16",
+             "--kv-offload-host-dir", str(tmp_path / "host"))
+    with serve(tiny_model_dir, *fleet) as url:
+        first = complete(url, PROMPT, "first")
+        assert record(url, "first")["tier_cached_tokens"] == {}
+        for n, other in enumerate(OTHERS):  # through the 8-block pools: PROMPT's blocks are reclaimed, to the tier
+            complete(url, other, f"other-{n}")
+        again = complete(url, PROMPT, "again")
+        assert again == first
+        row = record(url, "again")
+        assert row["tier_cached_tokens"] == {"host": 80}, row  # every full block before the last token's
+        assert row["prefill_cached_tokens"] == 80 and row["prefill_worker"] == "prefill-0"
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        assert 'fleet_kv_tier_hits_total{role="prefill",tier="host",worker="prefill-0"} 80.0' in metrics
