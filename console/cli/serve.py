@@ -19,7 +19,7 @@ from fleetctl.console.cli.common import (
 )
 from fleetctl.console.cli.models import resolve_model
 from fleetctl.domain import Quantization, WorkerRole
-from fleetctl.engine.core.config import CompileMode, DType, EngineSettings
+from fleetctl.engine.core.config import CompileMode, DType, EngineSettings, OffloadPolicy
 from fleetctl.engine.fleet.config import DEFAULT_LOCAL_PREFILL_TOKENS, FleetConfig, FleetConfigError, Supervision
 from fleetctl.engine.fleet.shutdown_budget import DEFAULT_GRACE_S, SERVER_CLOSE_S, STOP_RESERVE_S, WORKER_EXIT_S
 from fleetctl.engine.model.registry import DEFAULT_MODEL
@@ -61,6 +61,14 @@ def serve(
     kv_offload_dir: Path | None = typer.Option(None, "--kv-offload-dir", help="A folder for a disk tier below the "
                                                                               "host one (with --kv-offload-gb)."),
     kv_offload_gb: float = typer.Option(0.0, "--kv-offload-gb", min=0.0, help="The disk tier's bound, GB."),
+    kv_offload_policy: OffloadPolicy = typer.Option(
+        OffloadPolicy.EVICT, "--kv-offload-policy",
+        help="evict: a block goes to the tiers as its pool reclaims it; write-through: as soon as it is full (a "
+             "stopped or restarted worker leaves its whole cache there)."),
+    session_ttl: float = typer.Option(
+        0.0, "--session-ttl", min=0.0,
+        help="Seconds a named session's KV (X-Session-Id, or the request's `user`) stays in the pools after its "
+             "turn, reclaimed only when nothing else can be (then to the tiers, if any; 0: not kept)."),
     kv_offload_host_dir: Path | None = typer.Option(None, "--kv-offload-host-dir",
                                                     help="The host tier's folder (default /dev/shm/fleetctl-kv-tiers: "
                                                          "every fleet of the node shares it)."),
@@ -145,7 +153,8 @@ def serve(
                                     quant_group_size=quant_group_size,
                                     kv_offload_memory_bytes=kv_offload_memory * 2**20,
                                     kv_offload_host_dir=kv_offload_host_dir, kv_offload_dir=kv_offload_dir,
-                                    kv_offload_disk_bytes=int(kv_offload_gb * 1e9))
+                                    kv_offload_disk_bytes=int(kv_offload_gb * 1e9),
+                                    kv_offload_policy=kv_offload_policy, session_ttl_s=session_ttl)
             config = FleetConfig(
                 model_dir=resolve_model(model), prefill=prefill, decode=decode, colocated=colocated,
                 devices=tuple(d.strip() for d in devices.split(",") if d.strip()), engine=engine,

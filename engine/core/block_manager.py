@@ -14,13 +14,17 @@ nothing is hashed, every released block goes straight back to the free list, and
 out are exactly those the plain free list would hand out.
 
 Released blocks enter the LRU order last block first, so a chain loses its tail before its head: a
-block is only reachable through all the blocks before it.
+block is only reachable through all the blocks before it. A block released with a retention (an agent
+session's, `free(retain_s=…)`) is reclaimed only once its retention has run out, or when no other cached
+block is left to reclaim.
 
 Below the pool, a node-wide tier store (`kv_tiers`, wired by `kv_offload`) may keep what the pool lets go:
-`on_reclaim` is told of each cached block just before it is reclaimed (its K/V still intact), and
-`register_loaded` takes a block for K/V read back from a tier, registered and cached as if computed here.
+`on_reclaim` is told of each cached block just before it is reclaimed (its K/V still intact), `on_cached` of
+each block as it is registered (full and written: write-through), and `register_loaded` takes a block for K/V
+read back from a tier, registered and cached as if computed here.
 """
 
+import time
 from collections import OrderedDict, abc
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,7 +44,8 @@ class CachedBlock:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int = BLOCK_SIZE, root: bytes | None = None) -> None:
+    def __init__(self, num_blocks: int, block_size: int = BLOCK_SIZE, root: bytes | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.root = root  # the salt's root digest (block_hash.KVSalt); None: prefix caching off
@@ -49,7 +54,10 @@ class BlockManager:
         self._by_hash: dict[bytes, int] = {}
         self._cached: dict[int, CachedBlock] = {}  # every registered block, referenced or not
         self._evictable: OrderedDict[int, None] = OrderedDict()  # registered and unreferenced, LRU first
+        self._retained: dict[int, float] = {}  # evictable blocks kept until then (clock time) if others can go
+        self.clock = clock  # monotonic seconds (retention); a test may set a fake one
         self.on_reclaim: Callable[[int, CachedBlock], None] | None = None  # a cached block about to be reused
+        self.on_cached: Callable[[int, CachedBlock], None] | None = None  # a block just registered
 
     @property
     def num_free(self) -> int:
@@ -82,13 +90,15 @@ class BlockManager:
                 self._refs[block] += 1
             else:
                 del self._evictable[block]
+                self._retained.pop(block, None)
                 self._refs[block] = 1
         fresh = [self._fresh() for _ in range(count)]
         return [*reuse, *fresh]
 
-    def free(self, blocks: abc.Sequence[int]) -> None:
-        """Drop one reference on each block; an unreferenced block is cached if registered, else freed
-        (into the free list in the given order, as without caching)."""
+    def free(self, blocks: abc.Sequence[int], retain_s: float = 0.0) -> None:
+        """Drop one reference on each block; an unreferenced block is cached if registered — and kept from
+        reclaim for `retain_s` seconds while other cached blocks can go — else freed (into the free list in the
+        given order, as without caching)."""
         if unheld := [block for block in blocks if block not in self._refs]:
             raise ValueError(f"KV blocks {unheld} freed twice or never allocated")
         plain: list[int] = []
@@ -100,6 +110,8 @@ class BlockManager:
             del self._refs[block]
             if block in self._cached:
                 self._evictable[block] = None
+                if retain_s > 0:
+                    self._retained[block] = self.clock() + retain_s
             else:
                 plain.append(block)
         self._free_list.free(plain[::-1])
@@ -147,7 +159,9 @@ class BlockManager:
             block = seq.block_table[i]
             parent = hashes[i - 1] if i else self.root
             self._by_hash[digest] = block
-            self._cached[block] = CachedBlock(digest, parent, self._tokens(tokens, i))
+            self._cached[block] = cached = CachedBlock(digest, parent, self._tokens(tokens, i))
+            if self.on_cached is not None:
+                self.on_cached(block, cached)
 
     def register_loaded(self, cached: CachedBlock) -> int | None:
         """A block for K/V read back from a tier, registered as `cached` and unreferenced (the most recently
@@ -174,11 +188,22 @@ class BlockManager:
     def _fresh(self) -> int:
         if self._free_list.num_free:
             block = self._free_list.allocate(1)[0]
-        else:  # reclaim the least recently used cached block
-            block, _ = self._evictable.popitem(last=False)
+        else:  # reclaim the least recently used cached block, a retained one last
+            block = self._reclaimable()
+            del self._evictable[block]
+            self._retained.pop(block, None)
             cached = self._cached.pop(block)
             del self._by_hash[cached.block_hash]
             if self.on_reclaim is not None:
                 self.on_reclaim(block, cached)
         self._refs[block] = 1
         return block
+
+    def _reclaimable(self) -> int:
+        """The least recently used cached block whose retention (if any) has run out, else the least recently
+        used one."""
+        now = self.clock()
+        oldest = next(iter(self._evictable))
+        if not self._retained:
+            return oldest
+        return next((block for block in self._evictable if self._retained.get(block, 0.0) <= now), oldest)

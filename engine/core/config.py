@@ -22,6 +22,15 @@ class DType(StrEnum):
     FLOAT16 = "float16"
 
 
+class OffloadPolicy(StrEnum):
+    """When a pool's block goes to the KV tiers (`kv_offload`): as the pool reclaims it (the default: only what it
+    would lose), or as soon as it is full and written (every cached block is in the tiers at once: a worker that
+    stops or restarts leaves its cache there; each full block costs a copy out of the pool as it is made)."""
+
+    EVICT = "evict"
+    WRITE_THROUGH = "write-through"
+
+
 class CompileMode(StrEnum):
     """Whether decode steps run compiled (`engine/model/compiled_decode.py`), outside deterministic mode and
     on workers that decode. Off by default: on a 2-core CPU the compiled step measured no faster than the
@@ -58,6 +67,8 @@ class EngineSettings:
     kv_offload_host_dir: Path | None = None  # the host tier's folder: None, /dev/shm/fleetctl-kv-tiers (node-wide)
     kv_offload_dir: Path | None = None
     kv_offload_disk_bytes: int = 0
+    kv_offload_policy: OffloadPolicy = OffloadPolicy.EVICT
+    session_ttl_s: float = 0.0  # a named session's blocks stay in the pool this long after its turn (0: not kept)
 
     def __post_init__(self) -> None:
         if self.dtype not in tuple(DType):
@@ -65,11 +76,14 @@ class EngineSettings:
         object.__setattr__(self, "dtype", DType(self.dtype))
         object.__setattr__(self, "compile", CompileMode(self.compile))
         object.__setattr__(self, "quantization", Quantization(self.quantization))
+        object.__setattr__(self, "kv_offload_policy", OffloadPolicy(self.kv_offload_policy))
         if self.quant_group_size not in INT4_GROUP_SIZES:
             raise EngineSettingsError(f"quant_group_size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise EngineSettingsError(f"{name} must be positive")
+        if self.session_ttl_s < 0:
+            raise EngineSettingsError("--session-ttl must be >= 0")
         if self.kv_offload_memory_bytes < 0 or self.kv_offload_disk_bytes < 0:
             raise EngineSettingsError("KV offload tiers' bounds must not be negative")
         if (self.kv_offload_dir is None) != (self.kv_offload_disk_bytes == 0):

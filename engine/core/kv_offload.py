@@ -1,5 +1,6 @@
 """The seam between one engine's KV pool and the node-wide tier store (`kv_tiers`): a cached block the pool
-reclaims goes to the tiers (its K/V copied out as bytes, written in the background), and a prompt's leading
+reclaims goes to the tiers (its K/V copied out as bytes, written in the background) — or, write-through, each
+block as soon as the pool registers it — and a prompt's leading
 blocks the pool lacks but a tier holds are read back into pool blocks before the prompt is scheduled, so the
 scheduler's prefix match finds them as if they had been computed here. The bytes are the pool's own, so a
 block read back is bit-identical to the one written: deterministic mode's token identity holds through a tier.
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 
 from fleetctl.engine.core.block_manager import CachedBlock
+from fleetctl.engine.core.config import OffloadPolicy
 from fleetctl.engine.core.kv_cache import KVCache
 from fleetctl.engine.core.kv_tiers.block_file import TierBlock
 from fleetctl.engine.core.kv_tiers.file_tier import FileTier
@@ -33,14 +35,18 @@ def open_tiers(host_bytes: int, host_dir: Path | None, disk_dir: Path | None, di
 
 
 class KVOffload:
-    def __init__(self, tiers: KVTiers, kv_cache: KVCache) -> None:
+    def __init__(self, tiers: KVTiers, kv_cache: KVCache, policy: OffloadPolicy = OffloadPolicy.EVICT) -> None:
         self.tiers = tiers
         self.kv_cache = kv_cache
         self.hits: Counter[str] = Counter()  # blocks read back, by tier name
-        kv_cache.allocator.on_reclaim = self.evicted
+        if policy is OffloadPolicy.WRITE_THROUGH:
+            kv_cache.allocator.on_cached = self.offer
+        else:
+            kv_cache.allocator.on_reclaim = self.offer
 
-    def evicted(self, block: int, cached: CachedBlock) -> None:
-        """The pool reclaims `block`: its K/V go to the tiers (copied now, written later)."""
+    def offer(self, block: int, cached: CachedBlock) -> None:
+        """`block` leaves the pool (or, write-through, is registered there): its K/V go to the tiers (copied
+        now, written later)."""
         kv = self.kv_cache.tensor[:, :, block].contiguous()  # [layers, 2, block_size, kv_heads, head_dim]
         payload = kv.view(torch.uint8).cpu().numpy().tobytes()
         self.tiers.offer(TierBlock(cached.block_hash, cached.parent, cached.tokens, payload))

@@ -91,7 +91,7 @@ class LLMEngine:
         tiers = open_tiers(settings.kv_offload_memory_bytes, settings.kv_offload_host_dir, settings.kv_offload_dir,
                            settings.kv_offload_disk_bytes) if root is not None else None
         # the node-wide tiers below the pool (prefix caching on): what it evicts is kept there, read back here
-        self.offload = KVOffload(tiers, self.kv_cache) if tiers is not None else None
+        self.offload = KVOffload(tiers, self.kv_cache, settings.kv_offload_policy) if tiers is not None else None
         self.decoder: CompiledDecoder | None = None
         self._compiled: CompiledDecoder | None = None  # the compiled decode step, kept across role switches
         if self.eager_reason is None and self.kv_cache.scratch_block is not None:
@@ -102,7 +102,8 @@ class LLMEngine:
         self.kv_window = None if window is None else KVWindow(window, spec.block_size,
                                                               QUERY_TILE if settings.deterministic else 1)
         self.scheduler = Scheduler(
-            SchedulerConfig(spec.block_size, settings.max_num_seqs, settings.max_num_batched_tokens, self.kv_window),
+            SchedulerConfig(spec.block_size, settings.max_num_seqs, settings.max_num_batched_tokens, self.kv_window,
+                            settings.session_ttl_s),
             self.kv_cache.allocator,
         )
         self.runner = ModelRunner(self.model, self.kv_cache, self.decoder)
@@ -191,12 +192,14 @@ class LLMEngine:
         request_id: str = "",
         output_token_ids: list[int] | None = None,
         seed: int = -1,
+        session: str = "",
     ) -> Sequence:
         """Queue a request. With `output_token_ids` it is a recompute: prompt and earlier output are
-        prefilled together and generation continues after them."""
+        prefilled together and generation continues after them. A `session`'s blocks stay retained in the pool
+        for `session_ttl_s` once it ends."""
         seq = Sequence(
             self.encode_prompt(prompt), params, request_id=request_id,
-            output_token_ids=list(output_token_ids or []), seed=seed,
+            output_token_ids=list(output_token_ids or []), seed=seed, session=session,
         )
         self._register(seq)
         if self.offload is not None:  # what the tiers hold of its prefix goes into the pool, as cached blocks
@@ -213,10 +216,11 @@ class LLMEngine:
         seed: int,
         kv: torch.Tensor,
         first_block: int = 0,
+        session: str = "",
     ) -> Sequence:
         """Adopt a sequence prefilled elsewhere (a KV handoff). Raises OutOfBlocks when it does not fit now."""
         seq = Sequence(list(prompt_token_ids), params, request_id=request_id,
-                       output_token_ids=list(output_token_ids), seed=seed)
+                       output_token_ids=list(output_token_ids), seed=seed, session=session)
         self.adopt(seq, kv, first_block=first_block)
         return seq
 

@@ -38,10 +38,13 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 4096
     kv_window: KVWindow | None = None  # every layer windowed: leading blocks are dropped as sequences grow
+    session_ttl_s: float = 0.0  # a session's sequence leaves its cached blocks retained this long (agents)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.block_size < 1:
             raise ValueError("scheduler limits must be positive")
+        if self.session_ttl_s < 0:
+            raise ValueError("the session TTL must be >= 0")
 
 
 @dataclass
@@ -228,7 +231,8 @@ class Scheduler:
 
     def _release(self, seq: Sequence) -> None:
         if seq.block_table:
-            self.allocator.free(seq.block_table[seq.num_dropped_blocks :])
+            retain = self.config.session_ttl_s if seq.session else 0.0
+            self.allocator.free(seq.block_table[seq.num_dropped_blocks :], retain_s=retain)
         seq.block_table = []
         seq.num_dropped_blocks = 0
         seq.num_cached_tokens = 0

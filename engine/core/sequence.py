@@ -82,6 +82,7 @@ class Sequence:
     num_dropped_blocks: int = 0
     num_cached_tokens: int = 0  # tokens whose K/V sit in this sequence's blocks
     block_hashes: list[bytes] = field(default_factory=list)  # its full blocks' hash chain (prefix cache), so far
+    session: str = ""  # the agent session it is a turn of: its blocks are retained in the pool after it ends
     # prompt tokens read back from a KV tier (kv_offload) at admission, by tier; reported with its first step
     tier_tokens: dict[str, int] = field(default_factory=dict)
     arrival_time: float = field(default_factory=time.perf_counter)

@@ -270,13 +270,14 @@ class Fleet:
 
     # ---- requests ----------------------------------------------------------------------------
 
-    def submit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "") -> TrackedRequest:
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "",
+               session: str = "") -> TrackedRequest:
         """Admit a request (raises PromptError, RequestIdInUse, FleetClosing, NoWorkers, FleetBusy); read its
-        events with `stream`."""
-        return self.submit_samples(prompt_token_ids, params, [request_id])[0]
+        events with `stream`. A `session` (an agent's) has its KV retained on the workers for `--session-ttl`."""
+        return self.submit_samples(prompt_token_ids, params, [request_id], session)[0]
 
     def submit_samples(self, prompt_token_ids: list[int], params: SamplingParams,
-                       request_ids: list[str]) -> list[TrackedRequest]:
+                       request_ids: list[str], session: str = "") -> list[TrackedRequest]:
         """Admit one request per id ("" for a generated one): independent samples of one prompt (parallel
         sampling, `n`). With a seed, sample i draws with seed + i. They go to one prefill worker, which computes
         the prompt's full blocks once (the others reuse them from its prefix cache), and to one decode worker
@@ -290,7 +291,7 @@ class Fleet:
             req = TrackedRequest(
                 request_id=request_id or f"req-{uuid.uuid4().hex[:16]}", prompt_token_ids=list(prompt_token_ids),
                 params=params, seed=params.seed + i if params.seed is not None else params.request_seed(),
-                stream=TextStream(self.tokenizer, params.stop, eos), siblings=siblings,
+                stream=TextStream(self.tokenizer, params.stop, eos), siblings=siblings, session=session,
             )
             siblings.append(req)
             self.state.requests[req.request_id] = req

@@ -230,4 +230,5 @@ def _num_tokens(req: TrackedRequest) -> int:
 
 
 def _run_request(req: TrackedRequest) -> m.RunRequest:
-    return m.RunRequest(req.request_id, req.prompt_token_ids, req.params, req.seed, list(req.output_token_ids))
+    return m.RunRequest(req.request_id, req.prompt_token_ids, req.params, req.seed, list(req.output_token_ids),
+                        req.session)

@@ -35,7 +35,7 @@ class HandoffRouting:
             placement.hand_over(req, view)
             req.times.handoff_start = req.times.handoff_start or time.time()
             state.send(view.worker_id, m.Adopt(req.request_id, req.prompt_token_ids, list(req.output_token_ids),
-                                               req.params, req.seed, req.handle))
+                                               req.params, req.seed, req.handle, req.session))
 
     def on_prefilled(self, wid: str, msg: m.Prefilled) -> None:
         req = self.state.requests.get(msg.request_id)

@@ -74,6 +74,7 @@ class TrackedRequest:
     prefill_cached_tokens: int = 0  # prompt tokens its prefill steps took from a prefix cache
     prefill_computed_tokens: int = 0  # tokens its prefill steps computed
     tier_cached_tokens: dict[str, int] = field(default_factory=dict)  # of the cached ones, what a KV tier served
+    session: str = ""  # the agent session it is a turn of (`user`, X-Session-Id): its KV is retained after it
     local_prefill: bool = False  # its decode worker prefilled it (conditional disaggregation): no handoff
     prefix_chains: dict[tuple[bytes, int], list[bytes]] = field(default_factory=dict)  # (root, block size) -> chain
     times: RequestTimes = field(default_factory=RequestTimes)
@@ -132,5 +133,6 @@ class TrackedRequest:
             "prefill_cached_tokens": self.prefill_cached_tokens,
             "prefill_computed_tokens": self.prefill_computed_tokens,
             "tier_cached_tokens": dict(self.tier_cached_tokens),
+            "session": self.session,
             "local_prefill": self.local_prefill,
         }

@@ -58,6 +58,7 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # extension (benchmarks)
     n: int = Field(default=1, ge=1, le=MAX_N)
+    user: str | None = Field(default=None, max_length=256)  # names the agent session a turn belongs to (KV kept)
 
     @model_validator(mode="before")
     @classmethod

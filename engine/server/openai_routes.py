@@ -39,6 +39,15 @@ def request_id_of(request: Request) -> str:
     return given
 
 
+def session_of(request: Request, body: oai.SamplingFields) -> str:
+    """The agent session a request is a turn of: `X-Session-Id`, else the body's `user` ("" for none). Its KV
+    stays in the workers' pools for `--session-ttl` after the turn."""
+    given = request.headers.get("x-session-id")
+    if given is not None and not REQUEST_ID.fullmatch(given):
+        raise APIError(400, "X-Session-Id must be 1-64 characters of A-Z a-z 0-9 . _ : -", "invalid_request_error")
+    return given or body.user or ""
+
+
 def admission_error(exc: Exception) -> APIError:
     if isinstance(exc, FleetBusy):
         return APIError(429, f"the fleet is busy: {exc}", "rate_limit_error",
@@ -67,7 +76,7 @@ def openai_router(fleet: Fleet) -> APIRouter:
         return max(1, max_tokens)
 
     def admit(prompts: list[list[int]], body: oai.SamplingFields, requested: int | None, default: int,
-              request_id: str, echoes: list[str] | None = None) -> Choices:
+              request_id: str, session: str, echoes: list[str] | None = None) -> Choices:
         """Every prompt's `n` samples, or none of them. Several choices get ids `<id>-<index>`."""
         limits = [max_tokens_for(ids, requested, default) for ids in prompts]
         n = body.n
@@ -77,7 +86,7 @@ def openai_router(fleet: Fleet) -> APIRouter:
         try:
             for p, (ids, limit) in enumerate(zip(prompts, limits, strict=True)):
                 request_ids = [f"{base}-{p * n + i}" for i in range(n)] if many else [base]
-                reqs = fleet.submit_samples(ids, body.sampling(limit), request_ids)
+                reqs = fleet.submit_samples(ids, body.sampling(limit), request_ids, session)
                 echo = echoes[p] if echoes else ""
                 choices += [Choice(p * n + i, req, echo, text_offset=len(echo)) for i, req in enumerate(reqs)]
         except (PromptError, SamplingError, RequestIdInUse, FleetBusy, NoWorkers) as exc:
@@ -127,13 +136,13 @@ def openai_router(fleet: Fleet) -> APIRouter:
     @router.post("/v1/completions")
     async def completions(body: oai.CompletionRequest, request: Request) -> object:
         check_model(body.model)
-        request_id = request_id_of(request)
+        request_id, session = request_id_of(request), session_of(request, body)
         prompts = body.prompts()
         ids = [await tokenize(p) if isinstance(p, str) else list(p) for p in prompts]
         echoes = None
         if body.echo:
             echoes = [p if isinstance(p, str) else fleet.tokenizer.decode(p) for p in prompts]
-        choices = admit(ids, body, body.max_tokens, 16, request_id, echoes)
+        choices = admit(ids, body, body.max_tokens, 16, request_id, session, echoes)
         rid, wanted = choices.response_id, body.logprobs is not None
         if body.stream:
             first = [oai.completion_chunk(rid, model_name, oai.completion_choice(c.index, c.echo, None))
@@ -153,13 +162,14 @@ def openai_router(fleet: Fleet) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat(body: oai.ChatRequest, request: Request) -> object:
         check_model(body.model)
-        request_id = request_id_of(request)
+        request_id, session = request_id_of(request), session_of(request, body)
         try:
             prompt = fleet.tokenizer.apply_chat_template(oai.template_messages(body.messages))
         except TokenizerError as exc:
             raise APIError(400, str(exc), "invalid_request_error") from None
         ids = await tokenize(prompt)
-        choices = admit([ids], body, body.max_completion_tokens or body.max_tokens, fleet.max_model_len, request_id)
+        choices = admit([ids], body, body.max_completion_tokens or body.max_tokens, fleet.max_model_len, request_id,
+                        session)
         rid = choices.response_id
 
         def chat_logprobs(tokens: list[SampledToken]) -> dict | None:

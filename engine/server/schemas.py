@@ -206,6 +206,7 @@ class RequestRecord(_Open):
     prefill_computed_tokens: int
     local_prefill: bool
     tier_cached_tokens: dict[str, int] = Field(default_factory=dict)  # of the cached ones, what a KV tier served
+    session: str = ""  # the agent session it was a turn of (X-Session-Id or `user`)
 
 
 class RecentRequests(_Open):

@@ -165,7 +165,7 @@ class Worker:
         fault_point("run-request", msg.request_id)
         try:
             self.engine.add_request(msg.prompt_token_ids, msg.params, request_id=msg.request_id,
-                                    output_token_ids=msg.output_token_ids, seed=msg.seed)
+                                    output_token_ids=msg.output_token_ids, seed=msg.seed, session=msg.session)
         except PromptError as exc:
             self.send(m.RequestFailed(msg.request_id, str(exc)))
 
@@ -179,7 +179,7 @@ class Worker:
         try:
             start = time.perf_counter()
             self.engine.import_sequence(msg.request_id, msg.prompt_token_ids, msg.output_token_ids,
-                                        msg.params, msg.seed, kv, msg.handle.first_block)
+                                        msg.params, msg.seed, kv, msg.handle.first_block, session=msg.session)
             seconds += time.perf_counter() - start
         except OutOfBlocks as exc:
             self.send(m.AdoptFailed(msg.request_id, str(exc), retryable=True))

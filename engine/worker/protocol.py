@@ -64,6 +64,7 @@ class RunRequest:
     params: SamplingParams
     seed: int
     output_token_ids: list[int] = field(default_factory=list)
+    session: str = ""  # the agent session it is a turn of: its blocks stay retained (`--session-ttl`) once it ends
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class Adopt:
     params: SamplingParams
     seed: int
     handle: KVHandle
+    session: str = ""  # as RunRequest's
 
 
 @dataclass(frozen=True)

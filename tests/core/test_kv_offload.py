@@ -1,14 +1,16 @@
 """An engine over the node-wide KV tiers (`kv_offload`): the blocks its pool reclaims are kept in the host tier
 (and what that evicts, on disk); a prompt whose prefix left the pool is read back from whichever tier holds it;
 and in deterministic mode every logit of it is bit-identical to computing it, from host, from disk and after a
-corrupted record (a miss: computed again)."""
+corrupted record (a miss: computed again). Write-through puts each block in the tiers as soon as it is full: a
+fresh engine (a restarted worker) finds the whole cache of the one before it."""
 
 from pathlib import Path
 
+import pytest
 import torch
 from test_batch_invariance import recorded_logits
 
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.config import EngineConfig, EngineSettings, OffloadPolicy
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 
@@ -18,11 +20,11 @@ OTHERS = [[(11 * i + 13 * n) % 300 + 3 for i in range(90)] for n in range(1, 4)]
 
 
 def make_engine(model_dir: Path, tmp_path: Path, host_bytes: int, disk_bytes: int,
-                prefix_cache: bool = True) -> LLMEngine:
+                prefix_cache: bool = True, policy: OffloadPolicy = OffloadPolicy.EVICT) -> LLMEngine:
     settings = EngineSettings(dtype="float32", deterministic=True, num_kv_blocks=8, prefix_cache=prefix_cache,
                               kv_offload_memory_bytes=host_bytes, kv_offload_host_dir=tmp_path / "host",
                               kv_offload_dir=tmp_path / "disk" if disk_bytes else None,
-                              kv_offload_disk_bytes=disk_bytes)
+                              kv_offload_disk_bytes=disk_bytes, kv_offload_policy=policy)
     return LLMEngine(EngineConfig(model_dir=model_dir, settings=settings))
 
 
@@ -93,4 +95,21 @@ def test_a_corrupted_record_is_computed_again(tiny_model_dir: Path, tmp_path: Pa
         path.write_bytes(bytes(data))
     again, hit, tiers = run(engine, PROMPT)
     assert sum(offload.hits.values()) == 0 and host.stats.corrupt >= 1 and hit == 0 and tiers == {}
+    assert torch.equal(again, computed)
+
+
+@pytest.mark.parametrize("policy", list(OffloadPolicy))
+def test_write_through_leaves_the_cache_to_the_next_engine(tiny_model_dir: Path, tmp_path: Path,
+                                                           policy: OffloadPolicy) -> None:
+    computed, _, _ = run(make_engine(tiny_model_dir, tmp_path / "none", 0, 0, prefix_cache=False), PROMPT)
+    before = make_engine(tiny_model_dir, tmp_path, 16 << 20, 0, policy=policy)
+    run(before, PROMPT)  # nothing evicted: its pool holds the prompt
+    assert before.offload is not None
+    before.offload.tiers.flush()
+    after = make_engine(tiny_model_dir, tmp_path, 16 << 20, 0, policy=policy)  # the worker restarted, say
+    again, hit, tiers = run(after, PROMPT)
+    if policy is OffloadPolicy.WRITE_THROUGH:
+        assert hit == 80 and tiers == {"host": 80}
+    else:
+        assert hit == 0 and tiers == {}  # evict: only what a pool reclaims reaches the tiers
     assert torch.equal(again, computed)
