@@ -18,9 +18,10 @@ with the cache on, later turns' TTFT >= 3x better than with it off.
 share: where more local prefill stops helping is the crossover `serve`'s default comes from.
 
 `--tiers` runs, instead, the same trace with the cache on and the KV pool held to `--kv-blocks` (about a third of
-the sessions' KV; give `--max-model-len` at most the pool's tokens, or the fleet sizes sessions past it) three
-times: no tiers, a host-memory tier (`--kv-offload-memory`), and a small host tier over a
-disk tier (`--kv-offload-gb`), each tier in a fresh folder of its own; it prints each run's later-turn TTFT
+the sessions' KV; give `--max-model-len` at most the pool's tokens, or the fleet sizes sessions past it) four
+times: no tiers, a host-memory tier (`--kv-offload-memory`), a small host tier over a disk tier
+(`--kv-offload-gb`), and the host tier with sessions retained in the pools (`--session-ttl`: the trace names each
+turn's session), each tier in a fresh folder of its own; it prints each run's later-turn TTFT
 p50/p99, hit ratio (pool and tiers together), throughput and decode share, and the ratios to the run without.
 
 `--local-prefill-tokens` is passed to both fleets (conditional disaggregation; with the cache off nothing is
@@ -86,6 +87,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.2, help="sessions starting per second")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--devices", default="cpu:0,cpu:1")
+    parser.add_argument("--decode", type=int, default=1, help="decode workers (the rest of --devices: one prefill)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--max-model-len", type=int, default=0)
     parser.add_argument("--local-prefill-tokens", type=int, default=None)
@@ -96,7 +98,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     model = resolve_model(args.model)
-    layout = ["--prefill", "1", "--decode", "1", "--devices", args.devices, "--dtype", args.dtype]
+    layout = ["--prefill", "1", "--decode", str(args.decode), "--devices", args.devices, "--dtype", args.dtype]
     if args.max_model_len:
         layout += ["--max-model-len", str(args.max_model_len)]
     if args.local_prefill_tokens is not None:
@@ -145,13 +147,15 @@ def tiers(model: Path, layout: list[str], trace_args: tuple, host_mib: int) -> N
                 ("none", ()),
                 ("host", ("--kv-offload-memory", str(host_mib), "--kv-offload-host-dir", f"{shm}/host")),
                 ("host+disk", ("--kv-offload-memory", str(max(1, host_mib // 8)), "--kv-offload-host-dir",
-                               f"{shm}/small", "--kv-offload-dir", f"{tmp}/disk", "--kv-offload-gb", "4"))):
+                               f"{shm}/small", "--kv-offload-dir", f"{tmp}/disk", "--kv-offload-gb", "4")),
+                ("host+sessions", ("--kv-offload-memory", str(host_mib), "--kv-offload-host-dir", f"{shm}/sessions",
+                                   "--session-ttl", "600"))):
             run = runs[name] = run_fleet(model, layout, Path(tmp) / f"{name}.db", trace_args, True, extra)
             later = run["ttft_later_turns_s"]
             print(f"{name:>12} {later['p50']:>13.3f} s {later['p99']:>6.3f} s {run['throughput_tokens_per_s']:>9.2f} "
                   f"{run['prefix_hit_ratio']:>10.1%} {run['decode_share']:>13.1%} {run['errors']:>7}", flush=True)
     none = runs["none"]["ttft_later_turns_s"]
-    for name in ("host", "host+disk"):
+    for name in ("host", "host+disk", "host+sessions"):
         later = runs[name]["ttft_later_turns_s"]
         print(f"{name}: later-turn TTFT p50 {none['p50'] / later['p50']:.2f}x better, p99 "
               f"{none['p99'] / later['p99']:.2f}x, than without tiers")

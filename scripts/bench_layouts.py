@@ -13,25 +13,18 @@ import statistics
 import time
 
 import httpx
+from bench_switch import rebalance  # scripts/ is on the path of a script run from it
 
 from fleetctl.console.cli.models import resolve_model
 from fleetctl.console.demo.traffic import DemoTraffic, plan_traffic
 from fleetctl.console.loadgen.local_fleet import local_fleet
-from fleetctl.engine.server.admin_auth import read_admin_token
 
 
-def rebalance(url: str, split: str) -> tuple[dict, float, float]:
-    """(the rebalance's result, when it was accepted, when it ended)."""
-    headers = {"Authorization": f"Bearer {read_admin_token()}"}
+def timed_rebalance(url: str, split: str) -> tuple[dict, float, float]:
+    """(the rebalance's result, when it was asked for, when it ended)."""
     started = time.time()
-    op = httpx.post(f"{url}/fleet/rebalance", json={"split": split, "apply": True}, headers=headers,
-                    timeout=60).json()
-    while op["state"] == "running":
-        time.sleep(0.05)
-        op = httpx.get(f"{url}/fleet/operations/{op['id']}", timeout=60).json()
-    if op["state"] != "done":
-        raise SystemExit(f"rebalance to {split} failed: {op['error']}")
-    return op["result"], started, time.time()
+    result = rebalance(url, split, "switch")
+    return result, started, time.time()
 
 
 def window_row(name: str, records: list[dict], start: float, end: float, slo_ttft: float, slo_tpot: float) -> str:
@@ -67,10 +60,10 @@ def main() -> None:
         traffic.start()
         marks = [("1:2 before", time.time())]
         time.sleep(args.window)
-        there, started, ended = rebalance(url, "colocated 3")
+        there, started, ended = timed_rebalance(url, "colocated 3")
         marks += [("rebalance -> colocated", started), ("colocated 3", ended)]
         time.sleep(args.window)
-        back, started, ended = rebalance(url, "1:2")
+        back, started, ended = timed_rebalance(url, "1:2")
         marks += [("rebalance -> 1:2", started), ("1:2 after", ended)]
         time.sleep(args.window)
         marks.append(("end", time.time()))

@@ -60,6 +60,8 @@ async def _send(http: httpx.AsyncClient, model: str, req: TraceRequest) -> Outco
     out = Outcome(turn=req.turn)
     body = {"model": model, "prompt": list(req.prompt_token_ids) or req.prompt, "max_tokens": req.max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    if req.session_id is not None:
+        body["user"] = req.session_id  # the fleet keeps a session's KV for --session-ttl
     try:
         async with http.stream("POST", "/v1/completions", json=body) as response:
             if response.status_code != 200:

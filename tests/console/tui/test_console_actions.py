@@ -53,8 +53,9 @@ def test_readonly_keys_change_nothing_and_say_why() -> None:
     assert messages.count(READONLY_REASON) == len(changing)
 
 
-def test_plan_screen_applies_the_best_split_after_a_dry_run() -> None:
-    source = FixtureSource()
+def apply_from_the_plan_screen(source: FixtureSource) -> str:
+    """Open the plan screen, press `a`, confirm; returns the confirmation's question."""
+    question: list[str] = []
 
     async def run() -> None:
         app = FleetConsole(source, ConsoleSettings())
@@ -64,11 +65,17 @@ def test_plan_screen_applies_the_best_split_after_a_dry_run() -> None:
             await pilot_until(pilot, lambda: isinstance(app.screen, PlanScreen) and app.screen.plan is not None)
             await pilot.press("a")
             await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
-            assert "decode-2 on cpu:4: decode → prefill" in str(app.screen.question)
+            question.append(str(app.screen.question))
             await pilot.press("y")
             await pilot_until(pilot, lambda: len(source.posted) == 2)
 
     asyncio.run(run())
+    return question[0]
+
+
+def test_plan_screen_applies_the_best_split_after_a_dry_run() -> None:
+    source = FixtureSource()
+    assert "decode-2 on cpu:4: decode → prefill" in apply_from_the_plan_screen(source)
     assert source.posted == [("/fleet/rebalance", {"split": "3:3", "apply": False}),
                              ("/fleet/rebalance", {"split": "3:3", "apply": True})]
 
@@ -77,19 +84,7 @@ def test_plan_screen_applies_a_colocated_recommendation() -> None:
     """Rebalance reaches colocated live: `a` applies the recommended layout, not the best prefill:decode split."""
     colocated = {"prefill": 0, "decode": 0, "mixed": 6, "layout": "colocated"}
     source = FixtureSource(plan=PLAN.model_copy(update={"recommended": SplitInfo.model_validate(colocated)}))
-
-    async def run() -> None:
-        app = FleetConsole(source, ConsoleSettings())
-        async with app.run_test(size=(120, 40)) as pilot:
-            await pilot_until(pilot, lambda: app.reading.reachable)
-            await pilot.press("p")
-            await pilot_until(pilot, lambda: isinstance(app.screen, PlanScreen) and app.screen.plan is not None)
-            await pilot.press("a")
-            await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
-            await pilot.press("y")
-            await pilot_until(pilot, lambda: len(source.posted) == 2)
-
-    asyncio.run(run())
+    apply_from_the_plan_screen(source)
     assert source.posted == [("/fleet/rebalance", {"split": "colocated 6", "apply": False}),
                              ("/fleet/rebalance", {"split": "colocated 6", "apply": True})]
 
