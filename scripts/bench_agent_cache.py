@@ -36,6 +36,9 @@ import json
 import tempfile
 from pathlib import Path
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
 from fleetctl.console.cli.models import resolve_model
 from fleetctl.console.client import FleetClient
 from fleetctl.console.loadgen.local_fleet import local_fleet
@@ -47,6 +50,18 @@ from fleetctl.store.db import open_db
 WINDOW_S = 7 * 86400  # the whole of a fresh store
 
 
+def tier_tokens(metrics: str) -> dict[str, int]:
+    """Prompt tokens each KV tier served (`fleet_kv_tier_hits_total`, summed over workers)."""
+    served: dict[str, int] = {}
+    for family in text_string_to_metric_families(metrics):
+        if family.name == "fleet_kv_tier_hits":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    tier = sample.labels["tier"]
+                    served[tier] = served.get(tier, 0) + int(sample.value)
+    return served
+
+
 def run_fleet(model: Path, layout: list[str], store: Path, trace_args: tuple, cache: bool,
               extra: tuple[str, ...] = ()) -> dict:
     flags = [] if cache else ["--no-prefix-cache"]
@@ -55,6 +70,7 @@ def run_fleet(model: Path, layout: list[str], store: Path, trace_args: tuple, ca
         name, trace = load_trace("agent", *trace_args, context=context)
         result = asyncio.run(run_bench(url, trace, name, slo_ttft=10.0, slo_tpot=1.0))
         status = FleetClient(url).status()
+        tier_hits = tier_tokens(httpx.get(f"{url}/metrics", timeout=60).text)
     db = open_db(store)
     try:
         phases = classify(db, WINDOW_S)
@@ -74,6 +90,7 @@ def run_fleet(model: Path, layout: list[str], store: Path, trace_args: tuple, ca
         "prefill_cached_tokens": phases.prefill_cached_tokens,
         "prefill_computed_tokens": phases.prefill_computed_tokens,
         "local_prefills": phases.local_prefills,
+        "tier_hit_tokens": tier_hits,
         "decode_share": round(phases.decode_share, 4),
         "prefill_model_s": round(phases.prefill_model_s, 3),
         "decode_model_s": round(phases.decode_model_s, 3),
@@ -139,8 +156,8 @@ def main() -> None:
 
 def tiers(model: Path, layout: list[str], trace_args: tuple, host_mib: int) -> None:
     """The cache on with a small pool: without tiers, over a host tier, over a small host tier and a disk one."""
-    print(f"{'tiers':>12} {'later TTFT p50':>15} {'p99':>8} {'tokens/s':>9} {'hit ratio':>10} {'decode share':>13} "
-          f"{'errors':>7}")
+    print(f"{'tiers':>13} {'later TTFT p50':>15} {'p99':>8} {'tokens/s':>9} {'hit ratio':>10} {'decode share':>13} "
+          f"{'errors':>7}  tier hits (tokens)")
     runs = {}
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
         for name, extra in (
@@ -152,8 +169,9 @@ def tiers(model: Path, layout: list[str], trace_args: tuple, host_mib: int) -> N
                                    "--session-ttl", "600"))):
             run = runs[name] = run_fleet(model, layout, Path(tmp) / f"{name}.db", trace_args, True, extra)
             later = run["ttft_later_turns_s"]
-            print(f"{name:>12} {later['p50']:>13.3f} s {later['p99']:>6.3f} s {run['throughput_tokens_per_s']:>9.2f} "
-                  f"{run['prefix_hit_ratio']:>10.1%} {run['decode_share']:>13.1%} {run['errors']:>7}", flush=True)
+            print(f"{name:>13} {later['p50']:>13.3f} s {later['p99']:>6.3f} s {run['throughput_tokens_per_s']:>9.2f} "
+                  f"{run['prefix_hit_ratio']:>10.1%} {run['decode_share']:>13.1%} {run['errors']:>7}  "
+                  f"{run['tier_hit_tokens'] or '-'}", flush=True)
     none = runs["none"]["ttft_later_turns_s"]
     for name in ("host", "host+disk", "host+sessions"):
         later = runs[name]["ttft_later_turns_s"]

@@ -124,7 +124,9 @@ class ActionFlows:
         return await self.app.source.start(f"/fleet/workers/{worker}/stop", {"force": how == "force"})
 
     async def start(self, _: str | None) -> OperationInfo | None:
-        role = await self._ask("start a worker of which role?", [(r.value, r.value) for r in WorkerRole])
+        pools = sorted(self.app.reading.pools)  # the fleet's own roles first, then any other it may run beside them
+        roles = pools + [r.value for r in WorkerRole if r.value not in pools]
+        role = await self._ask("start a worker of which role?", [(r, r) for r in roles])
         if role is None:
             return None
         device = await self._device(f"start a {role} worker on which device?")

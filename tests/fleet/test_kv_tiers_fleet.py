@@ -38,6 +38,7 @@ def fleet_args(tmp_path: Path, kv_blocks: int, *more: str) -> tuple[str, ...]:
 
 def test_a_prefix_the_pool_lost_comes_back_from_the_host_tier(tiny_model_dir: Path, tmp_path: Path) -> None:
     with serve(tiny_model_dir, *fleet_args(tmp_path, 8)) as url:
+        assert httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["max_model_len"] == 8 * 16  # the pool's
         first = complete(url, PROMPT, "first")
         assert record(url, "first")["tier_cached_tokens"] == {}
         for n, other in enumerate(OTHERS):  # through the 8-block pools: PROMPT's blocks are reclaimed, to the tier
