@@ -18,11 +18,12 @@ with the cache on, later turns' TTFT >= 3x better than with it off.
 share: where more local prefill stops helping is the crossover `serve`'s default comes from.
 
 `--tiers` runs, instead, the same trace with the cache on and the KV pool held to `--kv-blocks` (about a third of
-the sessions' KV; give `--max-model-len` at most the pool's tokens, or the fleet sizes sessions past it) four
-times: no tiers, a host-memory tier (`--kv-offload-memory`), a small host tier over a disk tier
-(`--kv-offload-gb`), and the host tier with sessions retained in the pools (`--session-ttl`: the trace names each
-turn's session), each tier in a fresh folder of its own; it prints each run's later-turn TTFT
-p50/p99, hit ratio (pool and tiers together), throughput and decode share, and the ratios to the run without.
+the sessions' KV; the fleet's context is at most the pool's tokens) five times: no tiers, a host-memory tier (`--kv-offload-memory`), a small host tier over a disk tier
+(`--kv-offload-gb`), the host tier with sessions retained in the pools (`--session-ttl`: the trace names each
+turn's session), and the host tier written through (`--kv-offload-policy write-through`: a block a decode worker
+computes is there for the prefill worker at once), each tier in a fresh folder of its own; it prints each run's
+later-turn TTFT p50/p99, hit ratio (pool and tiers together), throughput, decode share and the tokens each tier
+served, and the ratios to the run without.
 
 `--local-prefill-tokens` is passed to both fleets (conditional disaggregation; with the cache off nothing is
 cached, so nothing is prefilled locally). `--max-model-len` caps the context the sessions are sized to (0: the
@@ -166,14 +167,16 @@ def tiers(model: Path, layout: list[str], trace_args: tuple, host_mib: int) -> N
                 ("host+disk", ("--kv-offload-memory", str(max(1, host_mib // 8)), "--kv-offload-host-dir",
                                f"{shm}/small", "--kv-offload-dir", f"{tmp}/disk", "--kv-offload-gb", "4")),
                 ("host+sessions", ("--kv-offload-memory", str(host_mib), "--kv-offload-host-dir", f"{shm}/sessions",
-                                   "--session-ttl", "600"))):
+                                   "--session-ttl", "600")),
+                ("write-through", ("--kv-offload-memory", str(host_mib), "--kv-offload-host-dir", f"{shm}/through",
+                                   "--kv-offload-policy", "write-through"))):
             run = runs[name] = run_fleet(model, layout, Path(tmp) / f"{name}.db", trace_args, True, extra)
             later = run["ttft_later_turns_s"]
             print(f"{name:>13} {later['p50']:>13.3f} s {later['p99']:>6.3f} s {run['throughput_tokens_per_s']:>9.2f} "
                   f"{run['prefix_hit_ratio']:>10.1%} {run['decode_share']:>13.1%} {run['errors']:>7}  "
                   f"{run['tier_hit_tokens'] or '-'}", flush=True)
     none = runs["none"]["ttft_later_turns_s"]
-    for name in ("host", "host+disk", "host+sessions"):
+    for name in ("host", "host+disk", "host+sessions", "write-through"):
         later = runs[name]["ttft_later_turns_s"]
         print(f"{name}: later-turn TTFT p50 {none['p50'] / later['p50']:.2f}x better, p99 "
               f"{none['p99'] / later['p99']:.2f}x, than without tiers")
