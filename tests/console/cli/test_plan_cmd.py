@@ -99,7 +99,7 @@ def test_rebalance_dry_run_apply_and_refusal(url: str) -> None:
     dry = fleetctl("rebalance", "--split", "2:1", "--url", url)
     assert dry.exit_code == 0, dry.stderr
     assert dry.stdout == ("1:2 -> 2:1: 1 worker(s) change role in place (the same process); their sessions move "
-                          "live to peers of their role (a prefill worker's finish where they are)\n"
+                          "live to peers that decode (a prefill worker's finish where they are)\n"
                           "  decode-0 on cpu:1: decode -> prefill (0 session(s))\n"
                           "dry run: add --apply to do it\n")
     applied = fleetctl("rebalance", "--split", "2:1", "--apply", "--url", url, "--json")
