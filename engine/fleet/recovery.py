@@ -112,7 +112,8 @@ class Recovery:
             else:
                 self.dispatcher.recompute(req, WorkerRole.DECODE)
         elif req.prefill_worker == wid and req.stage is RequestStage.PREFILL:
-            self.dispatcher.recompute(req, role)
+            # prefilled there: on a decode worker it decoded there too (a session moved from a mixed one)
+            self.dispatcher.recompute(req, WorkerRole.DECODE if role is WorkerRole.DECODE else WorkerRole.PREFILL)
         elif req.prefill_worker == wid and req.handle is not None and not req.handle.outlives_producer:
             self.dispatcher.recompute(req, WorkerRole.DECODE)  # device memory died with its producer
         elif req.prefill_worker == wid and req.decode_worker is None and not (kv_kept and req.handle):

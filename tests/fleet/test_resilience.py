@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from support.fake_workers import NUM_BLOCKS, FakeLauncher, Faults, run_fleet
-from support.fleet_checks import ends, nothing_leaked, prompts, shm, until
+from support.fleet_checks import all_complete, ends, nothing_leaked, prompts, shm, until
 
 from fleetctl.domain import EventKind, WorkerState
 from fleetctl.engine.core.sequence import SamplingParams
@@ -183,5 +183,24 @@ def test_messages_to_a_dead_worker_are_dropped(tiny_model_dir: Path, tmp_path: P
         for i in range(1000):
             link.send(m.Abort(f"req-{i}"))
         assert link.queued <= 1  # at most the writer's wake-up marker
+
+    run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path)), scenario, supervision=Supervision(restart=False))
+
+
+def test_a_mixed_worker_dying_beside_prefill_and_decode_ones_loses_nothing(tiny_model_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    """What a mixed worker decoded in place is recomputed on a worker that takes prompts and handed off, each
+    stream completing with exactly its tokens; the fleet keeps serving with its prefill and decode workers."""
+    async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
+        started = fleet.lifecycle.start("mixed", "cpu:3")
+        await until(lambda: started.result is not None)
+        long = SamplingParams(max_tokens=150, temperature=0.0, ignore_eos=True)
+        reqs = [fleet.submit(p, long) for p in prompts(6)]
+        await until(lambda: any(r.prefill_worker == "mixed-0" and len(r.output_token_ids) >= 2 for r in reqs))
+        on_mixed = [r for r in reqs if r.prefill_worker == "mixed-0"]
+        launcher.workers["mixed-0"].killed.set()
+        await all_complete(fleet, reqs)
+        assert all(r.recomputes >= 1 and r.prefill_worker != "mixed-0" for r in on_mixed)
+        await all_complete(fleet, [fleet.submit(p, PARAMS) for p in prompts(3)])
 
     run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path)), scenario, supervision=Supervision(restart=False))
