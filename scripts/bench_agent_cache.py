@@ -19,9 +19,10 @@ share: where more local prefill stops helping is the crossover `serve`'s default
 
 `--tiers` runs, instead, the same trace with the cache on and the KV pool held to `--kv-blocks` (about a third of
 the sessions' KV; the fleet's context is at most the pool's tokens) five times: no tiers, a host-memory tier
-(`--kv-offload-memory`), a small host tier over a disk tier (`--kv-offload-gb`), the host tier with sessions retained in the pools (`--session-ttl`: the trace names each
-turn's session), and the host tier written through (`--kv-offload-policy write-through`: a block a decode worker
-computes is there for the prefill worker at once), each tier in a fresh folder of its own; it prints each run's
+(`--kv-offload-memory`), a small host tier over a disk tier (`--kv-offload-gb`), the host tier with sessions
+retained in the pools (`--session-ttl`: the trace names each turn's session), and the host tier written through
+(`--kv-offload-policy write-through`: a block a decode worker computes is there for the prefill worker at once),
+each tier in a fresh folder of its own; it prints each run's
 later-turn TTFT p50/p99, hit ratio (pool and tiers together), throughput, decode share and the tokens each tier
 served, and the ratios to the run without.
 
