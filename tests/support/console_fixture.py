@@ -165,6 +165,7 @@ class FixtureSource:
                  plan: FleetPlan = PLAN) -> None:
         self.reachable = reachable
         self.fleet_plan = plan  # what /fleet/plan answers
+        self.more_pools: dict[str, PoolInfo] = {}  # pools a test adds while the console runs (a switch to mixed)
         self.store = store  # what /fleet/status says of the metrics store (None: the fleet keeps none)
         self.hold_at = hold_at  # an operation stays at this stage (a picture of the progress dialog)
         self.results = {**RESULTS, **(results or {})}
@@ -175,8 +176,8 @@ class FixtureSource:
     async def read(self) -> FleetReading:
         if not self.reachable:
             return FleetReading(reachable=False, error=f"no fleet answers at {self.url} (ConnectError)")
-        return FleetReading(reachable=True, status=STATUS.model_copy(update={"store": self.store}), history=HISTORY,
-                            host=HOST)
+        status = STATUS.model_copy(update={"store": self.store, "pools": {**POOLS, **self.more_pools}})
+        return FleetReading(reachable=True, status=status, history=HISTORY, host=HOST)
 
     async def start(self, path: str, body: dict[str, object]) -> OperationInfo:
         """The operation a route starts, at its first stage; refused (409) for one the fixture has no result of."""

@@ -33,6 +33,15 @@ class PoolPanel(Vertical):
         super().__init__(id=f"pool-{role}", classes=role)
         self.role = role
         self.border_title = role
+        self._composed = False
+        self._pending: FleetReading | None = None  # a reading that came before its rows were composed
+
+    def on_mount(self) -> None:
+        # a pool that appears while the console runs (a switch to mixed) is shown a reading as it is mounted,
+        # before its rows exist: it shows that one now
+        self._composed = True
+        if self._pending is not None:
+            self.show(self._pending)
 
     def compose(self) -> ComposeResult:
         for metric, label in METRICS:
@@ -43,6 +52,9 @@ class PoolPanel(Vertical):
         yield Label("", classes="verdict", id=f"{self.role}-verdict")
 
     def show(self, reading: FleetReading) -> None:
+        if not self._composed:
+            self._pending = reading
+            return
         pool = reading.pools.get(self.role)
         count, queue = (pool.workers, pool.queue) if pool else (0, 0)
         self.border_title = f"{self.role} · {count} worker{'s' if count != 1 else ''} · queue {queue}"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.console_fixture import PLAN, FixtureSource, pilot_until
+from support.console_fixture import PLAN, POOLS, FixtureSource, pilot_until
 from support.fleet_harness import Stream, generate_json, serve, start_streams
 
 from fleetctl.console.tui.actions import ACTIONS, READONLY_REASON
@@ -246,3 +246,20 @@ def test_start_drain_and_stop_a_worker_from_the_keyboard(small_model_dir: Path) 
 
         assert asyncio.run(drive()) == ["cpu:3", "draining", "stopped"]
         assert texts.result(timeout=300) == [r["text"] for r in reference]
+
+
+def test_a_pool_that_appears_while_the_console_runs_gets_its_panel() -> None:
+    """A switch to mixed adds a mixed pool to /fleet/status: the console mounts its panel and fills it."""
+    source = FixtureSource()
+
+    async def run() -> str:
+        app = FleetConsole(source, ConsoleSettings(interval=0.1))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot_until(pilot, lambda: app.reading.reachable)
+            source.more_pools = {"mixed": POOLS["decode"]}
+            await pilot_until(pilot, lambda: app.query("#mixed-verdict"))
+            await pilot_until(pilot, lambda: "worker" in str(app.query_one("#pool-mixed").border_title))
+            await pilot.pause(0.3)  # further readings reach it too
+            return str(app.query_one("#pool-mixed").border_title)
+
+    assert asyncio.run(run()) == "mixed · 4 workers · queue 0"
