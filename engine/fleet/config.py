@@ -118,11 +118,6 @@ class FleetConfig:
         return self.colocated or self.prefill + self.decode
 
     @property
-    def prompt_role(self) -> WorkerRole:
-        """The role that takes new prompts: prefill workers, or mixed ones in the colocated baseline."""
-        return WorkerRole.MIXED if self.colocated else WorkerRole.PREFILL
-
-    @property
     def roles(self) -> tuple[WorkerRole, ...]:
         return (WorkerRole.MIXED,) if self.colocated else (WorkerRole.PREFILL, WorkerRole.DECODE)
 

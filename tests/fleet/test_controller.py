@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from support.fake_workers import NUM_BLOCKS, FakeLauncher, expected_tokens, run_fleet, tokens_of
 
-from fleetctl.domain import WorkerState
+from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.config import Supervision
 from fleetctl.engine.fleet.controller import Fleet
@@ -39,7 +39,7 @@ def test_requests_flow_through_prefill_handoff_and_decode(tiny_model_dir: Path, 
         released = {msg.request_id for msg in launcher.workers["prefill-0"].received if isinstance(msg, m.ReleaseKV)}
         assert released == {r.request_id for r in reqs}  # every prefill copy freed after its adoption
         assert not list(tmp_path.iterdir())  # and every published buffer with it
-        assert not fleet.state.requests and fleet.queue_length(fleet.config.prompt_role) == 0
+        assert not fleet.state.requests and fleet.queue_length(WorkerRole.PREFILL) == 0
         assert not fleet.views["prefill-0"].prefilling  # prefilled: no longer counted as work ahead of a prompt
 
     run(tiny_model_dir, tmp_path, scenario)

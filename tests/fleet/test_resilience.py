@@ -14,7 +14,7 @@ import pytest
 from support.fake_workers import NUM_BLOCKS, FakeLauncher, Faults, run_fleet
 from support.fleet_checks import all_complete, ends, nothing_leaked, prompts, shm, until
 
-from fleetctl.domain import EventKind, WorkerState
+from fleetctl.domain import EventKind, WorkerRole, WorkerState
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.config import Supervision
 from fleetctl.engine.fleet.controller import Fleet
@@ -161,7 +161,7 @@ def test_cancelling_frees_the_work_wherever_it_is(tiny_model_dir: Path, tmp_path
         queued = fleet.submit([9, 9, 9], long)
         assert queued in fleet.state.queued
         fleet.cancel(queued)
-        assert queued not in fleet.state.queued and fleet.queue_length(fleet.config.prompt_role) == 0
+        assert queued not in fleet.state.queued and fleet.queue_length(WorkerRole.PREFILL) == 0
         await until(lambda: all(len(r.output_token_ids) > 3 for r in running))
         handed = next(r for r in running if r.decode_worker)
         fleet.cancel(handed)
