@@ -365,7 +365,8 @@ def result_of(seq: Sequence, stream: TextStream | None) -> GenerationResult:
 
 def _take_tier_tokens(seqs: list[Sequence]) -> dict[str, dict[str, int]]:
     """What the tiers served each sequence at admission, once: its first step reports it."""
-    taken = {seq.request_id: seq.tier_tokens for seq in seqs if seq.tier_tokens}
+    taken = {}
     for seq in seqs:
-        seq.tier_tokens = {}
+        if seq.tier_tokens:  # only at admission: a decode step passes over the rest
+            taken[seq.request_id], seq.tier_tokens = seq.tier_tokens, {}
     return taken
