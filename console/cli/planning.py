@@ -38,6 +38,9 @@ def plan(
     slo_tpot: str = typer.Option("200ms", "--slo-tpot", help="Time-per-output-token objective."),
     devices: str = typer.Option("", "--devices", help="cpu:0,cpu:1,… or NxGPU for a what-if fleet, e.g. 8xH100 "
                                                       "(default: the fleet's devices, as the store shows them)."),
+    elastic: bool = typer.Option(False, "--elastic", help="Also rank layouts on fewer of the devices: of those within "
+                                                          "5 % of the best goodput, the fewest devices win (a "
+                                                          "fleet with free devices plans so by itself)."),
     trace: Path = typer.Option(None, "--trace", help="Replay this Mooncake trace (JSONL) instead of the "
                                                      "window's requests (from a store file only).",
                                  dir_okay=False),
@@ -49,20 +52,22 @@ def plan(
     store file, or asked of a fleet)."""
     fleet = fleet_to_ask(store, url)
     if fleet is None:
-        planned = _plan_from_file(store_path(store), since, slo_ttft, slo_tpot, devices, trace)
+        planned = _plan_from_file(store_path(store), since, slo_ttft, slo_tpot, devices, trace, elastic)
     elif trace is not None:
         raise fail("--trace replays a file on this machine: plan it from a store file (--store), not from a fleet")
     else:
         query: Params = {"since": since, "slo_ttft": slo_ttft, "slo_tpot": slo_tpot}
         if devices:
             query["devices"] = devices
+        if elastic:
+            query["elastic"] = "true"
         with fleet_errors():
             planned = FleetClient(fleet, timeout=PLAN_TIMEOUT_S).plan(query)
     print(json.dumps(planned.model_dump(mode="json")) if as_json else render_plan(planned))
 
 
 def _plan_from_file(path: Path, since: str, slo_ttft: str, slo_tpot: str, devices: str,
-                    trace: Path | None) -> FleetPlan:
+                    trace: Path | None, elastic: bool) -> FleetPlan:
     from fleetctl.engine.planner.durations import parse_window
     from fleetctl.engine.planner.plan import USER_ERRORS, PlanRequest, plan_from_store
     from fleetctl.engine.planner.simulator import SimRequest
@@ -73,7 +78,7 @@ def _plan_from_file(path: Path, since: str, slo_ttft: str, slo_tpot: str, device
     try:
         replay = None if trace is None else tuple(
             SimRequest(r.arrival_s, r.input_length, r.output_length) for r in read_mooncake(trace))
-        request = PlanRequest(Slo.parse(slo_ttft, slo_tpot), devices or None, replay)
+        request = PlanRequest(Slo.parse(slo_ttft, slo_tpot), devices or None, replay, elastic=elastic)
         result = plan_from_store(path, parse_window(since), request)
     except USER_ERRORS as exc:
         raise fail(str(exc)) from None
@@ -96,6 +101,8 @@ def render_plan(plan: FleetPlan) -> str:
     devices = f"{what_if['count']}x {what_if['gpu']} (what-if)" if what_if else ", ".join(plan.devices)
     fit = plan.fit
     slo = Slo(plan.slo.ttft_s, plan.slo.tpot_s).describe()
+    if plan.elastic:
+        devices += " (elastic: layouts on any number of them)"
     lines = [f"plan for {devices}: {plan.requests} requests from {source}; SLOs {slo}",
              f"fit ({fit['device_kind']}) prefill step = {_equation(fit['prefill'], 'steps')}",
              f"fit ({fit['device_kind']}) decode step = {_equation(fit['decode'], 'decodes')}"]
@@ -117,8 +124,10 @@ def render_plan(plan: FleetPlan) -> str:
 
 
 def rebalance(
-    split: str = typer.Option(..., "--split", help="PREFILL:DECODE over the fleet's devices, e.g. 2:1; "
-                                                   "PREFILL:DECODE:MIXED, e.g. 1:1:1; or 'colocated N'."),
+    split: str = typer.Option(..., "--split", help="PREFILL:DECODE, e.g. 2:1; PREFILL:DECODE:MIXED, e.g. "
+                                                   "1:1:1; or 'colocated N'. More workers than the fleet runs "
+                                                   "start on free devices of `serve --devices`; fewer stop the "
+                                                   "idlest (sessions moved live first)."),
     apply: bool = typer.Option(False, "--apply", help="Do it (default: a dry run that lists the moves)."),
     force: bool = typer.Option(False, "--force", help="Recompute the moved workers' sessions on peers at once "
                                                       "instead of letting them finish (implies --via restart)."),
@@ -129,7 +138,7 @@ def rebalance(
     as_json: bool = JSON_OPTION,
     timeout: float = TIMEOUT_OPTION,
 ) -> None:
-    """Move the fleet to another layout of its devices without losing a session (dry run unless --apply)."""
+    """Move the fleet to another layout without losing a session (dry run unless --apply)."""
     with fleet_errors():
         client = FleetClient(url, timeout=30.0)
         if not apply:
@@ -142,15 +151,19 @@ def rebalance(
 
 
 def _dry_run(preview: RebalancePreview) -> str:
-    if not preview.moves:
+    if not (preview.moves or preview.starts or preview.stops):
         return f"the fleet is already at {preview.split}: nothing to move"
     how = {"recompute": "are recomputed on peers at once",
            "move": "move live to peers that decode (a prefill worker's finish where they are)",
            "finish": "finish where they are (no new work meanwhile)"}[preview.evacuation]
     change = "in place (the same process)" if preview.via == "switch" else "by restart (a new process)"
-    lines = [f"{preview.current} -> {preview.split}: {len(preview.moves)} worker(s) change role {change}; "
-             f"their sessions {how}"]
+    steps = [f"{len(preview.moves)} worker(s) change role {change}"]
+    steps += [f"{len(group)} {verb}" for group, verb in ((preview.starts, "start on free devices"),
+                                                          (preview.stops, "stop")) if group]
+    lines = [f"{preview.current} -> {preview.split}: {', '.join(steps)}; their sessions {how}"]
+    lines += [f"  {s.describe()}" for s in preview.starts]
     lines += [f"  {m.worker} on {m.device}: {m.from_} -> {m.to} ({m.sessions} session(s))" for m in preview.moves]
+    lines += [f"  {s.describe()}" for s in preview.stops]
     lines.append("dry run: add --apply to do it")
     return "\n".join(lines)
 

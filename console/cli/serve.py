@@ -31,10 +31,11 @@ def serve(
     prefill: int = typer.Option(1, "--prefill", help="Prefill workers."),
     decode: int = typer.Option(1, "--decode", help="Decode workers."),
     colocated: int = typer.Option(0, "--colocated", help="Baseline: N mixed workers, no handoff."),
-    devices: str = typer.Option("", "--devices", help="cuda:0,cuda:1,… or cpu:0,cpu:1,… one per worker; a GPU "
-                                                      "named twice (cuda:0,cuda:0) is split into slots cuda:0#0, "
-                                                      "cuda:0#1, each with an even share of its memory (or "
-                                                      "--kv-memory)."),
+    devices: str = typer.Option("", "--devices", help="cuda:0,cuda:1,… or cpu:0,cpu:1,… one per worker, and any "
+                                                      "beyond them free for start, rebalance and --max-workers; a "
+                                                      "GPU named twice (cuda:0,cuda:0) is split into slots "
+                                                      "cuda:0#0, cuda:0#1, each with an even share of its memory "
+                                                      "(or --kv-memory)."),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8700, "--port", help="0 picks a free port (printed)."),
     dtype: DType = typer.Option(DType.AUTO, "--dtype", help="auto: bf16 if all devices have it natively, else fp32."),
@@ -121,6 +122,11 @@ def serve(
                                    help="Predicted goodput gain (%) autoplan needs, two windows in a row."),
     autoplan_slo: str = typer.Option("2s,200ms", "--autoplan-slo", help="TTFT,TPOT objectives autoplan's goodput "
                                                                         "counts against."),
+    max_workers: int = typer.Option(0, "--max-workers", min=0,
+                                    help="Autoplan may grow the fleet to N workers on the free devices of --devices "
+                                         "and shrink it (stopping idle workers); 0 keeps the worker count."),
+    hysteresis: float = typer.Option(AutoplanSettings.hysteresis_s, "--autoplan-hysteresis", min=0.0,
+                                     help="Seconds autoplan waits after a change before the next."),
     ray: str = typer.Option("", "--ray", metavar="[ADDRESS]",
                             help="Workers as Ray actors: no value or `auto` (this machine's Ray, started if none "
                                  "runs), or a cluster's address. Devices may name a node: node2/cpu:0, node2/cuda:0."),
@@ -140,6 +146,8 @@ def serve(
     from fleetctl.engine.server.graceful import GracefulServer
     from fleetctl.engine.server.overload import ConnectionLimit
 
+    if max_workers and not autoplan:
+        raise fail("--max-workers sets how far --autoplan may grow the fleet: give --autoplan with it")
     listener = bind(host, port)  # first: a taken port fails in milliseconds, before a model is even looked at
     if store_reset:
         reset_if_corrupt(store_path(store))
@@ -166,8 +174,8 @@ def serve(
                 supervision=Supervision(restart=restart, heartbeat_s=min(1.0, heartbeat_timeout / 4),
                                         heartbeat_timeout_s=heartbeat_timeout,
                                         step_timeout_s=step_timeout, checkpoint_timeout_s=checkpoint_timeout),
-                autoplan=AutoplanSettings(autoplan_interval, min_gain, Slo.parse_pair(autoplan_slo)) if autoplan
-                else None,
+                autoplan=AutoplanSettings(autoplan_interval, min_gain, Slo.parse_pair(autoplan_slo),
+                                          max_workers or None, hysteresis) if autoplan else None,
             )
             fleet = Fleet(config, launcher=ray_launcher(ray) if ray else None)
         except (FleetConfigError, DurationError) as exc:

@@ -137,8 +137,10 @@ class ActionFlows:
     async def rebalance(self, split: str) -> OperationInfo | None:
         """From the plan screen: the dry run's moves in the confirmation, then the rebalance itself."""
         preview = await self.app.source.rebalance_preview(split)
-        moves = "\n".join(f"  {m.worker} on {m.device}: {m.from_} → {m.to} ({m.sessions} sessions "
-                          f"leave first: {preview.evacuation})" for m in preview.moves)
+        moves = "\n".join([*(f"  {s.describe()}" for s in preview.starts),
+                           *(f"  {m.worker} on {m.device}: {m.from_} → {m.to} ({m.sessions} sessions "
+                             f"leave first: {preview.evacuation})" for m in preview.moves),
+                           *(f"  {s.describe()}, its sessions moved first" for s in preview.stops)])
         if not await self._confirm(f"Rebalance {preview.current} → {preview.split}?\n{moves}"):
             return None
         return await self.app.source.start("/fleet/rebalance", {"split": split, "apply": True})

@@ -73,8 +73,9 @@ class FleetConfig:
     prefill: int = 1
     decode: int = 1
     colocated: int = 0  # > 0: the baseline of N mixed workers, no handoff (prefill/decode ignored)
-    devices: tuple[str, ...] = ()  # one per worker; () picks cuda:0.. or cpu:0..; a GPU named twice is split into
-    # slots (`cuda:0,cuda:0` becomes `cuda:0#0,cuda:0#1`), each worker sizing its KV pool by its share
+    devices: tuple[str, ...] = ()  # one per worker, the first ones taken, and any beyond them free for `start`,
+    # `rebalance` and `--autoplan --max-workers` (an elastic pool); () picks cuda:0.. or cpu:0..; a GPU named twice is
+    # split into slots (`cuda:0,cuda:0` becomes `cuda:0#0,cuda:0#1`), each worker sizing its KV pool by its share
     engine: EngineSettings = field(default_factory=EngineSettings)
     max_queue: int = 256  # requests waiting (not yet generating: queued, prefilling, KV awaiting a handoff) beyond
     # this get "busy" (HTTP 429)
@@ -96,8 +97,9 @@ class FleetConfig:
             raise FleetConfigError("worker counts must be >= 0")
         if not self.colocated and (self.prefill < 1 or self.decode < 1):
             raise FleetConfigError("a disaggregated fleet needs --prefill >= 1 and --decode >= 1 (or --colocated N)")
-        if self.devices and len(self.devices) != self.num_workers:
-            raise FleetConfigError(f"{len(self.devices)} devices given for {self.num_workers} workers: give one each")
+        if self.devices and len(self.devices) < self.num_workers:
+            raise FleetConfigError(f"{len(self.devices)} devices given for {self.num_workers} workers: give one each "
+                                   f"(devices beyond them are free for the fleet to grow onto)")
         try:
             for device in self.devices:
                 check_device(device, indexed=True)
@@ -112,10 +114,19 @@ class FleetConfig:
                                    f"(its roles: {', '.join(r.value for r in self.roles)})")
         if self.autoplan and self.store_path is None:
             raise FleetConfigError("--autoplan needs a metrics store (it plans from it)")
+        limit = self.autoplan.max_workers if self.autoplan else None
+        if limit is not None and not self.num_workers <= limit <= len(self.pool):
+            raise FleetConfigError(f"--max-workers {limit} must be between the fleet's {self.num_workers} workers "
+                                   f"and the {len(self.pool)} devices of --devices ({', '.join(self.pool)})")
 
     @property
     def num_workers(self) -> int:
         return self.colocated or self.prefill + self.decode
+
+    @property
+    def pool(self) -> tuple[str, ...]:
+        """Every device the fleet may run workers on: its workers' first, then the free ones."""
+        return self.devices or default_devices(self.num_workers)
 
     @property
     def roles(self) -> tuple[WorkerRole, ...]:
@@ -170,8 +181,8 @@ def pinned_cores(device: str, fleet_devices: Iterable[str]) -> tuple[int, ...]:
 
 
 def worker_specs(config: FleetConfig) -> list[WorkerSpec]:
-    devices = config.devices or default_devices(config.num_workers)
-    names = [check_device(d, indexed=True) for d in devices]
+    devices = config.pool[:config.num_workers]
+    names = [check_device(d, indexed=True) for d in config.pool]  # a worker started later shares the dtype
     engine = config.engine
     if engine.dtype is DType.AUTO:  # once for the fleet: a worker cannot adopt KV computed in another dtype
         engine = dataclasses.replace(engine, dtype=auto_dtype(names))

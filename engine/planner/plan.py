@@ -5,7 +5,12 @@ why the first one wins, with the numbers that decided it.
 Goodput is the requests that meet both SLOs per second of the replay (first arrival to last answer).
 Layouts whose goodputs agree to three significant digits tie, and a tie goes to the layout with the
 most headroom (its worse p90 latency as a fraction of its SLO), and where that ties too, to the current
-layout."""
+layout.
+
+Elastic (`plan --elastic`; a fleet's own plan when `serve --devices` lists more devices than it runs
+workers on, up to autoplan's `--max-workers`): the layouts of every number of those devices are replayed,
+and of those within ENOUGH_PCT of the best goodput the one on the fewest devices wins — a device that adds
+next to nothing is better left free."""
 
 import math
 from dataclasses import dataclass, field
@@ -18,11 +23,13 @@ from fleetctl.engine.planner.durations import DurationError, format_window
 from fleetctl.engine.planner.fit import FitError
 from fleetctl.engine.planner.simulator import EngineLimits, SimRequest, Timing, simulate
 from fleetctl.engine.planner.slo import Slo
-from fleetctl.engine.planner.split import Layout, Split, SplitError, splits_of
+from fleetctl.engine.planner.split import Layout, Split, SplitError, splits_of, splits_up_to
 from fleetctl.engine.planner.trace_file import TraceFileError
 from fleetctl.store.db import open_db
 from fleetctl.store.plan_inputs import LiveWorker, PlanInputs, plan_inputs
 from fleetctl.store.queries import percentiles
+
+ENOUGH_PCT = 5.0  # elastic: a layout this close to the best goodput is enough, and the fewest devices win
 
 
 class PlanError(ValueError):
@@ -39,6 +46,7 @@ class PlanRequest:
     devices: str | None = None  # --devices as given; None: the fleet's own
     trace: tuple[SimRequest, ...] | None = None  # replayed instead of the window's requests
     limits: EngineLimits = field(default_factory=EngineLimits)
+    elastic: bool = False  # rank layouts on any number of the devices (`plan --elastic`, a fleet with free devices)
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,7 @@ class Plan:
     current: Split | None  # the fleet's layout (when the window's last request arrived, from the store)
     candidates: list[Candidate]  # best first
     notes: list[str]  # assumptions the numbers rest on
+    elastic: bool = False  # the candidates use any number of the devices
 
     @property
     def recommended(self) -> Candidate:
@@ -142,6 +151,7 @@ class Plan:
             "what_if": self.devices.as_json(),
             "fit": self.costs.as_json(),
             "notes": self.notes,
+            "elastic": self.elastic,
         }
 
 
@@ -184,16 +194,22 @@ def make_plan(inputs: PlanInputs, request: PlanRequest, workers: list[LiveWorker
     if costs.handoff is None and len(devices.names) > 1:
         notes.append("handoff: no KV handoff in the window (no disaggregated traffic), so it is taken as free")
     current = current_split(workers)
-    candidates = [score(split, simulate(replay, split, costs, request.limits), request.slo)
-                  for split in splits_of(len(devices.names))]
-    return Plan(inputs.window_s, source, request.slo, devices, costs, current, rank(candidates, request.slo, current),
-                notes)
+    layouts = splits_up_to(len(devices.names)) if request.elastic else splits_of(len(devices.names))
+    candidates = [score(split, simulate(replay, split, costs, request.limits), request.slo) for split in layouts]
+    return Plan(inputs.window_s, source, request.slo, devices, costs, current,
+                rank(candidates, request.slo, current, request.elastic), notes, request.elastic)
 
 
-def rank(candidates: list[Candidate], slo: Slo, current: Split | None) -> list[Candidate]:
-    """Best first: goodput, then headroom, then the current layout (equal on both, there is no reason to move)."""
-    return sorted(candidates, key=lambda c: (-c.rounded_goodput, c.rounded_headroom(slo), c.split != current,
-                                             c.split.label))
+def rank(candidates: list[Candidate], slo: Slo, current: Split | None, elastic: bool = False) -> list[Candidate]:
+    """Best first: goodput, then headroom, then the current layout (equal on both, there is no reason to move).
+    `elastic`: the layouts within ENOUGH_PCT of the best goodput first, the fewest devices first among them."""
+    top = max(c.rounded_goodput for c in candidates)
+
+    def enough(c: Candidate) -> bool:  # where nothing meets the SLOs, the closest wins whatever it takes
+        return elastic and top > 0 and c.rounded_goodput >= top * (1 - ENOUGH_PCT / 100)
+
+    return sorted(candidates, key=lambda c: (not enough(c), c.split.devices if enough(c) else 0, -c.rounded_goodput,
+                                             c.rounded_headroom(slo), c.split != current, c.split.label))
 
 
 def plan_from_store(path: Path, window_s: float, request: PlanRequest, workers: list[LiveWorker] | None = None,
@@ -233,6 +249,13 @@ def _compare(plan: Plan) -> str:
     best, slo = plan.recommended, plan.slo
     current = plan.candidate(plan.current)
     others = [c for c in plan.candidates if c is not best]
+    most = max(plan.candidates, key=lambda c: (c.rounded_goodput, -c.split.devices))
+    if plan.elastic and most.rounded_goodput > best.rounded_goodput:
+        now = "" if current is None or current in (best, most) else (
+            f"; the current {current.split.label} serves {current.goodput:.3g} req/s")
+        return (f"{best.split.label} is best: {_rate(best)} within {slo.describe()} on {best.split.devices} of the "
+                f"{len(plan.devices.names)} devices, within {ENOUGH_PCT:g} % of the most any layout serves "
+                f"({most.split.label}: {most.goodput:.3g} req/s on {most.split.devices}){now}")
     if not others:
         return f"{best.split.label} is the only layout of {plan.devices.label}: {_rate(best)} within {slo.describe()}"
     if current is best:
@@ -244,6 +267,10 @@ def _compare(plan: Plan) -> str:
     if best.good == 0:
         sentence = (f"no layout answers any request within {slo.describe()}; {best.split.label} comes closest: its "
                     f"worse p90 is {best.headroom(slo):.3g}x its SLO vs {rival.headroom(slo):.3g}x for {name}")
+    elif rival.rounded_goodput == best.rounded_goodput and plan.elastic and best.split.devices < rival.split.devices:
+        sentence = (f"{opening}: it and {name} both serve {_rate(best)} within {slo.describe()}, and "
+                    f"{best.split.label} needs fewer devices ({best.split.devices} vs {rival.split.devices} of "
+                    f"{len(plan.devices.names)})")
     elif rival.rounded_goodput == best.rounded_goodput:
         margin = "more" if best.rounded_headroom(slo) < rival.rounded_headroom(slo) else "as much"
         sentence = (f"{opening}: it and {name} both serve {_rate(best)} within {slo.describe()}, and "

@@ -1,6 +1,6 @@
 """A fleet's layout as the planner counts it: P prefill and D decode workers, or N mixed (colocated) — or, as
 `rebalance` can reach and a switch can leave a fleet, prefill, decode and mixed workers side by side
-(P:D:M). The planner ranks the first two kinds."""
+(P:D:M). The planner ranks the first two kinds, on all of a plan's devices or (elastic) on any number of them."""
 
 import re
 from dataclasses import dataclass
@@ -45,8 +45,9 @@ class Split:
         return layout_label(self.prefill, self.decode, self.mixed)
 
     def as_json(self) -> dict[str, int | str]:
-        """`{"prefill", "decode"}` (DESIGN's plan shape), plus `mixed` and `layout`."""
-        return {"prefill": self.prefill, "decode": self.decode, "mixed": self.mixed, "layout": self.layout.value}
+        """`{"prefill", "decode"}` (DESIGN's plan shape), plus `mixed`, `layout` and `devices`."""
+        return {"prefill": self.prefill, "decode": self.decode, "mixed": self.mixed, "layout": self.layout.value,
+                "devices": self.devices}
 
 
 def layout_label(prefill: int, decode: int, mixed: int) -> str:
@@ -72,3 +73,8 @@ def splits_of(devices: int) -> list[Split]:
     if devices < 1:
         raise SplitError("a plan needs at least one device")
     return [Split(p, devices - p) for p in range(1, devices)] + [Split(mixed=devices)]
+
+
+def splits_up_to(devices: int) -> list[Split]:
+    """`splits_of` every count of devices from one to `devices`: an elastic fleet's layouts."""
+    return [split for n in range(1, devices + 1) for split in splits_of(n)]

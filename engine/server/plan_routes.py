@@ -32,15 +32,21 @@ def plan_router(fleet: Fleet) -> APIRouter:
 
     @router.get("/plan")
     async def plan(since: str = Query(default="10m"), slo_ttft: str = Query(default="2s"),
-                   slo_tpot: str = Query(default="200ms"), devices: str | None = Query(default=None)) -> FleetPlan:
-        """The plan over the last `since` of the store for this fleet's live workers (or `devices`)."""
+                   slo_tpot: str = Query(default="200ms"), devices: str | None = Query(default=None),
+                   elastic: bool = Query(default=False)) -> FleetPlan:
+        """The plan over the last `since` of the store for this fleet's live workers (or `devices`); elastic
+        (layouts on any number of the devices) when asked, or over the free devices of its pool too when it
+        has some and no `devices` are given."""
         path = fleet_store(fleet, "nothing to plan from")
         engine = fleet.config.engine
         workers = [LiveWorker(v.worker_id, v.role, v.device) for v in fleet.views.values()
                    if v.state in (WorkerState.RUNNING, WorkerState.DRAINING)]
+        settings = fleet.config.autoplan
+        pool = None if devices else fleet.rebalancer.elastic_devices(settings.max_workers if settings else None)
         try:
-            request = PlanRequest(Slo.parse(slo_ttft, slo_tpot), devices,
-                                  limits=EngineLimits(engine.max_num_seqs, engine.max_num_batched_tokens))
+            request = PlanRequest(Slo.parse(slo_ttft, slo_tpot), ",".join(pool) if pool else devices,
+                                  limits=EngineLimits(engine.max_num_seqs, engine.max_num_batched_tokens),
+                                  elastic=elastic or pool is not None)
             result = await asyncio.to_thread(plan_from_store, path, parse_window(since), request, workers)
         except USER_ERRORS as exc:
             raise APIError(400, str(exc), "invalid_request_error") from None

@@ -29,6 +29,8 @@ from fleetctl.engine.fleet.ops.results import (
     StartResult,
     StopResult,
     SwitchResult,
+    WorkerStart,
+    WorkerStop,
 )
 from fleetctl.engine.fleet.ops.stages import STAGES, progress
 from fleetctl.store.records import DeviceRecord
@@ -36,8 +38,8 @@ from fleetctl.store.records import DeviceRecord
 __all__ = [
     "STAGES", "CheckpointResult", "DrainResult", "LiveMigrateResult", "MoveResult", "MoveStageDone",
     "OperationResult", "RebalancePreview", "RebalanceResult", "RestartResult", "RestoreResult", "ResumeResult",
-    "RoleChange", "RoleChanged", "SessionMoved", "StartResult", "StopResult", "SwitchResult", "describe",
-    "operation_info",
+    "RoleChange", "RoleChanged", "SessionMoved", "StartResult", "StopResult", "SwitchResult", "WorkerStart",
+    "WorkerStop", "describe", "operation_info",
 ]
 
 
@@ -259,6 +261,7 @@ class SplitInfo(_Open):
     decode: int
     mixed: int
     layout: str
+    devices: int = 0  # workers in all (0 from a fleet that predates it)
 
 
 class PlanCandidate(SplitInfo):
@@ -292,6 +295,7 @@ class FleetPlan(_Open):
     what_if: dict[str, Any] | None
     fit: dict[str, Any]
     notes: list[str]
+    elastic: bool = False  # the candidates use any number of `devices`
 
 
 class ClassificationBucket(_Open):

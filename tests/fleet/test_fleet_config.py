@@ -10,6 +10,7 @@ from fleetctl.domain import Quantization, WorkerRole
 from fleetctl.engine.core import auto_dtype, device_names
 from fleetctl.engine.core.config import DType, EngineSettings
 from fleetctl.engine.fleet.config import FleetConfig, FleetConfigError, worker_specs
+from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 
 
 @pytest.fixture(autouse=True)
@@ -56,3 +57,17 @@ def test_each_role_loads_its_own_weight_format(tmp_path: Path) -> None:
 def test_a_format_for_a_role_the_fleet_lacks_is_refused(tmp_path: Path) -> None:
     with pytest.raises(FleetConfigError, match="a weight format for decode workers, which this fleet has none of"):
         FleetConfig(tmp_path, colocated=2, role_quantization=((WorkerRole.DECODE, Quantization.INT4),))
+
+
+def test_devices_beyond_the_workers_are_the_pools_free_ones(tmp_path: Path) -> None:
+    config = FleetConfig(tmp_path, prefill=1, decode=1, devices=("cpu:0", "cpu:1", "cpu:2", "cpu:3"),
+                         store_path=tmp_path / "fleet.db", autoplan=AutoplanSettings(max_workers=4))
+    assert config.pool == ("cpu:0", "cpu:1", "cpu:2", "cpu:3")
+    assert [(s.worker_id, s.device) for s in worker_specs(config)] == [("prefill-0", "cpu:0"), ("decode-0", "cpu:1")]
+    with pytest.raises(FleetConfigError, match=r"1 devices given for 2 workers: give one each"):
+        FleetConfig(tmp_path, prefill=1, decode=1, devices=("cpu:0",))
+    for limit in (1, 5):
+        with pytest.raises(FleetConfigError, match=rf"--max-workers {limit} must be between the fleet's 2 workers "
+                                                   r"and the 4 devices of --devices \(cpu:0, cpu:1, cpu:2, cpu:3\)"):
+            FleetConfig(tmp_path, prefill=1, decode=1, devices=config.pool, store_path=tmp_path / "fleet.db",
+                        autoplan=AutoplanSettings(max_workers=limit))

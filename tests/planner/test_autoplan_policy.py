@@ -80,3 +80,32 @@ def test_serve_refuses_autoplan_it_cannot_run(tiny_model_dir: Path) -> None:
     assert bad_slo.returncode == 1
     assert bad_slo.stderr == "fleetctl: error: bad --autoplan-slo '2s': use TTFT,TPOT, e.g. 2s,200ms\n"
     assert Slo.parse_pair("1s, 50ms") == Slo(1.0, 0.05)
+
+
+def ranked(goodputs: dict[Split, float], current: Split) -> Plan:
+    """A plan whose candidates come in the order given (an elastic plan puts the fewest devices that serve
+    enough first)."""
+    candidates = [Candidate(s, 40, round(g * 40), g, 1.0, 0.1, 2.0) for s, g in goodputs.items()]
+    return Plan(60.0, "store", Slo(), parse_devices("cpu:0,cpu:1,cpu:2"), COSTS, current, candidates, [], True)
+
+
+def test_an_elastic_fleet_shrinks_as_it_grows_and_waits_out_the_hysteresis_between() -> None:
+    now = [0.0]
+    policy = AutoplanPolicy(AutoplanSettings(min_gain_pct=10, hysteresis_s=300), clock=lambda: now[0])
+    quiet = ranked({Split(mixed=2): 0.99, Split(1, 2): 1.0}, current=Split(1, 2))  # as much on one device fewer
+    first = policy.judge(quiet)
+    assert first.decision is Decision.WAIT
+    assert first.reason == ("colocated 2 would serve as much as the current 1:2 (within 5 %) on 1 device(s) fewer: "
+                            "applied if the next window agrees")
+    assert policy.judge(quiet).target == Split(mixed=2)
+    policy.applied()
+    busy = ranked({Split(1, 2): 2.0, Split(mixed=2): 1.0}, current=Split(mixed=2))
+    for at in (60.0, 120.0, 240.0):
+        now[0] = at
+        held = policy.judge(busy)
+        assert held.decision is Decision.HOLD and held.reason == (
+            f"1:2 would gain 100.0 % of goodput over the current colocated 2, but the layout changed {at:.0f} s ago: "
+            f"the next change waits out the 300 s hysteresis")
+    now[0] = 300.0
+    assert policy.judge(busy).decision is Decision.APPLY  # the held windows agreed: no further wait
+    assert policy.judge(ranked({Split(mixed=2): 0.9, Split(1, 2): 1.0}, Split(1, 2))).decision is Decision.WAIT

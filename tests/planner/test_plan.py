@@ -13,6 +13,7 @@ from fleetctl.engine.metrics.gpu_specs import find_gpu_spec
 from fleetctl.engine.planner.devices import DeviceSpecError, parse_devices
 from fleetctl.engine.planner.durations import DurationError, parse_latency, parse_window
 from fleetctl.engine.planner.plan import (
+    ENOUGH_PCT,
     Candidate,
     Plan,
     PlanError,
@@ -24,7 +25,7 @@ from fleetctl.engine.planner.plan import (
 )
 from fleetctl.engine.planner.simulator import SimRequest
 from fleetctl.engine.planner.slo import Slo
-from fleetctl.engine.planner.split import Split, SplitError, parse_split
+from fleetctl.engine.planner.split import Split, SplitError, parse_split, splits_up_to
 from fleetctl.store.db import open_db
 from fleetctl.store.plan_inputs import plan_inputs
 
@@ -71,9 +72,11 @@ def test_plan_json_has_designs_shape_and_a_reason_with_numbers(stores: dict) -> 
     plan = plan_of(stores, "rag")
     body = plan.as_json()
     assert list(body)[:4] == ["recommended", "current", "candidates", "reason"]
-    assert body["current"] == {"prefill": 1, "decode": 1, "mixed": 0, "layout": "disaggregated"}
+    assert body["current"] == {"prefill": 1, "decode": 1, "mixed": 0, "layout": "disaggregated",
+                              "devices": 2}
     assert set(body["candidates"][0]) >= {"prefill", "decode", "goodput", "ttft_p90_s", "tpot_p90_s"}
-    assert body["recommended"] == {k: body["candidates"][0][k] for k in ("prefill", "decode", "mixed", "layout")}
+    assert body["recommended"] == {k: body["candidates"][0][k] for k in ("prefill", "decode", "mixed", "layout",
+                                                                          "devices")}
     goodputs = [c["goodput"] for c in body["candidates"]]
     assert goodputs == sorted(goodputs, reverse=True)
     best = plan.recommended
@@ -196,3 +199,21 @@ def test_a_window_with_too_few_steps_to_fit_is_costed_from_stepping_time(tmp_pat
     assert plan.reason.endswith("(rough: too few prefill and decode steps in the window to fit, so they are "
                                 "costed from the workers' stepping time)")
     assert plan.as_json()["fit"]["prefill"]["error"] == 0.5
+
+
+def test_an_elastic_plan_ranks_every_count_of_devices_and_takes_the_fewest_that_serve_enough(stores: dict) -> None:
+    plan = plan_of(stores, "agent", elastic=True)
+    assert sorted(c.split for c in plan.candidates) == sorted(splits_up_to(3))
+    best, top = plan.recommended, max(plan.candidates, key=lambda c: c.rounded_goodput)
+    assert best.rounded_goodput >= top.rounded_goodput * (1 - ENOUGH_PCT / 100)
+    enough = [c for c in plan.candidates if c.rounded_goodput >= top.rounded_goodput * (1 - ENOUGH_PCT / 100)]
+    assert best.split.devices == min(c.split.devices for c in enough) < 3
+    assert plan.as_json()["elastic"] is True and plan.as_json()["recommended"]["devices"] == best.split.devices
+    assert {c.split.devices for c in plan_of(stores, "agent").candidates} == {3}  # not elastic: all three
+
+
+def test_where_no_layout_meets_the_slos_the_closest_wins_however_many_devices_it_takes() -> None:
+    slo = Slo(1.0, 0.1)
+    close = Candidate(Split(2, 2), 10, 0, 0.0, 1.5, 0.1, 3.0)  # worse p90 1.5x its SLO
+    small = Candidate(Split(mixed=1), 10, 0, 0.0, 9.0, 0.5, 9.0)  # 9x
+    assert rank([small, close], slo, None, elastic=True) == [close, small]

@@ -123,7 +123,8 @@ def test_bench_compares_layouts_on_the_same_devices(tiny_model_dir: Path, tmp_pa
     assert body["plan"]["current"]["layout"] == "colocated" and body["predicted"]["colocated_goodput"] > 0
     replanned = fleetctl("plan", "--store", str(tmp_path / "runs" / "split.db"), "--since", "1h", "--json")
     assert replanned.returncode == 0, replanned.stderr
-    assert json.loads(replanned.stdout)["current"] == {"prefill": 1, "decode": 1, "mixed": 0, "layout": "disaggregated"}
+    assert json.loads(replanned.stdout)["current"] == {"prefill": 1, "decode": 1, "mixed": 0,
+                                                         "layout": "disaggregated", "devices": 2}
     text = fleetctl("bench", "--compare-layouts", "--model", str(tiny_model_dir), "--devices", "cpu:0",
                     "--trace", str(path))
     assert text.returncode == 1

@@ -33,7 +33,8 @@ def test_plan_for_this_fleet(client: TestClient) -> None:
     response = client.get("/fleet/plan", params={"since": "20m", "slo_ttft": "2s", "slo_tpot": "200ms"})
     assert response.status_code == 200, response.text
     body = response.json()
-    assert body["current"] == {"prefill": 1, "decode": 2, "mixed": 0, "layout": "disaggregated"}
+    assert body["current"] == {"prefill": 1, "decode": 2, "mixed": 0, "layout": "disaggregated",
+                               "devices": 3}
     assert body["devices"] == ["cpu:0", "cpu:1", "cpu:2"] and body["window_s"] == 1200
     assert body["best_split"]["prefill"] == 2 and body["gain_pct"] > 10
     assert {(c["prefill"], c["decode"], c["mixed"]) for c in body["candidates"]} == {(1, 2, 0), (2, 1, 0), (0, 0, 3)}
@@ -59,7 +60,7 @@ def test_rebalance_dry_run_then_apply(client: TestClient) -> None:
     assert dry.status_code == 200, dry.text
     assert dry.json() == {"split": "2:1", "current": "1:2", "force": False, "evacuation": "move",
                           "moves": [{"worker": "decode-0", "device": "cpu:1", "from": "decode", "to": "prefill",
-                                     "sessions": 0}], "via": "switch"}
+                                     "sessions": 0}], "via": "switch", "starts": [], "stops": []}
     started = client.post("/fleet/rebalance", json={"split": "2:1", "apply": True})
     assert started.status_code == 202 and started.json()["kind"] == "rebalance"
     op = started.json()
@@ -77,7 +78,7 @@ def test_rebalance_dry_run_then_apply(client: TestClient) -> None:
 
 
 @pytest.mark.parametrize(("body", "status", "message"), [
-    ({"split": "2:2"}, 400, "split 2:2 needs more devices than the fleet's 3 (cpu:0, cpu:1, cpu:2)"),
+    ({"split": "2:2"}, 400, "split 2:2 needs 4 devices and the fleet runs 3 (cpu:0, cpu:1, cpu:2); it has no free one"),
     ({"split": "two"}, 400, "bad split 'two': use PREFILL:DECODE, e.g. 2:1"),
     ({"split": "3:0", "apply": True}, 400, "leaves a role empty"),
     ({}, 400, "split: Field required"),

@@ -1,13 +1,16 @@
-"""`rebalance`: move a fleet to another layout of the same devices — a prefill:decode split, colocated, or
-prefill, decode and mixed workers side by side (P:D:M) — one worker at a time, without losing a session.
+"""`rebalance`: move a fleet to another layout — a prefill:decode split, colocated, or prefill, decode and
+mixed workers side by side (P:D:M) — one worker at a time, without losing a session. A layout on more
+devices than the fleet runs starts workers on its free devices (`FleetConfig.pool`: `--devices` beyond the
+workers) first; one on fewer stops the workers of roles in excess holding the fewest sessions last, their
+decoding sessions moved live to peers.
 Each worker that changes role has its sessions leave it (see `Evacuation`) and then, `Via` the default
 switch, re-lays itself in place (`switch.py`: the same process, no model load), or via restart is stopped
 and a worker of its new role started on its device. Either way it takes a fresh id of its new role, as
 `start` gives. Each step is an operation of `lifecycle` or
 `switch`; the rebalance is one operation over them that an operator polls like the others.
 
-Refused (4xx, nothing changed): a split that does not parse, has an empty role, or does not use the
-fleet's devices exactly; a fleet already at that split; another operation running or a worker starting or
+Refused (4xx, nothing changed): a split that does not parse, has an empty role, or needs more devices than
+the fleet's running and free ones; a fleet already at that split; another operation running or a worker starting or
 draining; and with `force`, a worker whose sessions would not fit on its peers.
 
 Only workers of a role in excess change, each to a role short of workers, in an order that keeps a running
@@ -16,11 +19,13 @@ colocated 2 does not: there, requests wait for the switching worker, which cover
 
 import asyncio
 import time
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeVar
 
 from fleetctl.domain import EventKind, WorkerRole, WorkerState
 from fleetctl.engine.core.block_allocator import blocks_for
+from fleetctl.engine.core.device_names import gpu_clash
 from fleetctl.engine.fleet.errors import FleetError, OperationFailed, OperationRefused
 from fleetctl.engine.fleet.ops.lifecycle import WorkerLifecycle
 from fleetctl.engine.fleet.ops.record import Operation, OpKind, OpState
@@ -34,8 +39,10 @@ from fleetctl.engine.fleet.ops.results import (
     StartResult,
     StopResult,
     SwitchResult,
+    WorkerStart,
+    WorkerStop,
 )
-from fleetctl.engine.fleet.ops.runner import OperationRunner
+from fleetctl.engine.fleet.ops.runner import LIVE, OperationRunner
 from fleetctl.engine.fleet.ops.stages import RebalanceStage
 from fleetctl.engine.fleet.ops.switch import RoleSwitches
 from fleetctl.engine.fleet.worker_view import WorkerView
@@ -63,6 +70,18 @@ class Via(StrEnum):
     RESTART = "restart"  # stopped, and a worker of the other role started on its device (loads the model again)
 
 
+@dataclass(frozen=True)
+class RebalanceSteps:
+    """What a rebalance does, in this order: start workers on free devices, change roles, stop workers."""
+
+    starts: list[WorkerStart]
+    changes: list[RoleChange]
+    stops: list[WorkerStop]
+
+    def __bool__(self) -> bool:
+        return bool(self.starts or self.changes or self.stops)
+
+
 class Rebalancer:
     def __init__(self, runner: OperationRunner, lifecycle: WorkerLifecycle, switches: RoleSwitches) -> None:
         self.runner = runner
@@ -86,18 +105,33 @@ class Rebalancer:
         """The dry run: what `start` would do."""
         target = self._parse(split)
         how = self._via(via, force)
+        steps = self.steps(target, force)
         return RebalancePreview(split=target.label, current=self.current(), force=force,
-                                evacuation=_evacuation(force).value, moves=self.role_changes(target, force),
-                                via=how.value)
+                                evacuation=_evacuation(force).value, moves=steps.changes, via=how.value,
+                                starts=steps.starts, stops=steps.stops)
 
     def start(self, split: str | Split, force: bool, via: str | None = None) -> Operation:
         target = self._parse(split) if isinstance(split, str) else split
         how = self._via(via, force)
-        changes = self.role_changes(target, force)
-        if not changes:
+        steps = self.steps(target, force)
+        if not steps:
             raise OperationRefused(409, f"the fleet is already at split {target.label}")
         op = Operation(OpKind.REBALANCE, FLEET)
-        return self.runner.launch(op, self._run(op, target, changes, _evacuation(force), how))
+        return self.runner.launch(op, self._run(op, target, steps, _evacuation(force), how))
+
+    def elastic_devices(self, limit: int | None = None) -> list[str] | None:
+        """What an elastic plan of this fleet lays its layouts over: its live workers' devices, then its free ones,
+        `limit` at most; None when it has no free device (its plan is over its own devices)."""
+        free = self.free_devices()
+        if not free:
+            return None
+        live = [v.device for v in self.state.views.values() if v.state in LIVE]
+        return (live + free)[:limit]
+
+    def free_devices(self) -> list[str]:
+        """The fleet's devices (`FleetConfig.pool`) that no live worker runs on, in the pool's order."""
+        live = [v.device for v in self.state.views.values() if v.state in LIVE]
+        return [device for device in self.state.config.pool if gpu_clash(device, live) is None]
 
     def _via(self, via: str | None, force: bool) -> Via:
         """`via` as asked, or by default a switch unless `force` (a stop's recompute) or the roles serve different
@@ -125,31 +159,40 @@ class Rebalancer:
         except SplitError as exc:
             raise OperationRefused(400, str(exc)) from None
 
-    def role_changes(self, target: Split, force: bool) -> list[RoleChange]:
-        """The workers that change role, in order; raises OperationRefused."""
+    def steps(self, target: Split, force: bool) -> RebalanceSteps:
+        """What reaching `target` takes, in order; raises OperationRefused."""
         busy = self.running_operation()
         if busy is not None:
             raise OperationRefused(409, f"another operation is running ({busy.kind.value} {busy.id} on "
                                         f"{busy.worker_id}): wait for it to end")
-        live = [v for v in self.state.views.values() if v.state in (WorkerState.RUNNING, WorkerState.STARTING,
-                                                                    WorkerState.DRAINING)]
+        live = [v for v in self.state.views.values() if v.state in LIVE]
         unsettled = [f"{v.worker_id} is {v.state.value}" for v in live if v.state is not WorkerState.RUNNING]
         if unsettled:
             raise OperationRefused(409, f"{', '.join(unsettled)}: rebalance when every worker runs (resume or stop it)")
-        if target.devices != len(live):
-            need = "needs more devices than" if target.devices > len(live) else "leaves devices idle of"
-            raise OperationRefused(400, f"split {target.label} {need} the fleet's {len(live)} "
-                                        f"({', '.join(sorted(v.device for v in live))}): a split uses them all")
+        grow, free = target.devices - len(live), self.free_devices()
+        if grow > len(free):
+            spare = f"its free ones: {', '.join(free)}" if free else "it has no free one"
+            raise OperationRefused(400, f"split {target.label} needs {target.devices} devices and the fleet runs "
+                                        f"{len(live)} ({', '.join(sorted(v.device for v in live))}); {spare} (list "
+                                        f"more with `serve --devices`)")
         counts, wanted = self.counts(), {WorkerRole.PREFILL: target.prefill, WorkerRole.DECODE: target.decode,
                                          WorkerRole.MIXED: target.mixed}
-        leaving = [v for role in WorkerRole for v in sorted((v for v in live if v.role is role), key=_fewest_sessions)
-                   [:max(0, counts[role] - wanted[role])]]
+        leaving = sorted((v for role in WorkerRole for v in sorted((v for v in live if v.role is role),
+                                                                   key=_fewest_sessions)
+                          [:max(0, counts[role] - wanted[role])]), key=_fewest_sessions)
         short = [role for role in WorkerRole for _ in range(max(0, wanted[role] - counts[role]))]
-        steps = _order(sorted(leaving, key=_fewest_sessions), short, counts)
+        stopping, changing = leaving[:max(0, -grow)], leaving[max(0, -grow):]
+        starting, needed = short[:max(0, grow)], short[max(0, grow):]
+        running = {role: counts[role] + starting.count(role) for role in WorkerRole}
+        changes = _order(changing, needed, running)
         if force:
-            self._check_room([v for v, _ in steps], [v for v in live if v not in leaving])
-        return [RoleChange(worker=v.worker_id, device=v.device, from_=v.role.value, to=to.value,
-                           sessions=len(v.requests)) for v, to in steps]
+            self._check_room([v for v, _ in changes] + stopping, [v for v in live if v not in leaving])
+        return RebalanceSteps(
+            starts=[WorkerStart(role=role.value, device=device) for role, device in zip(starting, free, strict=False)],
+            changes=[RoleChange(worker=v.worker_id, device=v.device, from_=v.role.value, to=to.value,
+                                sessions=len(v.requests)) for v, to in changes],
+            stops=[WorkerStop(worker=v.worker_id, device=v.device, role=v.role.value, sessions=len(v.requests))
+                   for v in stopping])
 
     def _check_room(self, leaving: list[WorkerView], staying: list[WorkerView]) -> None:
         """Sessions recomputed on peers must fit in the free KV blocks of the peers that decode (they hold KV
@@ -168,12 +211,20 @@ class Rebalancer:
                                         f"needs {needed} KV blocks and their peers have {free} free: rebalance without "
                                         f"--force (sessions finish in place) or when the load is lower")
 
-    async def _run(self, op: Operation, target: Split, changes: list[RoleChange], how: Evacuation,
+    async def _run(self, op: Operation, target: Split, steps: RebalanceSteps, how: Evacuation,
                    via: Via) -> RebalanceResult:
         started, origin, done = time.time(), self.current(), []
+        begun: list[StartResult] = []
+        ended: list[StopResult] = []
+        count, n = len(steps.starts) + len(steps.changes) + len(steps.stops), 0
         try:
-            for n, change in enumerate(changes, 1):
-                step = f"{n}/{len(changes)} {change.worker} on {change.device} -> {change.to}"
+            for start in steps.starts:
+                n += 1
+                begun.append(await self._follow(op, f"{n}/{count} start a {start.role} worker on {start.device}",
+                                                self.lifecycle.start(start.role, start.device), StartResult))
+            for change in steps.changes:
+                n += 1
+                step = f"{n}/{count} {change.worker} on {change.device} -> {change.to}"
                 if via is Via.SWITCH:
                     switched = await self._follow(op, step, self.switches.switch(change.worker, change.to),
                                                   SwitchResult)
@@ -181,31 +232,41 @@ class Rebalancer:
                                             sessions_finished=switched.sessions_finished,
                                             sessions_moved=switched.sessions_moved, seconds=switched.seconds))
                     continue
-                finished, moved = 0, 0
-                if how is Evacuation.MOVE and WorkerRole(change.from_).covers(WorkerRole.DECODE):
-                    drained = await self._follow(op, step, self.lifecycle.drain(change.worker, move=True), DrainResult)
-                    finished, moved = drained.sessions_finished, drained.sessions_moved or 0
-                stopping = self.lifecycle.stop(change.worker, force=how is Evacuation.RECOMPUTE)
-                stopped = await self._follow(op, step, stopping, StopResult)
+                stopped = await self._retire(op, step, change.worker, WorkerRole(change.from_), how)
                 new = await self._follow(op, step, self.lifecycle.start(change.to, change.device), StartResult)
                 done.append(RoleChanged(**change.model_dump(by_alias=False), new_worker=new.worker,
-                                        sessions_finished=stopped.sessions_finished + finished,
-                                        sessions_moved=stopped.sessions_moved + moved,
+                                        sessions_finished=stopped.sessions_finished,
+                                        sessions_moved=stopped.sessions_moved,
                                         seconds=round(stopped.seconds + new.seconds, 3)))
+            for stop in steps.stops:
+                n += 1
+                ended.append(await self._retire(op, f"{n}/{count} stop {stop.worker} on {stop.device}", stop.worker,
+                                                WorkerRole(stop.role), how))
         except FleetError as exc:
             reached = self.current()
             self.state.record_event(EventKind.REBALANCE, None, {"from": origin, "to": target.label,
-                                                                "moves": [c.model_dump() for c in done],
+                                                                **_pool_details(done, begun, ended),
                                                                 "error": str(exc)})
-            raise OperationFailed(f"{exc} (the fleet is at {reached} after {len(done)} of {len(changes)} "
-                                  f"move(s))") from None
+            raise OperationFailed(f"{exc} (the fleet is at {reached} after {n - 1} of {count} step(s))") from None
         result = RebalanceResult(split=target.label, from_=origin, evacuation=how.value, moves=done,
-                                 seconds=round(time.time() - started, 3), via=via.value)
+                                 seconds=round(time.time() - started, 3), via=via.value, started=begun, stopped=ended)
         self.state.record_event(EventKind.REBALANCE, None, {"from": origin, "to": target.label,
-                                                            "moves": [c.model_dump() for c in done],
+                                                            **_pool_details(done, begun, ended),
                                                             "evacuation": how.value, "via": via.value,
                                                             "seconds": result.seconds})
         return result
+
+    async def _retire(self, op: Operation, step: str, worker: str, role: WorkerRole, how: Evacuation) -> StopResult:
+        """Stop `worker`, its decoding sessions moved live to peers first (`how` MOVE) or recomputed there
+        (RECOMPUTE); the result counts both the drain's sessions and the stop's."""
+        finished, moved = 0, 0
+        if how is Evacuation.MOVE and role.covers(WorkerRole.DECODE):
+            drained = await self._follow(op, step, self.lifecycle.drain(worker, move=True), DrainResult)
+            finished, moved = drained.sessions_finished, drained.sessions_moved or 0
+        stopped = await self._follow(op, step, self.lifecycle.stop(worker, force=how is Evacuation.RECOMPUTE),
+                                     StopResult)
+        return stopped.model_copy(update={"sessions_finished": stopped.sessions_finished + finished,
+                                          "sessions_moved": stopped.sessions_moved + moved})
 
     @staticmethod
     async def _follow(op: Operation, step: str, inner: Operation, kind: type[R]) -> R:
@@ -218,6 +279,17 @@ class Rebalancer:
             raise OperationFailed(f"{inner.kind.value} of {inner.worker_id} {inner.state.value}: {inner.error}")
         assert isinstance(inner.result, kind)
         return inner.result
+
+
+def _pool_details(changes: list[RoleChanged], started: list[StartResult],
+                  stopped: list[StopResult]) -> dict[str, object]:
+    """A rebalance event's account of what it did (`started` and `stopped` only when it did)."""
+    details: dict[str, object] = {"moves": [c.model_dump() for c in changes]}
+    if started:
+        details["started"] = [s.model_dump() for s in started]
+    if stopped:
+        details["stopped"] = [s.model_dump() for s in stopped]
+    return details
 
 
 def _fewest_sessions(view: WorkerView) -> tuple[int, str]:

@@ -217,6 +217,28 @@ class SwitchResult(_Result):
                 f"service {self.out_of_service_s:.2f} s, of which the switch itself {self.switch_s:.2f} s")
 
 
+class WorkerStart(_Result):
+    """A worker a rebalance starts on a free device of the fleet's (a layout on more devices)."""
+
+    role: str
+    device: str
+
+    def describe(self) -> str:
+        return f"start a {self.role} worker on {self.device}"
+
+
+class WorkerStop(_Result):
+    """A worker a rebalance stops (a layout on fewer devices): its decoding sessions move live to peers first."""
+
+    worker: str
+    device: str
+    role: str
+    sessions: int  # held when the rebalance was accepted
+
+    def describe(self) -> str:
+        return f"stop {self.worker} on {self.device} ({self.sessions} session(s))"
+
+
 class RebalanceResult(_Result):
     kind: Literal["rebalance"] = Field(default="rebalance", exclude=True)
     split: str
@@ -225,12 +247,17 @@ class RebalanceResult(_Result):
     moves: list[RoleChanged]
     seconds: float
     via: str = "restart"  # switch (in place) or restart
+    started: list[StartResult] = Field(default_factory=list)  # workers started on free devices, first
+    stopped: list[StopResult] = Field(default_factory=list)  # workers stopped, last
 
     def describe(self) -> str:
-        moved = sum(change.sessions_moved for change in self.moves)
-        finished = sum(change.sessions_finished for change in self.moves)
+        moved = sum(change.sessions_moved for change in self.moves) + sum(s.sessions_moved for s in self.stopped)
+        finished = (sum(change.sessions_finished for change in self.moves)
+                    + sum(s.sessions_finished for s in self.stopped))
+        pool = "".join(f", {len(group)} {verb}" for group, verb in ((self.started, "started"),
+                                                                     (self.stopped, "stopped")) if group)
         return (f"fleet {self.from_} → {self.split}: {len(self.moves)} worker(s) changed role ({self.evacuation}, "
-                f"via {self.via}); {moved} session(s) moved, {finished} finished, {self.seconds:.1f} s")
+                f"via {self.via}){pool}; {moved} session(s) moved, {finished} finished, {self.seconds:.1f} s")
 
 
 def _tag(result: object) -> str:
@@ -252,7 +279,7 @@ OperationResult = Annotated[
 
 
 class RebalancePreview(_Result):
-    """A rebalance's dry run: the role changes `rebalance --apply` would make, in order."""
+    """A rebalance's dry run: the workers `rebalance --apply` would start, change the role of and stop, in order."""
 
     split: str
     current: str
@@ -260,7 +287,10 @@ class RebalancePreview(_Result):
     evacuation: str
     moves: list[RoleChange]
     via: str = "restart"  # switch (in place) or restart
+    starts: list[WorkerStart] = Field(default_factory=list)
+    stops: list[WorkerStop] = Field(default_factory=list)
 
     def describe(self) -> str:
-        changes = "; ".join(change.describe() for change in self.moves) or "no worker changes role"
+        steps = [*self.starts, *self.moves, *self.stops]
+        changes = "; ".join(step.describe() for step in steps) or "no worker changes role"
         return f"fleet {self.current} → {self.split} ({self.evacuation}, via {self.via}): {changes}"

@@ -115,5 +115,6 @@ def test_rebalance_dry_run_apply_and_refusal(url: str) -> None:
     assert same.stdout == "the fleet is already at 1:2: nothing to move\n"
     refused = fleetctl("rebalance", "--split", "4:1", "--apply", "--url", url)
     assert refused.exit_code == 1 and refused.stdout == ""
-    assert refused.stderr == ("fleetctl: error: POST /fleet/rebalance: HTTP 400: split 4:1 needs more devices than the "
-                              "fleet's 3 (cpu:0, cpu:1, cpu:2): a split uses them all\n")
+    assert refused.stderr == ("fleetctl: error: POST /fleet/rebalance: HTTP 400: split 4:1 needs 5 devices and the "
+                              "fleet runs 3 (cpu:0, cpu:1, cpu:2); it has no free one (list more with `serve "
+                              "--devices`)\n")

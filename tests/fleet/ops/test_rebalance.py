@@ -99,8 +99,8 @@ def test_rebalance_refusals_change_nothing(tiny_model_dir: Path, tmp_path: Path)
         refused(lambda: rebalancer.preview("2-1", False), 400, r"bad split '2-1': use PREFILL:DECODE, e.g. 2:1")
         refused(lambda: rebalancer.preview("0:3", False), 400, "leaves a role empty")
         refused(lambda: rebalancer.start("3:1", False), 400,
-                r"split 3:1 needs more devices than the fleet's 3 \(cpu:0, cpu:1, cpu:2\): a split uses them all")
-        refused(lambda: rebalancer.start("1:1", False), 400, "split 1:1 leaves devices idle of the fleet's 3")
+                r"split 3:1 needs 4 devices and the fleet runs 3 \(cpu:0, cpu:1, cpu:2\); it has no free one \(list "
+                r"more with `serve --devices`\)")
         refused(lambda: rebalancer.start("1:2", False), 409, "the fleet is already at split 1:2")
         assert rebalancer.preview("1:2", False).moves == []
         # with force, the moved worker's sessions must fit in its peer's free blocks (none here, until it reports)
@@ -145,7 +145,7 @@ def test_a_failed_step_ends_the_rebalance_and_says_where_the_fleet_is(tiny_model
         op = await finished(fleet.rebalancer.start("2:1", False, "restart"))
         assert op.state is OpState.FAILED
         assert op.error == ("start of prefill-1 failed: the new prefill-1 process on cpu:1 exited during startup "
-                            "(the fleet is at 1:1 after 0 of 1 move(s))")
+                            "(the fleet is at 1:1 after 0 of 1 step(s))")
 
     run_fleet(tiny_model_dir, FakeLauncher(shm(tmp_path), fail_start={"prefill-1"}), scenario)
 
@@ -157,7 +157,7 @@ def test_a_failed_switch_ends_the_rebalance_with_the_worker_in_its_old_role(tiny
         assert op.state is OpState.FAILED
         assert op.error == ("switch of decode-0 failed: the switch of decode-0 to prefill was called off: "
                             "InjectedFault: fault injected at switch; decode-0 is running as a decode worker "
-                            "(the fleet is at 1:2 after 0 of 1 move(s))")
+                            "(the fleet is at 1:2 after 0 of 1 step(s))")
         assert roles(fleet) == {"prefill-0": ("prefill", "cpu:0"), "decode-0": ("decode", "cpu:1"),
                                 "decode-1": ("decode", "cpu:2")}
         await all_complete(fleet, [fleet.submit(p, LONG) for p in prompts(4)])
