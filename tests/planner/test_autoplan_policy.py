@@ -80,6 +80,13 @@ def test_serve_refuses_autoplan_it_cannot_run(tiny_model_dir: Path) -> None:
     assert bad_slo.returncode == 1
     assert bad_slo.stderr == "fleetctl: error: bad --autoplan-slo '2s': use TTFT,TPOT, e.g. 2s,200ms\n"
     assert Slo.parse_pair("1s, 50ms") == Slo(1.0, 0.05)
+    alone = fleetctl("serve", "--model", str(tiny_model_dir), "--max-workers", "3", "--port", "0")
+    assert (alone.returncode, alone.stderr) == (1, "fleetctl: error: --max-workers sets how far --autoplan may grow "
+                                                   "the fleet: give --autoplan with it\n")
+    beyond = fleetctl("serve", "--model", str(tiny_model_dir), "--autoplan", "--max-workers", "4", "--devices",
+                      "cpu:0,cpu:1,cpu:2", "--port", "0")
+    assert (beyond.returncode, beyond.stderr) == (1, "fleetctl: error: --max-workers 4 must be between the fleet's 2 "
+                                                     "workers and the 3 devices of --devices (cpu:0, cpu:1, cpu:2)\n")
 
 
 def ranked(goodputs: dict[Split, float], current: Split) -> Plan:
