@@ -141,10 +141,13 @@ class LLMEngine:
         prefill, no decode step) or one that decodes. The weights, the KV pool and its prefix cache stay; what
         changes is whether steps park and which decode step runs. An engine that loaded as a prefill worker
         decodes eagerly (its weights were laid out for eager steps); one that compiled its decode step keeps the
-        graphs for a switch back. Raises EngineBusy while it holds a sequence. Returns the seconds taken, the
-        warm-up of the new role's kernels included."""
-        if self._seqs:
-            raise EngineBusy(f"the engine holds {len(self._seqs)} sequence(s): a role switch needs it empty")
+        graphs for a switch back. Between two roles that decode (decode and mixed) the sequences it holds stay and
+        go on from the next step; to or from prefill it must be empty, or it raises EngineBusy (a prefill worker's
+        sequences are parked for a handoff). Returns the seconds taken, the warm-up of the new role's kernels
+        included."""
+        if self._seqs and (prefill_only or self.config.prefill_only):
+            raise EngineBusy(f"the engine holds {len(self._seqs)} sequence(s): a switch to or from prefill needs it "
+                             f"empty")
         start = time.perf_counter()
         self.config = dataclasses.replace(self.config, prefill_only=prefill_only)
         if self.decoder is not None:

@@ -67,7 +67,8 @@ def forget(view: WorkerView, request_id: str) -> None:
 
 
 def rename(requests: list[TrackedRequest], old: str, new: str) -> None:
-    """Worker `old` is `new` now (a migration's standby took its source's id); its view moves with it."""
+    """Worker `old` is `new` now (a migration's standby took its source's id, or a switch kept the sessions it
+    held): the requests given name it so; its view moves with it."""
     for req in requests:
         if req.decode_worker == old:
             req.decode_worker = new

@@ -1,7 +1,8 @@
 """`fleetctl switch` on a real fleet (worker processes on CPU slots, HTTP, the CLI) while streams run: a decode
 worker becomes a prefill worker and a prefill worker a decode worker, each the same process, its sessions moved
 live first; every stream is token-identical to a plain `generate` (`--deterministic`), and the switched workers
-serve their new roles. `rebalance` goes from 1:2 to colocated and back by switches under streams. A switch the
+serve their new roles. A lone decode worker becomes mixed and back with its sessions kept by the same process
+(no peer decodes). `rebalance` goes from 1:2 to colocated and back by switches under streams. A switch the
 worker fails leaves it serving its old role; bad switches are refused."""
 
 import json
@@ -78,6 +79,28 @@ def test_switch_each_way_in_place_under_streams(tiny_model_dir: Path) -> None:
         assert wait_until(lambda: all(w["free_blocks"] == w["kv_blocks"] for w in workers(url).values()), 30)
         switched = {pids["decode-1"], pids["prefill-0"]}
         assert not [p for p in SHM_DIR.glob("fleetctl-kv-*") if int(p.name.split("-")[3]) in switched]
+
+
+def test_a_lone_decode_worker_keeps_its_sessions_through_switches_to_mixed_and_back(tiny_model_dir: Path) -> None:
+    """1 prefill + 1 decode: no peer decodes, so decode-0's sessions stay in its process as it becomes mixed-0
+    and then decode-1; every stream is token-identical to `generate`, and the mixed worker takes prompts."""
+    reference = [r["text"] for r in generate_json(tiny_model_dir, PROMPTS, "--dtype", "float32", "--deterministic",
+                                                  "--max-tokens", str(TOKENS), "--ignore-eos")]
+    lone = ("--prefill", "1", "--decode", "1", "--devices", "cpu:0,cpu:1", "--dtype", "float32", "--deterministic")
+    with serve(tiny_model_dir, *lone, env=SLOW_STEPS) as url:
+        pid = workers(url)["decode-0"]["pid"]
+        first = start_streams(url, PROMPTS[:4], TOKENS)
+        assert wait_until(lambda: decoding(url, "decode-0") >= 2, 60)
+        to_mixed = cli_json("switch", "decode-0", "--role", "mixed", "--url", url)
+        assert (to_mixed["worker"], to_mixed["pid"], to_mixed["sessions_moved"]) == ("mixed-0", pid, 0)
+        assert to_mixed["sessions_kept"] >= 2, to_mixed
+        assert decoding(url, "mixed-0") >= 1  # they go on there, under its new id
+        second = start_streams(url, PROMPTS[4:], TOKENS)
+        back = cli_json("switch", "mixed-0", "--role", "decode", "--url", url)
+        assert (back["worker"], back["pid"], back["sessions_moved"]) == ("decode-1", pid, 0)
+        assert first.result(timeout=600) == reference[:4]
+        assert second.result(timeout=600) == reference[4:]
+        assert back["sessions_kept"] + back["sessions_finished"] >= 1, back
 
 
 def test_rebalance_to_colocated_and_back_in_place_under_streams(tiny_model_dir: Path) -> None:

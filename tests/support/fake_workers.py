@@ -170,10 +170,11 @@ class FakeWorker:
                 return checkpoints.handle(msg)
             case m.ReserveBlocks() | m.SendBlocks() | m.ReceiveBlocks() | m.EndMove():
                 self.moves.handle(msg)
-            case m.SwitchRole():  # as the real worker: only empty, the same "process" under its new id
+            case m.SwitchRole():  # as the real worker: the same "process" under its new id, empty unless both
+                # roles decode (its sessions then go on)
                 if self.spec.worker_id in self.faults.fail_switch:
                     self.send(m.SwitchFailed("InjectedFault: fault injected at switch"))
-                elif self.sessions:
+                elif self.sessions and WorkerRole.PREFILL in (self.spec.role, msg.role):
                     self.send(m.SwitchFailed(f"EngineBusy: the engine holds {len(self.sessions)} sequence(s)"))
                 else:
                     self.spec = dataclasses.replace(self.spec, role=msg.role, worker_id=msg.worker_id)

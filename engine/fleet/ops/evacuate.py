@@ -19,11 +19,12 @@ EVACUATE_TIMEOUT_S = 300.0
 
 async def evacuate(moves: SessionMoves, source: str, pick: Callable[[TrackedRequest], str | None],
                    progress: Callable[[str], None], called_off: Callable[[], str | None] = lambda: None,
-                   timeout_s: float = EVACUATE_TIMEOUT_S) -> list[MoveResult]:
-    """Move the sessions `source` holds to the workers `pick` names (None: not now) until it holds none;
-    returns each move's result; `progress` is told how many moved and how many are left. Raises MoveFailed
-    when `called_off` gives a reason or `timeout_s` passes, once the moves under way have ended (what moved
-    stays moved)."""
+                   timeout_s: float = EVACUATE_TIMEOUT_S, settle: bool = False) -> list[MoveResult]:
+    """Move the sessions `source` holds to the workers `pick` names (None: not now) until it holds none —
+    or, `settle`, until no move is under way and none of them can move now (the rest stay where they are: a
+    switch between roles that decode keeps them); returns each move's result; `progress` is told how many
+    moved and how many are left. Raises MoveFailed when `called_off` gives a reason or `timeout_s` passes,
+    once the moves under way have ended (what moved stays moved)."""
     state = moves.state
     view = state.views[source]
     moved: list[MoveResult] = []
@@ -45,12 +46,14 @@ async def evacuate(moves: SessionMoves, source: str, pick: Callable[[TrackedRequ
             await asyncio.gather(*tasks.values(), return_exceptions=True)
             raise MoveFailed(reason)
         for rid in sorted(view.requests - tasks.keys() - moves.in_flight.by_request.keys()):
-            if time.monotonic() - failed_at.get(rid, -RETRY_AFTER_S) < RETRY_AFTER_S:
+            if rid in failed_at and (settle or time.monotonic() - failed_at[rid] < RETRY_AFTER_S):
                 continue
             req = state.requests.get(rid)
             dest = pick(req) if req is not None and movable_from(req) == source else None
             if req is not None and dest is not None:
                 tasks[rid] = asyncio.create_task(moves.move_session(req, source, dest))
+        if settle and not tasks and not moves.in_flight.by_request.keys() & view.requests:
+            return moved
         progress(f"{len(moved)} moved, {len(view.requests)} left")
         await asyncio.sleep(POLL_S)
     return moved

@@ -145,19 +145,29 @@ class WorkerLifecycle:
         self.state.record_event(EventKind.DRAIN, view.worker_id, details)
         return result
 
-    async def vacate(self, op: Operation, view: WorkerView, move: bool, moving: StrEnum, draining: StrEnum) -> int:
+    async def vacate(self, op: Operation, view: WorkerView, move: bool, moving: StrEnum, draining: StrEnum,
+                     hold: bool = False) -> int:
         """Wait until the draining `view` (`begin_drain`) holds no session, its decoding sessions first moved
-        live to its peers when `move` (at stage `moving`; what cannot move finishes in place, at `draining`).
-        Returns how many moved; raises OperationCancelled when a resume calls it off."""
+        live to its peers when `move` (at stage `moving`; what cannot move finishes in place, at `draining`,
+        or with `hold` stays where it is: a switch between roles that decode keeps it). Returns how many
+        moved; raises OperationCancelled when a resume calls it off."""
         moved: list[MoveResult] = []
         if move:
             # called off by a resume (raised below), or timed out: what did not move finishes where it is
             with contextlib.suppress(MoveFailed):
                 moved = await evacuate(self.moves, view.worker_id, lambda req: self._peer_for(req, view),
                                        lambda detail: op.at(moving, detail),
-                                       lambda: "resumed" if self._draining[op.id] else None)
-        await self._drain_sessions(op, view, draining)
+                                       lambda: "resumed" if self._draining[op.id] else None, settle=hold)
+        if hold:
+            self._stop_waiting(op, view)
+        else:
+            await self._drain_sessions(op, view, draining)
         return len(moved)
+
+    def _stop_waiting(self, op: Operation, view: WorkerView) -> None:
+        """`op` waits no longer for `view` to empty; raises OperationCancelled if a resume called it off."""
+        if self._draining.pop(op.id):
+            raise OperationCancelled(f"{view.worker_id} was resumed holding {len(view.requests)} session(s)")
 
     def _peer_for(self, req: TrackedRequest, view: WorkerView) -> str | None:
         """The running peer that decodes (a decode or mixed worker) with room for `req`, holding the fewest

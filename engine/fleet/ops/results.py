@@ -210,10 +210,12 @@ class SwitchResult(_Result):
     switch_s: float  # the process re-laying itself (no model load)
     out_of_service_s: float  # from taking no new work to serving the new role
     seconds: float
+    sessions_kept: int = 0  # held through the switch and continued by the same process (both roles decode)
 
     def describe(self) -> str:
+        kept = f", {self.sessions_kept} kept through the switch" if self.sessions_kept else ""
         return (f"{self.was} is now {self.worker} ({self.from_} → {self.to}, the same process {self.pid}): "
-                f"{self.sessions_moved} session(s) moved, {self.sessions_finished} finished in place; out of "
+                f"{self.sessions_moved} session(s) moved, {self.sessions_finished} finished in place{kept}; out of "
                 f"service {self.out_of_service_s:.2f} s, of which the switch itself {self.switch_s:.2f} s")
 
 

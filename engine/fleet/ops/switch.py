@@ -2,14 +2,17 @@
 (no model load, no calibration) — and takes the next id of its new role (`was` names the old one).
 
 1. It is routed nothing new (draining); a decode or mixed worker's sessions move live to peers that decode
-   (decode or mixed workers), and what cannot move, like a prefill worker's prompts and the handoffs of their
-   KV, finishes where it is. A `resume` calls the switch off here: the worker serves its old role again.
-2. Holding no session, the process re-lays itself (`SwitchRole`: whether steps park after prefill, which
-   decode step runs) and answers. Commit or abort: an answer that it failed (or no answer, or its exit)
-   leaves it under its old id and role, and a live process serves that role again.
-3. Commit: the controller renames it, the store records the old id stopped and the new one started, and
-   routing takes it as its new role. Requests it prefilled that decode elsewhere keep the old id as their
-   prefill worker: that is who prefilled them.
+   (decode or mixed workers). Between two roles that decode (decode ⇄ mixed), what cannot move (no peer
+   decodes, or none has room) stays and is continued by the same process in its new role; otherwise it
+   finishes where it is, like a prefill worker's prompts and the handoffs of their KV. A `resume` calls the
+   switch off here: the worker serves its old role again.
+2. Holding no session (or, between roles that decode, only what it keeps), the process re-lays itself
+   (`SwitchRole`: whether steps park after prefill, which decode step runs) and answers. Commit or abort: an
+   answer that it failed (or no answer, or its exit) leaves it under its old id and role, and a live process
+   serves that role again.
+3. Commit: the controller renames it — and the sessions it kept, which name it by its new id — the store
+   records the old id stopped and the new one started, and routing takes it as its new role. Requests it
+   prefilled that decode elsewhere keep the old id as their prefill worker: that is who prefilled them.
 
 Any role may become any other: a fleet runs prefill, decode and mixed workers side by side.
 
@@ -23,6 +26,7 @@ import asyncio
 import time
 
 from fleetctl.domain import EventKind, WorkerRole, WorkerState
+from fleetctl.engine.fleet import placement
 from fleetctl.engine.fleet.errors import OperationFailed, OperationRefused
 from fleetctl.engine.fleet.ops.lifecycle import WorkerLifecycle
 from fleetctl.engine.fleet.ops.record import Operation, OpKind
@@ -60,9 +64,11 @@ class RoleSwitches:
 
     async def _switch(self, op: Operation, view: WorkerView, role: WorkerRole) -> SwitchResult:
         started, old_id, old_role, held = time.time(), view.worker_id, view.role, len(view.requests)
+        keeps = old_role.covers(WorkerRole.DECODE) and role.covers(WorkerRole.DECODE)  # its sessions may stay
         moved = await self.lifecycle.vacate(op, view, old_role.covers(WorkerRole.DECODE), SwitchStage.MOVING_SESSIONS,
-                                            SwitchStage.DRAINING)
-        op.at(SwitchStage.SWITCHING)
+                                            SwitchStage.DRAINING, hold=keeps)
+        kept = len(view.requests)
+        op.at(SwitchStage.SWITCHING, f"{kept} session(s) kept" if kept else "")
         new_id = self.lifecycle.next_id(role)
         link = self.state.links[old_id]
         answer = self.runner.expect(old_id, Awaited.SWITCHED)
@@ -80,8 +86,9 @@ class RoleSwitches:
         self._commit(old_id, new_id, role)
         seconds = round(time.time() - started, 3)  # it took no new work all along
         result = SwitchResult(worker=new_id, was=old_id, from_=old_role.value, to=role.value, pid=view.pid,
-                              sessions_finished=held - moved, sessions_moved=moved, switch_s=round(reply.seconds, 4),
-                              out_of_service_s=seconds, seconds=seconds)
+                              sessions_finished=held - moved - kept, sessions_moved=moved,
+                              switch_s=round(reply.seconds, 4), out_of_service_s=seconds, seconds=seconds,
+                              sessions_kept=kept)
         self.state.record_event(EventKind.SWITCH, new_id, result.model_dump(exclude={"kind", "worker"}))
         return result
 
@@ -92,6 +99,7 @@ class RoleSwitches:
         if recorder:
             recorder.worker_stopped(state.views[old_id], WorkerState.STOPPED, {"switched_to": new_id})
         _, view = state.switch_role(old_id, new_id, role)
+        placement.rename([state.requests[rid] for rid in view.requests if rid in state.requests], old_id, new_id)
         view.state = WorkerState.RUNNING
         if recorder:
             recorder.worker_started(view)
