@@ -5,7 +5,11 @@ window's decision (wait / apply / hold / skip) with its reason and the rebalance
 
     python scripts/bench_autoplan.py [--model smollm2-135m] [--devices cpu:0,cpu:1,cpu:2] [--split 2:1]
                                      [--requests 64] [--rate 0.5] [--interval 30] [--min-gain 10]
-                                     [--slo-ttft 6] [--slo-tpot 0.3] [--store-dir DIR]
+                                     [--slo-ttft 6] [--slo-tpot 0.3] [--hysteresis S] [--max-workers N]
+                                     [--store-dir DIR]
+
+`--devices` may list more devices than the split's workers: with `--max-workers N` autoplan plans elastic
+over them and grows or shrinks the fleet (the static fleet keeps its split).
 
 Both fleets run every prompt through the prefill pool (`--local-prefill-tokens 0`), as the planner's replay
 assumes. The autoplan window must be short enough for two windows to agree within each half of the trace.
@@ -45,6 +49,9 @@ def main() -> None:
     parser.add_argument("--min-gain", type=float, default=10.0)
     parser.add_argument("--slo-ttft", type=float, default=6.0)
     parser.add_argument("--slo-tpot", type=float, default=0.3)
+    parser.add_argument("--hysteresis", type=float, default=0.0,
+                        help="seconds between autoplan's changes (default: two windows)")
+    parser.add_argument("--max-workers", type=int, default=0, help="elastic autoplan up to N workers (0: off)")
     parser.add_argument("--store-dir", default="", help="keep static.db and autoplan.db here")
     args = parser.parse_args()
 
@@ -53,7 +60,10 @@ def main() -> None:
     trace = make_trace(TraceKind.SHIFT, args.requests, args.rate)
     common = ["--prefill", prefill, "--decode", decode, "--devices", args.devices, "--local-prefill-tokens", "0"]
     autoplan = ["--autoplan", "--autoplan-interval", str(args.interval), "--min-gain", str(args.min_gain),
-                "--autoplan-slo", f"{args.slo_ttft},{args.slo_tpot}"]
+                "--autoplan-slo", f"{args.slo_ttft},{args.slo_tpot}",
+                "--autoplan-hysteresis", str(args.hysteresis or 2 * args.interval)]
+    if args.max_workers:
+        autoplan += ["--max-workers", str(args.max_workers)]
     with tempfile.TemporaryDirectory(prefix="fleetctl-autoplan-") as tmp:
         stores = Path(args.store_dir or tmp)
         stores.mkdir(parents=True, exist_ok=True)

@@ -132,8 +132,10 @@ class WorkerLifecycle:
         started = time.time()
         link = await self.runner.start_process(op, role, device, StartStage.STARTING_PROCESS)
         self.host.take_over(op.worker_id, link, link.ready)
-        return StartResult(worker=op.worker_id, role=role.value, device=device, pid=link.pid,
-                           seconds=round(time.time() - started, 3))
+        seconds = round(time.time() - started, 3)
+        load = round(link.ready.load_seconds, 3) if link.ready else None
+        return StartResult(worker=op.worker_id, role=role.value, device=device, pid=link.pid, seconds=seconds,
+                           load_s=load, out_of_service_s=seconds)
 
     async def _drain(self, op: Operation, view: WorkerView, held: int, move: bool) -> DrainResult:
         """`held`: the sessions the worker held when it stopped taking new ones."""
@@ -199,11 +201,12 @@ class WorkerLifecycle:
             view.state = WorkerState.STOPPED
         op.at(StopStage.STOPPING)
         await self.runner.shut_down(self.state.links[view.worker_id])
+        seconds = round(time.time() - started, 3)  # it took no new work from the call on
         if self.state.recorder:
             self.state.recorder.worker_stopped(view, WorkerState.STOPPED, {
-                "sessions_finished": finished, "sessions_moved": moved, "force": force})
-        return StopResult(worker=view.worker_id, sessions_finished=finished, sessions_moved=moved,
-                          seconds=round(time.time() - started, 3))
+                "sessions_finished": finished, "sessions_moved": moved, "force": force, "out_of_service_s": seconds})
+        return StopResult(worker=view.worker_id, sessions_finished=finished, sessions_moved=moved, seconds=seconds,
+                          out_of_service_s=seconds)
 
     async def _drain_sessions(self, op: Operation, view: WorkerView, stage: StrEnum) -> None:
         """Wait until the (draining) worker holds no session. Raises OperationCancelled when a resume

@@ -258,15 +258,17 @@ class Rebalancer:
 
     async def _retire(self, op: Operation, step: str, worker: str, role: WorkerRole, how: Evacuation) -> StopResult:
         """Stop `worker`, its decoding sessions moved live to peers first (`how` MOVE) or recomputed there
-        (RECOMPUTE); the result counts both the drain's sessions and the stop's."""
-        finished, moved = 0, 0
+        (RECOMPUTE); the result counts both the drain's sessions and seconds and the stop's."""
+        finished, moved, draining = 0, 0, 0.0
         if how is Evacuation.MOVE and role.covers(WorkerRole.DECODE):
             drained = await self._follow(op, step, self.lifecycle.drain(worker, move=True), DrainResult)
-            finished, moved = drained.sessions_finished, drained.sessions_moved or 0
+            finished, moved, draining = drained.sessions_finished, drained.sessions_moved or 0, drained.seconds
         stopped = await self._follow(op, step, self.lifecycle.stop(worker, force=how is Evacuation.RECOMPUTE),
                                      StopResult)
+        seconds = round(stopped.seconds + draining, 3)  # it took no new work from the drain on
         return stopped.model_copy(update={"sessions_finished": stopped.sessions_finished + finished,
-                                          "sessions_moved": stopped.sessions_moved + moved})
+                                          "sessions_moved": stopped.sessions_moved + moved, "seconds": seconds,
+                                          "out_of_service_s": seconds})
 
     @staticmethod
     async def _follow(op: Operation, step: str, inner: Operation, kind: type[R]) -> R:

@@ -117,9 +117,12 @@ class StartResult(_Result):
     device: str
     pid: int | None
     seconds: float
+    load_s: float | None = None  # of which loading the model (the worker's own count)
+    out_of_service_s: float = 0.0  # the device serving nothing: from the request until the worker is ready
 
     def describe(self) -> str:
-        return f"{self.worker} started on {self.device} (pid {self.pid}) in {self.seconds:.1f} s"
+        load = f", {self.load_s:.1f} s of it loading the model" if self.load_s is not None else ""
+        return f"{self.worker} started on {self.device} (pid {self.pid}) in {self.seconds:.1f} s{load}"
 
 
 class DrainResult(_Result):
@@ -151,6 +154,7 @@ class StopResult(_Result):
     sessions_finished: int
     sessions_moved: int
     seconds: float
+    out_of_service_s: float = 0.0  # from taking no new work until its process is gone
 
     def describe(self) -> str:
         return (f"{self.worker} stopped: {self.sessions_finished} session(s) finished, {self.sessions_moved} moved "

@@ -43,7 +43,9 @@ def test_start_launches_a_worker_like_its_peers_and_routes_to_it(tiny_model_dir:
         assert "loading model" in stages
         new, peer = launcher.workers["decode-2"], launcher.workers["decode-0"]
         assert op.result.model_dump() == {"worker": "decode-2", "role": "decode", "device": "cpu:3", "pid": new.pid,
-                             "seconds": op.result.seconds}
+                             "seconds": op.result.seconds, "load_s": op.result.load_s,
+                             "out_of_service_s": op.result.seconds}
+        assert op.result.load_s is not None and op.result.load_s <= op.result.seconds
         assert op.result.seconds >= 0.3
         view = fleet.views["decode-2"]
         assert (view.state, view.role, view.device, view.pid) == (WorkerState.RUNNING, WorkerRole.DECODE, "cpu:3",
@@ -164,7 +166,7 @@ def test_stop_drains_then_shuts_the_worker_down(tiny_model_dir: Path, tmp_path: 
         assert (await finished(op)).state is OpState.DONE, op.error
         wall = time.monotonic() - called
         assert op.result.model_dump() == {"worker": "decode-0", "sessions_finished": held, "sessions_moved": 0,
-                             "seconds": op.result.seconds}
+                             "seconds": op.result.seconds, "out_of_service_s": op.result.seconds}
         assert 0 < op.result.seconds <= wall + 0.001
         assert not any(r.recomputes for r in early + later) and all(r.decode_worker == "decode-1" for r in later)
         assert fleet.views["decode-0"].state is WorkerState.STOPPED
