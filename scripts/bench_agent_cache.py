@@ -52,15 +52,16 @@ from fleetctl.store.db import open_db
 WINDOW_S = 7 * 86400  # the whole of a fresh store
 
 
-def tier_tokens(metrics: str) -> dict[str, int]:
-    """Prompt tokens each KV tier served (`fleet_kv_tier_hits_total`, summed over workers)."""
-    served: dict[str, int] = {}
+def by_tier(metrics: str, family_name: str) -> dict[str, float]:
+    """A per-tier counter of /metrics (`fleet_kv_tier_hits`: prompt tokens served; `fleet_kv_tier_read_bytes`,
+    `fleet_kv_tier_read_seconds`), summed over workers."""
+    served: dict[str, float] = {}
     for family in text_string_to_metric_families(metrics):
-        if family.name == "fleet_kv_tier_hits":
+        if family.name == family_name:
             for sample in family.samples:
                 if sample.name.endswith("_total"):
                     tier = sample.labels["tier"]
-                    served[tier] = served.get(tier, 0) + int(sample.value)
+                    served[tier] = served.get(tier, 0) + sample.value
     return served
 
 
@@ -72,7 +73,8 @@ def run_fleet(model: Path, layout: list[str], store: Path, trace_args: tuple, ca
         name, trace = load_trace("agent", *trace_args, context=context)
         result = asyncio.run(run_bench(url, trace, name, slo_ttft=10.0, slo_tpot=1.0))
         status = FleetClient(url).status()
-        tier_hits = tier_tokens(httpx.get(f"{url}/metrics", timeout=60).text)
+        metrics = httpx.get(f"{url}/metrics", timeout=60).text
+    tier_hits = {tier: int(tokens) for tier, tokens in by_tier(metrics, "fleet_kv_tier_hits").items()}
     db = open_db(store)
     try:
         phases = classify(db, WINDOW_S)
@@ -93,6 +95,8 @@ def run_fleet(model: Path, layout: list[str], store: Path, trace_args: tuple, ca
         "prefill_computed_tokens": phases.prefill_computed_tokens,
         "local_prefills": phases.local_prefills,
         "tier_hit_tokens": tier_hits,
+        "tier_read_bytes": by_tier(metrics, "fleet_kv_tier_read_bytes"),
+        "tier_read_s": by_tier(metrics, "fleet_kv_tier_read_seconds"),
         "decode_share": round(phases.decode_share, 4),
         "prefill_model_s": round(phases.prefill_model_s, 3),
         "decode_model_s": round(phases.decode_model_s, 3),
@@ -181,6 +185,13 @@ def tiers(model: Path, layout: list[str], trace_args: tuple, host_mib: int) -> N
         later = runs[name]["ttft_later_turns_s"]
         print(f"{name}: later-turn TTFT p50 {none['p50'] / later['p50']:.2f}x better, p99 "
               f"{none['p99'] / later['p99']:.2f}x, than without tiers")
+        run = runs[name]
+        recompute = run["prefill_computed_tokens"] / run["prefill_model_s"] if run["prefill_model_s"] else 0.0
+        for tier, seconds in run["tier_read_s"].items():
+            tokens = run["tier_hit_tokens"].get(tier, 0)
+            if seconds > 0:
+                print(f"  {tier} tier read {run['tier_read_bytes'][tier] / seconds / 1e9:.2f} GB/s: "
+                      f"{tokens / seconds:,.0f} prompt tokens/s vs {recompute:,.0f}/s computing them")
 
 
 def sweep(model: Path, layout: list[str], trace_args: tuple, thresholds: list[int]) -> None:

@@ -12,7 +12,7 @@ either way.
 
 import itertools
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from sqlite_utils import Database
 
@@ -45,6 +45,7 @@ class Classification:
     prefill_computed_tokens: int = 0  # tokens prefill steps computed
     prefix_hit_ratio: float = 0.0  # cached / (cached + computed)
     local_prefills: int = 0  # requests their decode worker prefilled (conditional disaggregation)
+    tier_tokens: dict[str, int] = field(default_factory=dict)  # of the cached tokens, what each KV tier served
 
     def as_json(self) -> dict[str, object]:
         """Exactly the `fleetctl classify --json` object."""
@@ -67,7 +68,8 @@ def classify(db: Database, window_s: float, now: float | None = None) -> Classif
     rows = db.execute(
         f"SELECT {_bucket_case('prompt_tokens', LENGTH_EDGES)} AS pb, {_bucket_case('output_tokens', LENGTH_EDGES)} "
         "AS ob, COUNT(*), TOTAL(prefill_model_s), TOTAL(decode_model_s), TOTAL(prefill_cached_tokens), "
-        "TOTAL(prefill_computed_tokens), TOTAL(local_prefill) FROM requests "
+        "TOTAL(prefill_computed_tokens), TOTAL(local_prefill), TOTAL(host_tier_tokens), TOTAL(disk_tier_tokens) "
+        "FROM requests "
         "WHERE ts >= ? AND ts < ? GROUP BY pb, ob ORDER BY pb, ob",
         [now - window_s, now],
     ).fetchall()
@@ -76,6 +78,7 @@ def classify(db: Database, window_s: float, now: float | None = None) -> Classif
     decode = sum(r[4] for r in rows)
     prefill_share = _share(prefill, decode)
     decode_share = 1.0 - prefill_share if prefill + decode > 0 else 0.0
-    cached, computed, local = (int(sum(r[i] for r in rows)) for i in (5, 6, 7))
+    cached, computed, local, host, disk = (int(sum(r[i] for r in rows)) for i in (5, 6, 7, 8, 9))
+    tiers = {tier: tokens for tier, tokens in (("host", host), ("disk", disk)) if tokens}
     return Classification(window_s, sum(r[2] for r in rows), prefill_share, decode_share, prefill, decode, buckets,
-                          cached, computed, _share(cached, computed), local)
+                          cached, computed, _share(cached, computed), local, tiers)

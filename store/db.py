@@ -6,6 +6,7 @@ Version history:
   2. retention: `interval_s` on worker_samples and gpu_samples (1 s raw, 10 s downsampled rows);
      the (worker_id, ts) index extended to cover the columns the utilization queries sum.
   3. prefix caching: `prefill_cached_tokens`, `prefill_computed_tokens` and `local_prefill` on requests.
+  4. KV tiers: `host_tier_tokens` and `disk_tier_tokens` on requests (of the cached tokens, what each tier served).
 """
 
 import sqlite3
@@ -19,7 +20,13 @@ from sqlite_utils import Database
 from sqlmodel import SQLModel, create_engine
 
 from fleetctl.store.errors import StoreVersionError, diagnose, store_file_errors
-from fleetctl.store.schema import REQUEST_PREFIX_DEFAULTS, SCHEMA_VERSION, TABLES, WORKER_INDEX_COLUMNS
+from fleetctl.store.schema import (
+    REQUEST_PREFIX_DEFAULTS,
+    REQUEST_TIER_DEFAULTS,
+    SCHEMA_VERSION,
+    TABLES,
+    WORKER_INDEX_COLUMNS,
+)
 
 BUSY_TIMEOUT_S = 10.0
 Answer = TypeVar("Answer")
@@ -83,13 +90,17 @@ def _v1_to_v2(conn: sqlite3.Connection) -> None:
     conn.execute(f"CREATE INDEX ix_worker_samples_worker_ts ON worker_samples ({', '.join(WORKER_INDEX_COLUMNS)})")
 
 
-def _v2_to_v3(conn: sqlite3.Connection) -> None:
-    for column, default in REQUEST_PREFIX_DEFAULTS.items():
-        conn.execute(f"ALTER TABLE requests ADD COLUMN {column} INTEGER DEFAULT '{default}' NOT NULL")
+def _request_columns(defaults: dict[str, str]) -> Callable[[sqlite3.Connection], None]:
+    """A step that adds integer columns with these defaults to requests."""
+    def add(conn: sqlite3.Connection) -> None:
+        for column, default in defaults.items():
+            conn.execute(f"ALTER TABLE requests ADD COLUMN {column} INTEGER DEFAULT '{default}' NOT NULL")
+    return add
 
 
 # MIGRATIONS[n - 1] takes a file from version n to n + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_to_v2, _v2_to_v3]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    _v1_to_v2, _request_columns(REQUEST_PREFIX_DEFAULTS), _request_columns(REQUEST_TIER_DEFAULTS)]
 
 
 def upgrade(path: Path) -> int:

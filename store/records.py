@@ -111,6 +111,8 @@ class RequestRecord:
     prefill_cached_tokens: int = 0  # prompt tokens its prefill took from a prefix cache (cost no model time)
     prefill_computed_tokens: int = 0  # tokens its prefill steps computed
     local_prefill: int = 0  # 1: its decode worker prefilled it (conditional disaggregation), no handoff
+    host_tier_tokens: int = 0  # of the cached tokens, what the host-memory KV tier served (read back)
+    disk_tier_tokens: int = 0  # and what the disk tier served
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from fleetctl.store.records import (
     columns,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SURROGATE_KEY = "id"  # INTEGER rowid key of the tables whose records have no natural one
 
@@ -40,6 +40,9 @@ _INTERVAL_DEFAULT = {"interval_s": "1.0"}
 
 # Rows written before version 3 had no prefix cache: nothing cached, computed tokens unknown (0), no local prefill.
 REQUEST_PREFIX_DEFAULTS = {"prefill_cached_tokens": "0", "prefill_computed_tokens": "0", "local_prefill": "0"}
+
+# Rows written before version 4 had no KV tiers: none of their cached tokens came from one.
+REQUEST_TIER_DEFAULTS = {"host_tier_tokens": "0", "disk_tier_tokens": "0"}
 
 # First match wins; StrEnum is a str subclass.
 _SQL_TYPES: tuple[tuple[type, type[TypeEngine]], ...] = ((int, Integer), (float, Float), (str, String), (dict, String))
@@ -85,7 +88,8 @@ TABLES = [
         Index("ix_gpu_samples_device_ts", "device_index", "ts"),
         server_defaults=_INTERVAL_DEFAULT,
     ),
-    _table(RequestRecord, Index("ix_requests_ts", "ts"), key=("request_id",), server_defaults=REQUEST_PREFIX_DEFAULTS),
+    _table(RequestRecord, Index("ix_requests_ts", "ts"), key=("request_id",),
+           server_defaults=REQUEST_PREFIX_DEFAULTS | REQUEST_TIER_DEFAULTS),
     _table(EventRecord, Index("ix_events_ts", "ts"), Index("ix_events_worker_id", "worker_id")),
     _table(BenchRun, Index("ix_bench_runs_ts", "ts")),
 ]

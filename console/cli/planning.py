@@ -206,8 +206,11 @@ def render_classification(classified: FleetClassification) -> str:
     lines = [f"window {c.window_s:.0f}s  requests {c.requests}  prefill {c.prefill_share:.1%}  "
              f"decode {c.decode_share:.1%}",
              f"prefill tokens: {c.prefill_cached_tokens} cached, {c.prefill_computed_tokens} computed (prefix hit "
-             f"ratio {c.prefix_hit_ratio:.1%}; cached tokens cost no model time)  local prefills {c.local_prefills}",
-             f"{'prompt tokens':<14} {'output tokens':<14} {'requests':>8} {'prefill share':>14}"]
+             f"ratio {c.prefix_hit_ratio:.1%}; cached tokens cost no model time)  local prefills {c.local_prefills}"]
+    if c.tier_tokens:
+        lines.append("of the cached, read back from KV tiers: " + ", ".join(
+            f"{tier} {tokens}" for tier, tokens in sorted(c.tier_tokens.items())))
+    lines += [f"{'prompt tokens':<14} {'output tokens':<14} {'requests':>8} {'prefill share':>14}"]
     lines += [f"{b.prompt_tokens:<14} {b.output_tokens:<14} {b.requests:>8} {b.prefill_share:>14.1%}"
               for b in c.buckets]
     return "\n".join(lines)

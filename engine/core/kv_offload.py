@@ -9,6 +9,7 @@ A block's address is its hash chain digest, which names the model, dtype, numeri
 (`block_hash.KVSalt`): an engine only ever finds blocks written under its own salt. The record's parent digest
 and token ids are checked against the prompt's before a block is used, as a pool hit is."""
 
+import dataclasses
 from collections import Counter, abc
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from fleetctl.engine.core.block_manager import CachedBlock
 from fleetctl.engine.core.config import OffloadPolicy
 from fleetctl.engine.core.kv_cache import KVCache
 from fleetctl.engine.core.kv_tiers.block_file import TierBlock
-from fleetctl.engine.core.kv_tiers.file_tier import FileTier
+from fleetctl.engine.core.kv_tiers.file_tier import FileTier, TierStats
 from fleetctl.engine.core.kv_tiers.tiers import KVTiers
 
 HOST_TIER_DIR = Path("/dev/shm/fleetctl-kv-tiers")  # shared memory: every worker process of the node
@@ -50,6 +51,10 @@ class KVOffload:
         kv = self.kv_cache.tensor[:, :, block].contiguous()  # [layers, 2, block_size, kv_heads, head_dim]
         payload = kv.view(torch.uint8).cpu().numpy().tobytes()
         self.tiers.offer(TierBlock(cached.block_hash, cached.parent, cached.tokens, payload))
+
+    def io(self) -> dict[str, TierStats]:
+        """Each tier's counts in this process so far (copies: the writer thread updates them)."""
+        return {tier.name: dataclasses.replace(tier.stats) for tier in self.tiers.tiers}
 
     def fill(self, token_ids: abc.Sequence[int], hashes: abc.Sequence[bytes]) -> dict[str, int]:
         """Read the leading blocks of a prompt that the tiers hold and the pool does not into pool blocks,

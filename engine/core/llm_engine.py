@@ -18,6 +18,7 @@ from fleetctl.engine.core.devices import available_memory, kv_budget, resolve_dt
 from fleetctl.engine.core.kernel_warmup import needs_kernel_warm_up, warm_up_kernels
 from fleetctl.engine.core.kv_cache import KVCache, KVCacheSpec
 from fleetctl.engine.core.kv_offload import KVOffload, open_tiers
+from fleetctl.engine.core.kv_tiers.file_tier import TierStats
 from fleetctl.engine.core.kv_window import KVWindow
 from fleetctl.engine.core.model_runner import ModelRunner, StepStats
 from fleetctl.engine.core.output import RequestOutput, TextStream, token_finish_reason
@@ -286,6 +287,10 @@ class LLMEngine:
     def cached_prefix_tokens(self, token_ids: list[int]) -> int:
         """Leading tokens of `token_ids` (whole blocks) whose K/V this engine holds now."""
         return len(self.kv_cache.allocator.match(token_ids)) * self.kv_cache.spec.block_size
+
+    def tier_io(self) -> dict[str, TierStats]:
+        """What this engine read from and wrote to each KV tier so far, by tier name ({} without tiers)."""
+        return self.offload.io() if self.offload is not None else {}
 
     def prefix_digest(self, limit: int = DIGEST_BLOCKS) -> PrefixDigest:
         """What this engine caches, for a KV-aware router (see block_hash.PrefixDigest)."""

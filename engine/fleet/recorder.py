@@ -60,7 +60,8 @@ class FleetRecorder:
             prefill_worker=r["prefill_worker"], decode_worker=r["decode_worker"], outcome=outcome,
             prefill_model_s=req.prefill_model_s, decode_model_s=req.decode_model_s,
             prefill_cached_tokens=req.prefill_cached_tokens, prefill_computed_tokens=req.prefill_computed_tokens,
-            local_prefill=int(req.local_prefill),
+            local_prefill=int(req.local_prefill), host_tier_tokens=req.tier_cached_tokens.get("host", 0),
+            disk_tier_tokens=req.tier_cached_tokens.get("disk", 0),
         ))
 
     def tick(self, now: float | None = None) -> None:

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fleetctl.domain import Phase, WorkerRole
 from fleetctl.engine.fleet.request import TrackedRequest
+from fleetctl.engine.fleet.tier_metrics import TierMetrics
 from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.worker.protocol import StepReport
 
@@ -79,6 +80,7 @@ class FleetStats:
                                     "prefix cache, per pool", ["role"], registry=r)
         self.tier_hits = Counter("fleet_kv_tier_hits", "Prompt tokens a KV tier under the pools served (read back "
                                  "instead of computed)", ["tier", "worker", "role"], registry=r)
+        self.tier_io = TierMetrics(r)
         self.local_prefills = Counter("fleet_local_prefills", "Requests their decode worker prefilled (no handoff)",
                                       registry=r)
         # vLLM's names, so dashboards built for vLLM read a fleet too
@@ -93,6 +95,7 @@ class FleetStats:
         window.append((report.ended_at, report.seconds, report.flops, report.bytes, report.num_tokens))
         _forget_before(window, report.ended_at - BUSY_WINDOW_S)
         self._peaks[view.worker_id] = (view.peak_flops, view.peak_bytes_per_s)
+        self.tier_io.on_report(view, report.tier_io)
         if report.phase is Phase.PREFILL:
             cached = sum(report.cached_tokens.values())
             computed = sum(report.seq_tokens) + sum(report.chunks.values())

@@ -319,6 +319,7 @@ class FleetClassification(_Open):
     prefill_computed_tokens: int
     prefix_hit_ratio: float
     local_prefills: int
+    tier_tokens: dict[str, int] = {}  # of the cached tokens, what each KV tier served (none: absent)
 
 
 class DevicePeak(_Open):

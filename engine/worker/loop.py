@@ -236,7 +236,7 @@ class Worker:
             free_blocks=self.engine.kv_cache.allocator.num_free, running=len(scheduler.running),
             waiting=len(scheduler.waiting), ended_at=time.time(),
             cached_tokens={rid: hit for rid, hit in zip(stats.request_ids, stats.cached_tokens, strict=True) if hit},
-            tier_tokens=stats.tier_tokens,
+            tier_tokens=stats.tier_tokens, tier_io=self.engine.tier_io(),
             prefix=self.prefix_summary.changes(self.engine.prefix_digest, time.monotonic(), urgent),
         ))
         for out in outputs:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fleetctl.domain import Phase, WorkerRole
 from fleetctl.engine.checkpoint.format import RestoreMode
+from fleetctl.engine.core.kv_tiers.file_tier import TierStats
 from fleetctl.engine.core.output import TokenLogprobs
 from fleetctl.engine.core.sequence import FinishReason, SamplingParams, SessionState
 from fleetctl.engine.worker.prefix_summary import PrefixChanges
@@ -245,6 +246,7 @@ class StepReport:
     # prefill steps: prompt tokens a sequence's admission took from the prefix cache, by request id (none: absent)
     cached_tokens: dict[str, int] = field(default_factory=dict)
     tier_tokens: dict[str, dict[str, int]] = field(default_factory=dict)  # of those, what a KV tier served, by tier
+    tier_io: dict[str, TierStats] = field(default_factory=dict)  # the process's KV tier counts so far, by tier
     prefix: PrefixChanges | None = None  # what the router should know of its prefix cache, when it changed
 
 

@@ -50,6 +50,12 @@ def test_a_prefix_the_pool_lost_comes_back_from_the_host_tier(tiny_model_dir: Pa
         assert row["prefill_cached_tokens"] == 80 and row["prefill_worker"] == "prefill-0"
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
         assert 'fleet_kv_tier_hits_total{role="prefill",tier="host",worker="prefill-0"} 80.0' in metrics
+        samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in metrics.splitlines()
+                   if line.startswith("fleet_kv_tier_") and " " in line}
+        read = samples['fleet_kv_tier_read_bytes_total{tier="host",worker="prefill-0"}']
+        assert read > 0 and samples['fleet_kv_tier_read_seconds_total{tier="host",worker="prefill-0"}'] > 0
+        used, bound = (samples[f'fleet_kv_tier_{name}_bytes{{tier="host"}}'] for name in ("used", "capacity"))
+        assert 0 < used <= bound
 
 
 def test_a_sessions_next_turn_finds_its_prefix_kept_in_the_pool(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -1,9 +1,12 @@
 """The controller's live utilization window: steps count for their part inside the window, so busy,
 MFU and MBU stay within [0, 1] for any honest step reports; the window's memory stays bounded."""
 
+from dataclasses import replace
+
 import pytest
 
 from fleetctl.domain import Phase, WorkerRole, WorkerState
+from fleetctl.engine.core.kv_tiers.file_tier import TierStats
 from fleetctl.engine.fleet.stats import BUSY_WINDOW_S, FleetStats
 from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.worker.protocol import StepReport
@@ -75,3 +78,32 @@ def test_prefix_cache_hit_ratio_per_worker_and_pool_counts_prefill_tokens() -> N
     assert stats.registry.get_sample_value("fleet_pool_prefix_cache_hit_ratio", {"role": "decode"}) == 0.96
     assert stats.registry.get_sample_value("fleet_prefill_cached_tokens_total",
                                            {"worker": "prefill-0", "role": "prefill"}) == 860
+
+
+def test_tier_io_counts_what_grew_per_process_and_the_tiers_occupancy() -> None:
+    """A process's running totals: a second report adds only its growth; the same process under a switched id
+    adds nothing twice; a restarted process (a new pid) starts from zero."""
+    stats = FleetStats()
+    worker = view()
+    worker.pid = 100
+
+    def io(read: int, written: int, read_s: float, used: int) -> dict[str, TierStats]:
+        return {"host": TierStats(bytes_read=read, bytes_written=written, read_s=read_s, write_s=read_s / 2,
+                                  used_bytes=used, capacity_bytes=1000)}
+
+    def sample(name: str, **labels: str) -> float | None:
+        return stats.registry.get_sample_value(name, labels)
+
+    stats.on_step(worker, replace(report(1.0, 0.1, 1, 1), tier_io=io(300, 50, 0.1, 400)))
+    stats.on_step(worker, replace(report(2.0, 0.1, 1, 1), tier_io=io(500, 50, 0.2, 450)))
+    assert sample("fleet_kv_tier_read_bytes_total", tier="host", worker="prefill-0") == 500
+    assert sample("fleet_kv_tier_written_bytes_total", tier="host", worker="prefill-0") == 50
+    assert sample("fleet_kv_tier_read_seconds_total", tier="host", worker="prefill-0") == pytest.approx(0.2)
+    assert (sample("fleet_kv_tier_used_bytes", tier="host"), sample("fleet_kv_tier_capacity_bytes", tier="host")) == (
+        450, 1000)
+    worker.worker_id = "decode-1"  # switched: the same process under a new id
+    stats.on_step(worker, replace(report(3.0, 0.1, 1, 1), tier_io=io(600, 50, 0.25, 450)))
+    assert sample("fleet_kv_tier_read_bytes_total", tier="host", worker="decode-1") == 100
+    worker.pid = 101  # restarted
+    stats.on_step(worker, replace(report(4.0, 0.1, 1, 1), tier_io=io(70, 0, 0.01, 460)))
+    assert sample("fleet_kv_tier_read_bytes_total", tier="host", worker="decode-1") == 170

@@ -151,7 +151,8 @@ def test_classify_shape_and_shares(tmp_path):
     body = mixed.as_json()
     assert list(body) == ["window_s", "requests", "prefill_share", "decode_share", "prefill_model_s",
                           "decode_model_s", "buckets", "prefill_cached_tokens", "prefill_computed_tokens",
-                          "prefix_hit_ratio", "local_prefills"]
+                          "prefix_hit_ratio", "local_prefills", "tier_tokens"]
+    assert body["tier_tokens"] == {}  # no tier served any
     assert body["requests"] == 20
     assert (body["prefill_model_s"], body["decode_model_s"]) == pytest.approx((10 * 0.82, 10 * 1.0))
     assert body["buckets"] == [
@@ -163,11 +164,13 @@ def test_classify_shape_and_shares(tmp_path):
 
 def test_classify_counts_cached_and_computed_prompt_tokens_and_local_prefills(tmp_path):
     turns = [replace(request(f"t{i}", 1000, 50, prefill_model=0.01, decode_model=0.5), prefill_cached_tokens=960,
-                     prefill_computed_tokens=40, local_prefill=int(i > 0)) for i in range(4)]
+                     prefill_computed_tokens=40, local_prefill=int(i > 0), host_tier_tokens=160 * (i % 2),
+                     disk_tier_tokens=32 * (i == 3)) for i in range(4)]
     first = replace(request("first", 1000, 50, prefill_model=0.25, decode_model=0.5), prefill_computed_tokens=1000)
     result = classify(write_requests(tmp_path, "agent.db", [first, *turns]), 60, now=NOW)
     assert (result.prefill_cached_tokens, result.prefill_computed_tokens, result.local_prefills) == (3840, 1160, 3)
     assert result.prefix_hit_ratio == pytest.approx(3840 / 5000)
+    assert result.tier_tokens == {"host": 320, "disk": 32}  # of the cached, what the KV tiers read back
     assert result.decode_share == pytest.approx(2.5 / 2.79)  # cached tokens took no model time
 
 

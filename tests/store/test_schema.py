@@ -1,4 +1,4 @@
-"""The store's file: pragmas, the layout the record types make, and migration from versions 1 and 2."""
+"""The store's file: pragmas, the layout the record types make, and migration from versions 1, 2 and 3."""
 
 import sqlite3
 
@@ -85,6 +85,13 @@ V3_DDL = V2_DDL.replace(
     "INTEGER DEFAULT '0' NOT NULL,\n  local_prefill INTEGER DEFAULT '0' NOT NULL, PRIMARY KEY (request_id));",
 ).replace("PRAGMA user_version = 2;", "PRAGMA user_version = 3;")
 
+# Version 4 added what the KV tiers served.
+V4_DDL = V3_DDL.replace(
+    "local_prefill INTEGER DEFAULT '0' NOT NULL, PRIMARY KEY (request_id));",
+    "local_prefill INTEGER DEFAULT '0' NOT NULL, host_tier_tokens INTEGER DEFAULT '0' NOT NULL,\n  disk_tier_tokens "
+    "INTEGER DEFAULT '0' NOT NULL, PRIMARY KEY (request_id));",
+).replace("PRAGMA user_version = 3;", "PRAGMA user_version = 4;")
+
 # Tables whose records have no natural key get a leading INTEGER `id`.
 SURROGATE_KEYED = {"worker_samples", "gpu_samples", "events", "bench_runs"}
 
@@ -114,10 +121,10 @@ def test_fresh_store_pragmas(tmp_path):
     db.close()
 
 
-def test_fresh_layout_is_v3(tmp_path):
-    assert V3_DDL.count("DEFAULT '0'") == 3
+def test_fresh_layout_is_v4(tmp_path):
+    assert V4_DDL.count("DEFAULT '0'") == 5
     expected = sqlite3.connect(tmp_path / "expected.db")
-    expected.executescript(V3_DDL)
+    expected.executescript(V4_DDL)
     db = open_db(tmp_path / "fleet.db")
     assert layout(db.conn) == layout(expected)
     db.close()
@@ -190,3 +197,24 @@ def test_newer_file_is_refused(tmp_path):
     conn.close()
     with pytest.raises(StoreVersionError, match="schema version"):
         open_db(path)
+
+
+def test_v3_file_gets_the_tier_columns(tmp_path):
+    path = tmp_path / "v3.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(V3_DDL)
+    conn.execute(
+        "INSERT INTO requests (request_id, ts, queue_s, prefill_s, handoff_bytes, handoff_s, ttft_s, decode_s, e2e_s, "
+        "prompt_tokens, output_tokens, outcome, prefill_model_s, decode_model_s, prefill_cached_tokens) VALUES ('r', "
+        "1, 0, 0.1, 0, 0, 0.1, 1, 1.1, 40, 8, 'ok', 0.1, 1, 32)"
+    )
+    conn.commit()
+    conn.close()
+    db = open_db(path)
+    assert schema_version(db.conn) == SCHEMA_VERSION
+    row = next(db.query("SELECT * FROM requests"))
+    assert (row["prefill_cached_tokens"], row["host_tier_tokens"], row["disk_tier_tokens"]) == (32, 0, 0)
+    fresh = open_db(tmp_path / "fresh.db")
+    assert layout(db.conn) == layout(fresh.conn)
+    db.close()
+    fresh.close()

@@ -28,6 +28,9 @@ _DISABLING = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES)
 
 @dataclass
 class TierStats:
+    """One process's counts for one tier since it opened it (`/metrics` takes their growth), and the tier's
+    size as this process last measured it."""
+
     hits: int = 0
     misses: int = 0
     corrupt: int = 0  # records refused (and deleted) on read
@@ -35,6 +38,10 @@ class TierStats:
     evictions: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
+    read_s: float = 0.0  # spent reading and checking the records hit (bytes_read / read_s: the read bandwidth)
+    write_s: float = 0.0  # spent writing records (the background writer's time)
+    used_bytes: int = 0  # the records the tier held at its last write or eviction scan (every process's)
+    capacity_bytes: int = 0
 
 
 @dataclass
@@ -48,8 +55,10 @@ class FileTier:
     def __post_init__(self) -> None:
         self._names = itertools.count()
         self._last_ns = 0
+        self.stats.capacity_bytes = self.max_bytes
         try:
             self.root.mkdir(parents=True, exist_ok=True)
+            self.stats.used_bytes = self.usage()
         except OSError as exc:
             self.disabled = f"cannot create {self.root}: {exc.strerror}"
 
@@ -61,6 +70,7 @@ class FileTier:
         if self.disabled:
             return None
         path = self.path(digest)
+        started = time.perf_counter()
         try:
             data = path.read_bytes()
             block = decode(data, digest)
@@ -76,6 +86,7 @@ class FileTier:
             self._touch(path)
         self.stats.hits += 1
         self.stats.bytes_read += len(data)
+        self.stats.read_s += time.perf_counter() - started
         return block
 
     def __contains__(self, digest: bytes) -> bool:
@@ -96,6 +107,7 @@ class FileTier:
                 self._touch(path)
             return []
         scratch = self._scratch(digest)
+        started = time.perf_counter()
         try:
             fault_point("tier-write", self.name)
             with open(scratch, "wb") as out:
@@ -109,6 +121,7 @@ class FileTier:
             return []
         self.stats.writes += 1
         self.stats.bytes_written += len(record)
+        self.stats.write_s += time.perf_counter() - started
         return self._evict_to_bound(keep=path)
 
     def usage(self) -> int:
@@ -158,4 +171,5 @@ class FileTier:
             finally:
                 claimed.unlink(missing_ok=True)
         self.stats.evictions += len(evicted)
+        self.stats.used_bytes = total
         return evicted

@@ -20,6 +20,9 @@ def test_a_stored_block_reads_back_and_counts(tmp_path: Path) -> None:
     assert tier.get(stored.digest) == stored and stored.digest in tier
     assert (tier.stats.hits, tier.stats.misses, tier.stats.writes) == (1, 1, 1)
     assert tier.stats.bytes_read == tier.stats.bytes_written == len(stored.encode()) == tier.usage()
+    assert tier.stats.read_s > 0 and tier.stats.write_s > 0  # the time behind each, for the tier's bandwidth
+    assert (tier.stats.used_bytes, tier.stats.capacity_bytes) == (tier.usage(), 10 << 20)
+    assert FileTier("disk", tmp_path / "tier", 10 << 20).stats.used_bytes == tier.usage()  # opened again: counted
 
 
 @pytest.mark.parametrize("damage", [lambda data: data[: len(data) // 2], lambda data: data[:-1] + b"\0"],
@@ -47,7 +50,7 @@ def test_the_bound_holds_and_the_least_recently_used_go_first(tmp_path: Path) ->
     assert decode(evicted[0][1], block(1).digest) == block(1)  # handed back whole, for the tier below
     for n in range(4, 12):
         tier.put(block(n))
-        assert tier.usage() <= 3 * size
+        assert tier.usage() <= 3 * size and tier.stats.used_bytes == tier.usage()
     assert block(11).digest in tier and block(1).digest not in tier
 
 
