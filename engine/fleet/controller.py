@@ -249,6 +249,10 @@ class Fleet:
     def rebalance(self, split: str, force: bool = False, via: str | None = None) -> Operation:
         return self.rebalancer.start(split, force, via)
 
+    def elastic_devices(self, limit: int | None = None) -> list[str] | None:
+        """The live and free devices an elastic plan lays layouts over (`limit` at most); None with no free one."""
+        return self.rebalancer.elastic_devices(limit)
+
     # ---- what operations ask of the controller (runner.WorkerHost) ----------------------------
 
     def check_device(self, device: str) -> None:

@@ -42,7 +42,7 @@ def plan_router(fleet: Fleet) -> APIRouter:
         workers = [LiveWorker(v.worker_id, v.role, v.device) for v in fleet.views.values()
                    if v.state in (WorkerState.RUNNING, WorkerState.DRAINING)]
         settings = fleet.config.autoplan
-        pool = None if devices else fleet.rebalancer.elastic_devices(settings.max_workers if settings else None)
+        pool = None if devices else fleet.elastic_devices(settings.max_workers if settings else None)
         try:
             request = PlanRequest(Slo.parse(slo_ttft, slo_tpot), ",".join(pool) if pool else devices,
                                   limits=EngineLimits(engine.max_num_seqs, engine.max_num_batched_tokens),

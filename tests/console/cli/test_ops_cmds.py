@@ -35,7 +35,8 @@ def worker(url: str, wid: str) -> dict:
 def test_pool_change_commands_print_their_results(url: str) -> None:
     started = fleetctl("start", "--role", "decode", "--device", "cpu:3", "--url", url)
     assert started.exit_code == 0, started.stderr
-    assert re.fullmatch(r"decode-2 started on cpu:3 \(pid \d+\) in \d+\.\d s\n", started.stdout)
+    assert re.fullmatch(r"decode-2 started on cpu:3 \(pid \d+\) in \d+\.\d s, \d+\.\d s of it loading the model\n",
+                        started.stdout)
     drained = fleetctl("drain", "decode-2", "--url", url, "--json")
     assert drained.exit_code == 0 and json.loads(drained.stdout)["sessions_finished"] == 0
     assert worker(url, "decode-2")["state"] == "draining"
