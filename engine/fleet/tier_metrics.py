@@ -25,6 +25,7 @@ class TierMetrics:
                           ["tier"], registry=registry)
         self.capacity = Gauge("fleet_kv_tier_capacity_bytes", "A KV tier's bound", ["tier"], registry=registry)
         self._seen: dict[tuple[int | None, str], TierStats] = {}  # (pid, tier) -> its last report
+        self._used_at: dict[str, float] = {}  # tier -> when the occupancy shown was measured
 
     def on_report(self, view: WorkerView, io: dict[str, TierStats]) -> None:
         for tier, now in io.items():
@@ -36,5 +37,7 @@ class TierMetrics:
                                    (self.write_seconds, now.write_s - before.write_s)):
                 if grown > 0:
                     counter.labels(tier=tier, worker=view.worker_id).inc(grown)
-            self.used.labels(tier=tier).set(now.used_bytes)
+            if now.used_at >= self._used_at.get(tier, 0.0):  # a process that only reads measured long ago
+                self._used_at[tier] = now.used_at
+                self.used.labels(tier=tier).set(now.used_bytes)
             self.capacity.labels(tier=tier).set(now.capacity_bytes)

@@ -107,3 +107,19 @@ def test_tier_io_counts_what_grew_per_process_and_the_tiers_occupancy() -> None:
     worker.pid = 101  # restarted
     stats.on_step(worker, replace(report(4.0, 0.1, 1, 1), tier_io=io(70, 0, 0.01, 460)))
     assert sample("fleet_kv_tier_read_bytes_total", tier="host", worker="decode-1") == 170
+
+
+def test_a_tiers_occupancy_is_its_freshest_measurement_whichever_process_reports_last() -> None:
+    """A worker that only reads a tier last measured it when it opened it: its report must not hide what a
+    writer measured since."""
+    stats, reader, writer = FleetStats(), view(), view()
+    reader.pid, writer.pid = 100, 101
+
+    def io(used: int, at: float) -> dict[str, TierStats]:
+        return {"host": TierStats(used_bytes=used, used_at=at, capacity_bytes=1000)}
+
+    stats.on_step(writer, replace(report(1.0, 0.1, 1, 1), tier_io=io(640, at=20.0)))
+    stats.on_step(reader, replace(report(2.0, 0.1, 1, 1), tier_io=io(0, at=10.0)))
+    assert stats.registry.get_sample_value("fleet_kv_tier_used_bytes", {"tier": "host"}) == 640
+    stats.on_step(reader, replace(report(3.0, 0.1, 1, 1), tier_io=io(320, at=30.0)))
+    assert stats.registry.get_sample_value("fleet_kv_tier_used_bytes", {"tier": "host"}) == 320

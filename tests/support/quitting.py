@@ -35,8 +35,16 @@ def running(processes: Sequence[psutil.Process]) -> list[psutil.Process]:
 def left_behind(processes: Sequence[psutil.Process]) -> list[str]:
     """What of `processes` still runs, and the handoff buffers any of them (as a fleet) left, as text."""
     pids = {process.pid for process in processes}
-    return ([f"pid {p.pid}: {' '.join(p.cmdline()[-4:])}" for p in running(processes)]
+    return ([line for p in running(processes) if (line := _described(p))]
             + [str(b.path) for b in buffers(SHM_DIR) if b.fleet_pid in pids])
+
+
+def _described(process: psutil.Process) -> str | None:
+    """`process` as a line, or None when it ended since it was seen running (a zombie has no command line)."""
+    try:
+        return f"pid {process.pid}: {' '.join(process.cmdline()[-4:])}"
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
 
 
 def seconds_until_all_gone(processes: Sequence[psutil.Process], since: float, timeout: float,

@@ -41,6 +41,7 @@ class TierStats:
     read_s: float = 0.0  # spent reading and checking the records hit (bytes_read / read_s: the read bandwidth)
     write_s: float = 0.0  # spent writing records (the background writer's time)
     used_bytes: int = 0  # the records the tier held at its last write or eviction scan (every process's)
+    used_at: float = 0.0  # when this process measured used_bytes (time.time): the freshest process's count wins
     capacity_bytes: int = 0
 
 
@@ -58,7 +59,7 @@ class FileTier:
         self.stats.capacity_bytes = self.max_bytes
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            self.stats.used_bytes = self.usage()
+            self._measured(self.usage())
         except OSError as exc:
             self.disabled = f"cannot create {self.root}: {exc.strerror}"
 
@@ -128,6 +129,9 @@ class FileTier:
         """Bytes of the records this tier holds now."""
         return sum(size for _, size, _ in self._records())
 
+    def _measured(self, used_bytes: int) -> None:
+        self.stats.used_bytes, self.stats.used_at = used_bytes, time.time()
+
     def _touch(self, path: Path) -> None:
         """Recency for the LRU: the file's mtime set from the nanosecond clock (the kernel stamps files from a
         coarse one, a few milliseconds a tick, which would leave blocks written together in no order)."""
@@ -171,5 +175,5 @@ class FileTier:
             finally:
                 claimed.unlink(missing_ok=True)
         self.stats.evictions += len(evicted)
-        self.stats.used_bytes = total
+        self._measured(total)
         return evicted
