@@ -141,53 +141,48 @@ def test_tables_hold_exactly_the_record_columns(tmp_path):
     db.close()
 
 
-def test_v1_file_is_upgraded_in_place(tmp_path):
-    assert len(MIGRATIONS) == SCHEMA_VERSION - 1  # one step per version after the first
+def _upgraded(tmp_path, ddl: str, *inserts: str):
+    """A file made by an older schema's `ddl` holding `inserts`, opened (and so upgraded): the open store, checked to
+    be at the current version and laid out exactly as a fresh file."""
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
-    conn.executescript(V1_DDL)
-    conn.execute(
-        "INSERT INTO worker_samples (ts, worker_id, role, busy, steps, prefill_tokens, decode_tokens, flops, bytes, "
-        "mfu, mbu, batch_size, kv_usage, queue) VALUES (100, 'decode-0', 'decode', 0.5, 3, 0, 24, 7, 9, 0.1, 0.2, "
-        "8, 0.3, 1)"
-    )
-    conn.execute(
-        "INSERT INTO gpu_samples (ts, device_index, sm_util, mem_util, mem_used_bytes) VALUES (1, 0, 0.5, 0.4, 9)"
-    )
+    conn.executescript(ddl)
+    for insert in inserts:
+        conn.execute(insert)
     conn.commit()
     conn.close()
-
     db = open_db(path)
     assert schema_version(db.conn) == SCHEMA_VERSION
+    fresh = open_db(tmp_path / "fresh.db")
+    assert layout(db.conn) == layout(fresh.conn)
+    fresh.close()
+    return db
+
+
+def test_v1_file_is_upgraded_in_place(tmp_path):
+    assert len(MIGRATIONS) == SCHEMA_VERSION - 1  # one step per version after the first
+    db = _upgraded(
+        tmp_path, V1_DDL,
+        "INSERT INTO worker_samples (ts, worker_id, role, busy, steps, prefill_tokens, decode_tokens, flops, bytes, "
+        "mfu, mbu, batch_size, kv_usage, queue) VALUES (100, 'decode-0', 'decode', 0.5, 3, 0, 24, 7, 9, 0.1, 0.2, "
+        "8, 0.3, 1)",
+        "INSERT INTO gpu_samples (ts, device_index, sm_util, mem_util, mem_used_bytes) VALUES (1, 0, 0.5, 0.4, 9)")
     row = next(db.query("SELECT * FROM worker_samples"))
     assert row["interval_s"] == 1.0 and row["decode_tokens"] == 24 and row["flops"] == 7
     assert next(db.query("SELECT interval_s FROM gpu_samples"))["interval_s"] == 1.0
-    fresh = open_db(tmp_path / "fresh.db")
-    assert layout(db.conn) == layout(fresh.conn)
     db.close()
-    fresh.close()
 
 
 def test_v2_file_gets_the_prefix_cache_columns(tmp_path):
-    path = tmp_path / "v2.db"
-    conn = sqlite3.connect(path)
-    conn.executescript(V2_DDL)
-    conn.execute(
+    db = _upgraded(
+        tmp_path, V2_DDL,
         "INSERT INTO requests (request_id, ts, queue_s, prefill_s, handoff_bytes, handoff_s, ttft_s, decode_s, e2e_s, "
         "prompt_tokens, output_tokens, outcome, prefill_model_s, decode_model_s) VALUES ('r', 1, 0, 0.1, 0, 0, 0.1, "
-        "1, 1.1, 40, 8, 'ok', 0.1, 1)"
-    )
-    conn.commit()
-    conn.close()
-    db = open_db(path)
-    assert schema_version(db.conn) == SCHEMA_VERSION
+        "1, 1.1, 40, 8, 'ok', 0.1, 1)")
     row = next(db.query("SELECT * FROM requests"))
     assert (row["prompt_tokens"], row["prefill_cached_tokens"], row["prefill_computed_tokens"],
             row["local_prefill"]) == (40, 0, 0, 0)
-    fresh = open_db(tmp_path / "fresh.db")
-    assert layout(db.conn) == layout(fresh.conn)
     db.close()
-    fresh.close()
 
 
 def test_newer_file_is_refused(tmp_path):
@@ -200,21 +195,11 @@ def test_newer_file_is_refused(tmp_path):
 
 
 def test_v3_file_gets_the_tier_columns(tmp_path):
-    path = tmp_path / "v3.db"
-    conn = sqlite3.connect(path)
-    conn.executescript(V3_DDL)
-    conn.execute(
+    db = _upgraded(
+        tmp_path, V3_DDL,
         "INSERT INTO requests (request_id, ts, queue_s, prefill_s, handoff_bytes, handoff_s, ttft_s, decode_s, e2e_s, "
         "prompt_tokens, output_tokens, outcome, prefill_model_s, decode_model_s, prefill_cached_tokens) VALUES ('r', "
-        "1, 0, 0.1, 0, 0, 0.1, 1, 1.1, 40, 8, 'ok', 0.1, 1, 32)"
-    )
-    conn.commit()
-    conn.close()
-    db = open_db(path)
-    assert schema_version(db.conn) == SCHEMA_VERSION
+        "1, 0, 0.1, 0, 0, 0.1, 1, 1.1, 40, 8, 'ok', 0.1, 1, 32)")
     row = next(db.query("SELECT * FROM requests"))
     assert (row["prefill_cached_tokens"], row["host_tier_tokens"], row["disk_tier_tokens"]) == (32, 0, 0)
-    fresh = open_db(tmp_path / "fresh.db")
-    assert layout(db.conn) == layout(fresh.conn)
     db.close()
-    fresh.close()
