@@ -1,9 +1,14 @@
-"""Weight-only quantized linear layers: int8 per output channel, int4 in groups along the input dimension.
+"""Weight-only quantized linear layers: int8 per output channel, int4 in groups along the input dimension, and
+8-bit codes in groups of 32 held as two int4 halves (int8-split).
 
 The products run in torch's own weight-only kernels, never a hand-written matmul:
 - int8: `aten._weight_int8pack_mm(x, q [N, K] int8, scales [N])`, w = q · scale (CPU and CUDA);
 - int4: `aten._weight_int4pack_mm_for_cpu` on a CPU and `aten._weight_int4pack_mm` (tinygemm) on CUDA, with
-  codes q in 0..15 and per group of `group_size` inputs a scale s and a zero z: w = (q − 8) · s + z.
+  codes q in 0..15 and per group of `group_size` inputs a scale s and a zero z: w = (q − 8) · s + z;
+- int8-split: w = q · d + m per group of 32, q in −128..127 (llama.cpp's Q8_0, Q5_0, Q5_1 and 4-bit blocks all
+  take this form). Torch has no grouped int8 kernel, so q = 16 · hi + lo (hi = q >> 4 in −8..7, lo = q & 15)
+  is held as two int4 layouts over the same inputs — hi with scale 16d and zero 0, lo with scale d and zero
+  8d + m — one int4 product over [x, x] and 2K inputs. Both halves are exact: w = 16d · hi + d · lo + m.
 
 That int4 form holds llama.cpp's 4-bit blocks in groups of 32: Q4_1 (w = d · q + m per 32) is s = d, z = m + 8d,
 Q4_0 (w = d · (q − 8)) is s = d, z = 0, and a Q4_K sub-block (w = d · sc · q − dmin · m) is s = d · sc,
@@ -22,12 +27,14 @@ from enum import StrEnum
 import torch
 
 INT4_GROUP_SIZES = (32, 64, 128)  # as engine/core/config says (kernels import nothing of the engine)
+SPLIT_GROUP = 32  # int8-split's group: a llama.cpp block
 _CUDA_INNER_K_TILES = 8  # tinygemm's tiling of K; needs K divisible by 16 · 8
 
 
 class QuantFormat(StrEnum):
     INT8 = "int8"
     INT4 = "int4"
+    INT8_SPLIT = "int8-split"  # 8-bit codes per group of 32 as two int4 halves (the int4 kernel over [x, x])
 
 
 class QuantizationError(ValueError):
@@ -44,6 +51,7 @@ class QuantizedWeight:
     group_size: int  # inputs sharing one scale: in_features for int8 (per channel)
     data: torch.Tensor  # int8: [N, K] int8; int4 CPU: [N, K/2] uint8; int4 CUDA: tinygemm's int32 tiles
     scales: torch.Tensor  # int8: [N]; int4: [K/group, N, 2] scale and zero, in the compute dtype
+    # int8-split: data and scales as int4's over 2K inputs (the hi codes of every input, then the lo codes)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -58,14 +66,23 @@ class QuantizedWeight:
         """Bytes one product reads: the codes and their scales (and zeros)."""
         return self.data.numel() * self.data.element_size() + self.scales.numel() * self.scales.element_size()
 
+    @property
+    def packed_features(self) -> int:
+        """Inputs the kernel multiplies over: 2K for int8-split (its two halves), K otherwise."""
+        return 2 * self.in_features if self.format is QuantFormat.INT8_SPLIT else self.in_features
+
     def dequantize(self) -> torch.Tensor:
         """The float32 weight [N, K] this layout multiplies by (tests; the reference dequantization)."""
         if self.format is QuantFormat.INT8:
             return self.data.float() * self.scales.float()[:, None]
-        codes = unpack_int4(self).float()  # [N, K]
-        scale = self.scales[..., 0].float().T.repeat_interleave(self.group_size, dim=1)  # [N, K]
+        codes = unpack_int4(self).float()  # [N, packed_features]
+        scale = self.scales[..., 0].float().T.repeat_interleave(self.group_size, dim=1)
         zero = self.scales[..., 1].float().T.repeat_interleave(self.group_size, dim=1)
-        return (codes - 8) * scale + zero
+        weight = (codes - 8) * scale + zero
+        if self.format is QuantFormat.INT8_SPLIT:
+            high, low = weight.split(self.in_features, dim=1)
+            return high + low
+        return weight
 
 
 def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
@@ -94,6 +111,33 @@ def round_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, tor
     return codes.to(torch.uint8), scales, low + 8 * scales
 
 
+def round_int8_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Round-to-nearest, symmetric, per group of 32 inputs (as llama.cpp's Q8_0): codes [N, K] int16 in
+    −127..127, scales and offsets (zero) [N, K/32] float32, for `int8_split`."""
+    rows, cols = weight.shape
+    _check_int4_shape(cols, SPLIT_GROUP)
+    groups = weight.float().reshape(rows, cols // SPLIT_GROUP, SPLIT_GROUP)
+    scales = (groups.abs().amax(dim=2) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+    codes = torch.round(groups / scales[..., None]).clamp(-127, 127).reshape(rows, cols)
+    return codes.to(torch.int16), scales, torch.zeros_like(scales)
+
+
+def int8_split(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, dtype: torch.dtype) -> QuantizedWeight:
+    """codes [N, K] integers in −128..127; scales, offsets [N, K/32] float32: w = code · scale + offset per group
+    of 32 inputs, as two int4 halves whose scales and zeros are computed in float32, then kept in `dtype` (the
+    dtype the layer computes in)."""
+    rows, cols = codes.shape
+    if scales.shape != (rows, cols // SPLIT_GROUP) or offsets.shape != scales.shape:
+        raise QuantizationError(f"int8 scales {tuple(scales.shape)} do not fit codes {tuple(codes.shape)} "
+                                f"in groups of {SPLIT_GROUP}")
+    codes, scales, offsets = codes.to(torch.int32), scales.float(), offsets.float()
+    high, low = (codes >> 4) + 8, codes & 15  # codes = 16 · (high − 8) + low
+    halves = int4_from_codes(torch.cat([high, low], dim=1).to(torch.uint8),
+                             torch.cat([16 * scales, scales], dim=1).to(dtype),
+                             torch.cat([torch.zeros_like(offsets), 8 * scales + offsets], dim=1).to(dtype), SPLIT_GROUP)
+    return replace(halves, format=QuantFormat.INT8_SPLIT, in_features=cols)
+
+
 def int4_from_codes(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> QuantizedWeight:
     """codes [N, K] in 0..15; scales, zeros [N, K/group] in the compute dtype: w = (code − 8) · scale + zero."""
     rows, cols = codes.shape
@@ -111,11 +155,12 @@ def int4_from_codes(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
 
 
 def unpack_int4(weight: QuantizedWeight) -> torch.Tensor:
-    """The codes [N, K] (int32, 0..15) of an int4 weight, recovered by multiplying the identity."""
+    """The codes [N, packed_features] (int32, 0..15) of an int4 or int8-split weight, recovered by multiplying
+    the identity."""
     dtype = torch.bfloat16 if weight.device.type == "cuda" else torch.float32  # tinygemm computes in bf16 only
-    eye = torch.eye(weight.in_features, dtype=dtype, device=weight.device)
+    eye = torch.eye(weight.packed_features, dtype=dtype, device=weight.device)
     unit = torch.stack([torch.ones_like(weight.scales[..., 0]), torch.full_like(weight.scales[..., 0], 8)], dim=-1)
-    ones = replace(weight, scales=unit.to(dtype))
+    ones = replace(weight, format=QuantFormat.INT4, in_features=weight.packed_features, scales=unit.to(dtype))
     return linear(eye, ones).T.round().to(torch.int32)  # (q − 8) · 1 + 8 = q: small integers, exact
 
 
@@ -126,6 +171,8 @@ def linear(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
     x = x.contiguous()
     if weight.format is QuantFormat.INT8:
         return torch.ops.aten._weight_int8pack_mm(x, weight.data, weight.scales)
+    if weight.format is QuantFormat.INT8_SPLIT:
+        x = torch.cat([x, x], dim=-1)  # [T, 2K]: the high halves' inputs, then the low halves'
     if weight.device.type == "cuda":
         return torch.ops.aten._weight_int4pack_mm(x, weight.data, weight.group_size, weight.scales)
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight.data, weight.group_size, weight.scales)

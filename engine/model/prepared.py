@@ -29,6 +29,9 @@ from fleetctl.kernels.quantized_linear import QuantFormat, QuantizedWeight
 
 LAYER_FIELDS = [f.name for f in fields(LayerWeights)]
 BUILD_TIMEOUT_S = 600.0  # a slow disk converting a large model; waiters then fall back to plain copies
+# part of every cache key: bumped whenever a layout is built differently, so no file of the old build is mapped
+# (2: a non-llama GGUF's 4-bit Q/K blocks had been un-permuted as llama's)
+LAYOUT_VERSION = 2
 
 
 def weights_key(model_dir: Path) -> str:
@@ -42,7 +45,7 @@ def weights_key(model_dir: Path) -> str:
 
 def cache_path(model_dir: Path, dtype: torch.dtype, layout: str = "none") -> Path:
     """`layout` is `quantize.weight_source`'s name for the weight format (none: the dense weights)."""
-    key = hashlib.sha256(f"{weights_key(model_dir)}|{model_dir.resolve()}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{weights_key(model_dir)}|{model_dir.resolve()}|{LAYOUT_VERSION}".encode()).hexdigest()[:16]
     dtype_name = str(dtype).removeprefix("torch.")
     suffix = "" if layout == "none" else f"-{layout}"
     return fleet_home() / "cache" / "weights" / f"{model_dir.name}-{key}-{dtype_name}{suffix}.safetensors"
@@ -71,9 +74,11 @@ def _unflatten(flat: dict[str, torch.Tensor], metadata: dict[str, str], num_laye
             return flat.get(key)
         data, scales = _aligned(flat[f"{key}.data"]), _aligned(flat[f"{key}.scales"])
         fmt, group_size = QuantFormat(metadata["format"]), int(metadata["group_size"])
-        rows = scales.shape[0] if fmt is QuantFormat.INT8 else scales.shape[1]
-        cols = data.shape[1] if fmt is QuantFormat.INT8 else scales.shape[0] * group_size
-        return QuantizedWeight(fmt, rows, cols, group_size, data, scales)
+        if fmt is QuantFormat.INT8:
+            return QuantizedWeight(fmt, scales.shape[0], data.shape[1], group_size, data, scales)
+        packed_cols = scales.shape[0] * group_size  # int8-split packs its two halves over twice its inputs
+        cols = packed_cols // 2 if fmt is QuantFormat.INT8_SPLIT else packed_cols
+        return QuantizedWeight(fmt, scales.shape[1], cols, group_size, data, scales)
 
     layers = [LayerWeights(**{name: field(f"layers.{i}.{name}") for name in LAYER_FIELDS}) for i in range(num_layers)]
     embed = flat["embed"]

@@ -6,14 +6,18 @@ norms, the lm_head (tied to the embedding in most small models) and the KV cache
 int4 in groups of 32 (the 4-bit blocks' size) comes from a pulled model's own GGUF where that GGUF ships a
 layer matrix in a 4-bit block type (Q4_0, Q4_1, Q4_K): the engine then multiplies by the very weights the file
 ships. A matrix shipped in another type (a Q4_K_M file's Q6_K attn_v and ffn_down, a Q8_0) is rounded to nearest
-from the model's float weights, part by part of a fused matrix. Any other directory, or another group size, is
-quantized round-to-nearest from the float weights throughout (`kernels/quantized_linear`).
+from the model's float weights, part by part of a fused matrix. Likewise int8 from a GGUF that ships layer
+matrices in 5- or 8-bit blocks (Q8_0, Q5_0, Q5_1): those blocks and any 4-bit ones as shipped, in int8-split
+(8-bit codes per group of 32, as the file has them), a Q6_K part rounded to nearest in groups of 32. Any other
+directory, or another group size, is quantized round-to-nearest from the float weights throughout, int8 per
+output channel (`kernels/quantized_linear`).
 """
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import gguf
 import torch
@@ -21,15 +25,27 @@ import torch
 from fleetctl.domain import Quantization
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.decoder import Matrix, ModelWeights
-from fleetctl.engine.model.gguf_blocks import BLOCK, INT4_TYPES, Int4Blocks, read_int4_blocks, source_gguf
+from fleetctl.engine.model.gguf_blocks import (
+    BLOCK,
+    INT4_TYPES,
+    INT8_TYPES,
+    Int4Blocks,
+    Int8Blocks,
+    read_int4_blocks,
+    read_int8_blocks,
+    source_gguf,
+)
+from fleetctl.engine.model.gguf_params import field
 from fleetctl.engine.model.weight_errors import WeightLoadError
 from fleetctl.kernels.quantized_linear import (
     QuantizationError,
     QuantizedWeight,
     int4_from_codes,
+    int8_split,
     quantize_int4,
     quantize_int8,
     round_int4,
+    round_int8_groups,
 )
 
 # the GGUF tensors behind each fused matrix of a layer, in the order they are stacked
@@ -37,24 +53,39 @@ _GGUF_PARTS = {"qkv": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",)
                "down": ("ffn_down",)}
 MATRICES = tuple(_GGUF_PARTS)
 AUTO_INT4_SHARE = 0.75  # auto is int4 when the GGUF ships at least this share of the layer weights in 4 bits
+SPLIT_TYPES = {**INT4_TYPES, **INT8_TYPES}  # what int8-split holds exactly
+Blocks = TypeVar("Blocks", Int4Blocks, Int8Blocks)
+Matrices = Mapping[str, gguf.ReaderTensor]
+
+
+@dataclass(frozen=True)
+class GGUFMatrices:
+    """A kept GGUF's layer matrices by name, and whether it stores Q/K rows in llama.cpp's RoPE order (it does
+    for its `llama` architecture only)."""
+
+    tensors: Matrices
+    rotary_permuted: bool = False
 
 
 def resolve_quantization(asked: Quantization, model_dir: Path) -> Quantization:
     if asked is not Quantization.AUTO:
         return asked
-    matrices = _gguf_layer_matrices(model_dir)
-    return Quantization.INT4 if matrices is not None and _shipped_share(matrices) >= AUTO_INT4_SHARE else \
+    matrices = _gguf_layer_matrices(model_dir).tensors
+    return Quantization.INT4 if matrices and _shipped_share(matrices, INT4_TYPES) >= AUTO_INT4_SHARE else \
         Quantization.NONE
 
 
 def weight_source(quantization: Quantization, group_size: int, model_dir: Path) -> str:
     """Names the layout for caches and salts: `none`, `int8`, `int4-g64`, `int4-gguf` (every layer matrix as the
-    GGUF ships it) or `int4-gguf-mixed` (its 4-bit ones as shipped, the others rounded to nearest)."""
+    GGUF ships it) or `int4-gguf-mixed` (its 4-bit ones as shipped, the others rounded to nearest); `int8-gguf`
+    and `int8-gguf-mixed` likewise for a GGUF that ships layer matrices in 5- or 8-bit blocks (int8-split)."""
+    matrices = _gguf_layer_matrices(model_dir).tensors
     if quantization is Quantization.INT4:
-        matrices = _gguf_layer_matrices(model_dir) if group_size == BLOCK else None
-        if matrices is not None:
-            return "int4-gguf" if _shipped_share(matrices) == 1 else "int4-gguf-mixed"
+        if group_size == BLOCK and _ships(matrices, INT4_TYPES):
+            return "int4-gguf" if _shipped_share(matrices, INT4_TYPES) == 1 else "int4-gguf-mixed"
         return f"int4-g{group_size}"
+    if quantization is Quantization.INT8 and _ships(matrices, INT8_TYPES):
+        return "int8-gguf" if _shipped_share(matrices, SPLIT_TYPES) == 1 else "int8-gguf-mixed"
     return quantization.value
 
 
@@ -71,36 +102,60 @@ def _quantized(weights: ModelWeights, quantization: Quantization, group_size: in
                config: ModelConfig) -> ModelWeights:
     if quantization is Quantization.NONE:
         return weights
+    matrices = _gguf_layer_matrices(model_dir)
     if quantization is Quantization.INT8:
-        return _map_matrices(weights, lambda _i, _name, w: quantize_int8(w))
-    matrices = _gguf_layer_matrices(model_dir) if group_size == BLOCK else None
-    if matrices is None:
-        return _map_matrices(weights, lambda _i, _name, w: quantize_int4(w, group_size))
-    heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads}
+        if not _ships(matrices.tensors, INT8_TYPES):
+            return _map_matrices(weights, lambda _i, _name, w: quantize_int8(w))
 
-    def from_gguf(index: int, name: str, dense: torch.Tensor) -> QuantizedWeight:
-        """Each part of the fused matrix from its shipped 4-bit blocks, else rounded from its rows of `dense`."""
-        parts, start = [], 0
-        for part in _GGUF_PARTS[name]:
-            key = f"blk.{index}.{part}.weight"
-            tensor = matrices.get(key)
-            if tensor is None:
-                raise QuantizationError(f"the GGUF has no {key}")
-            cols, rows = (int(d) for d in tensor.shape)  # GGUF dims run innermost first
-            if cols != dense.shape[1]:
-                raise QuantizationError(f"GGUF tensor {key} has {cols} inputs, the weights {dense.shape[1]}")
-            if tensor.tensor_type in INT4_TYPES:
-                parts.append(read_int4_blocks(tensor, heads.get(part)).to(dense.device))
-            else:
-                parts.append(Int4Blocks(*round_int4(dense[start:start + rows], BLOCK)))
-            start += rows
+        def int8_from_gguf(index: int, name: str, dense: torch.Tensor) -> QuantizedWeight:
+            parts = _gguf_parts(matrices, config, index, name, dense, SPLIT_TYPES, read_int8_blocks,
+                                lambda rows: Int8Blocks(*round_int8_groups(rows)))
+            blocks = Int8Blocks.stacked(parts)
+            _check_blocks(blocks.codes, dense, index, name)
+            return int8_split(blocks.codes, blocks.scales, blocks.offsets, dense.dtype)
+
+        return _map_matrices(weights, int8_from_gguf)
+    if group_size != BLOCK or not _ships(matrices.tensors, INT4_TYPES):
+        return _map_matrices(weights, lambda _i, _name, w: quantize_int4(w, group_size))
+
+    def int4_from_gguf(index: int, name: str, dense: torch.Tensor) -> QuantizedWeight:
+        parts = _gguf_parts(matrices, config, index, name, dense, INT4_TYPES, read_int4_blocks,
+                            lambda rows: Int4Blocks(*round_int4(rows, BLOCK)))
         blocks = Int4Blocks.stacked(parts)
-        if blocks.codes.shape != dense.shape:
-            raise QuantizationError(f"GGUF blocks of layer {index} {name} are {tuple(blocks.codes.shape)}, "
-                                    f"the weights {tuple(dense.shape)}")
+        _check_blocks(blocks.codes, dense, index, name)
         return int4_from_codes(blocks.codes, blocks.scales.to(dense.dtype), blocks.zeros.to(dense.dtype), BLOCK)
 
-    return _map_matrices(weights, from_gguf)
+    return _map_matrices(weights, int4_from_gguf)
+
+
+def _gguf_parts(matrices: GGUFMatrices, config: ModelConfig, index: int, name: str, dense: torch.Tensor,
+                shipped: Mapping[gguf.GGMLQuantizationType, object],
+                read: Callable[[gguf.ReaderTensor, int | None], Blocks],
+                rounded: Callable[[torch.Tensor], Blocks]) -> list[Blocks]:
+    """Each part of layer `index`'s fused matrix `name` from its blocks where the GGUF ships it in a `shipped`
+    type, else rounded to nearest from its rows of `dense` [N, K]."""
+    heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads} if matrices.rotary_permuted else {}
+    parts, start = [], 0
+    for part in _GGUF_PARTS[name]:
+        key = f"blk.{index}.{part}.weight"
+        tensor = matrices.tensors.get(key)
+        if tensor is None:
+            raise QuantizationError(f"the GGUF has no {key}")
+        cols, rows = (int(d) for d in tensor.shape)  # GGUF dims run innermost first
+        if cols != dense.shape[1]:
+            raise QuantizationError(f"GGUF tensor {key} has {cols} inputs, the weights {dense.shape[1]}")
+        if tensor.tensor_type in shipped:
+            parts.append(read(tensor, heads.get(part)).to(dense.device))
+        else:
+            parts.append(rounded(dense[start:start + rows]))
+        start += rows
+    return parts
+
+
+def _check_blocks(codes: torch.Tensor, dense: torch.Tensor, index: int, name: str) -> None:
+    if codes.shape != dense.shape:
+        raise QuantizationError(f"GGUF blocks of layer {index} {name} are {tuple(codes.shape)}, "
+                                f"the weights {tuple(dense.shape)}")
 
 
 def _map_matrices(weights: ModelWeights, convert: Callable[[int, str, torch.Tensor], Matrix]) -> ModelWeights:
@@ -109,26 +164,31 @@ def _map_matrices(weights: ModelWeights, convert: Callable[[int, str, torch.Tens
     return replace(weights, layers=layers)
 
 
-def _gguf_layer_matrices(model_dir: Path) -> Mapping[str, gguf.ReaderTensor] | None:
-    """The kept GGUF's layer matrices by name when it ships any in a 4-bit block type; None otherwise."""
+def _gguf_layer_matrices(model_dir: Path) -> GGUFMatrices:
+    """The kept GGUF's layer matrices (none without a kept GGUF)."""
     path = source_gguf(model_dir)
     if path is None:
-        return None
+        return GGUFMatrices({})
     stat = path.stat()
     return _read_layer_matrices(path.resolve(), stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=2)
-def _read_layer_matrices(path: Path, _mtime_ns: int, _size: int) -> Mapping[str, gguf.ReaderTensor] | None:
+def _read_layer_matrices(path: Path, _mtime_ns: int, _size: int) -> GGUFMatrices:
     """One read of a GGUF per version of the file for an engine's load (its format, cache name and layout all
     ask); the tensors' data stay memory-mapped while cached."""
     names = {part for parts in _GGUF_PARTS.values() for part in parts}
-    matrices = {t.name: t for t in gguf.GGUFReader(path).tensors
-                if t.name.startswith("blk.") and t.name.split(".")[2] in names}
-    return matrices if any(t.tensor_type in INT4_TYPES for t in matrices.values()) else None
+    reader = gguf.GGUFReader(path)
+    tensors = {t.name: t for t in reader.tensors if t.name.startswith("blk.") and t.name.split(".")[2] in names}
+    return GGUFMatrices(tensors, rotary_permuted=field(reader, "general.architecture") == "llama")
 
 
-def _shipped_share(matrices: Mapping[str, gguf.ReaderTensor]) -> float:
-    """The share of the layer matrices' weights that the GGUF ships in 4-bit blocks."""
-    shipped = sum(int(t.n_elements) for t in matrices.values() if t.tensor_type in INT4_TYPES)
+def _ships(matrices: Matrices, types: Mapping[gguf.GGMLQuantizationType, object]) -> bool:
+    """Whether any layer matrix ships in one of `types`."""
+    return any(t.tensor_type in types for t in matrices.values())
+
+
+def _shipped_share(matrices: Matrices, types: Mapping[gguf.GGMLQuantizationType, object]) -> float:
+    """The share of the layer matrices' weights that the GGUF ships in `types`."""
+    shipped = sum(int(t.n_elements) for t in matrices.values() if t.tensor_type in types)
     return shipped / sum(int(t.n_elements) for t in matrices.values())

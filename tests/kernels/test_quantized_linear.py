@@ -1,6 +1,6 @@
-"""Weight-only int8/int4 linear layers: layouts that round-trip exactly, products within the kernel's rounding of a
-float reference, round-to-nearest within half a step, one clear error for what a layout cannot take; and the CUDA
-path where there is a GPU."""
+"""Weight-only int8/int4/int8-split linear layers: layouts that round-trip exactly, products within the kernel's
+rounding of a float reference, round-to-nearest within half a step, one clear error for what a layout cannot take;
+and the CUDA path where there is a GPU."""
 
 import pytest
 import torch
@@ -10,10 +10,13 @@ from fleetctl.kernels import ops
 from fleetctl.kernels.quantized_linear import (
     QuantFormat,
     QuantizationError,
+    QuantizedWeight,
     int4_from_codes,
+    int8_split,
     linear,
     quantize_int4,
     quantize_int8,
+    round_int8_groups,
     unpack_int4,
 )
 
@@ -40,13 +43,37 @@ def test_int4_layout_round_trips_codes_scales_and_zeros_exactly(group: int, dtyp
     assert weight.nbytes == ROWS * COLS // 2 + 2 * ROWS * (COLS // group) * scales.element_size()
 
 
+def test_int8_split_layout_is_exactly_code_times_scale_plus_offset() -> None:
+    generator = torch.Generator().manual_seed(11)
+    codes = torch.randint(-128, 128, (ROWS, COLS), generator=generator)
+    scales = (torch.rand(ROWS, COLS // 32, generator=generator) / 16).half().float()  # a GGUF's fp16 d
+    offsets = (torch.randn(ROWS, COLS // 32, generator=generator) / 8).half().float()
+    weight = int8_split(codes, scales, offsets, torch.float32)
+    assert weight.format is QuantFormat.INT8_SPLIT and (weight.in_features, weight.packed_features) == (COLS, 2 * COLS)
+    high, low = unpack_int4(weight).split(COLS, dim=1)
+    assert torch.equal(16 * (high - 8) + low, codes.to(torch.int32))
+    expected = codes.float() * scales.repeat_interleave(32, 1) + offsets.repeat_interleave(32, 1)
+    assert torch.equal(weight.dequantize(), expected)
+    assert weight.nbytes == ROWS * COLS + 2 * 2 * ROWS * (COLS // 32) * 4  # a byte a weight; 2 scales, 2 zeros
+    with pytest.raises(QuantizationError, match="do not fit codes"):
+        int8_split(codes, scales[:, :4], offsets[:, :4], torch.float32)
+
+
+def _quantized(dense: torch.Tensor, fmt: QuantFormat) -> QuantizedWeight:
+    if fmt is QuantFormat.INT8:
+        return quantize_int8(dense)
+    if fmt is QuantFormat.INT8_SPLIT:
+        return int8_split(*round_int8_groups(dense), dense.dtype)
+    return quantize_int4(dense, 32)
+
+
 @pytest.mark.parametrize("fmt", list(QuantFormat))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [1, 5, 33])
 def test_linear_is_the_float_product_with_its_own_dequantized_weight(fmt: QuantFormat, dtype: torch.dtype,
                                                                       tokens: int) -> None:
     dense = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(tokens)).to(dtype)
-    weight = quantize_int8(dense) if fmt is QuantFormat.INT8 else quantize_int4(dense, 32)
+    weight = _quantized(dense, fmt)
     x = torch.randn(tokens, COLS, generator=torch.Generator().manual_seed(7)).to(dtype)
     out = linear(x, weight)
     assert out.shape == (tokens, ROWS) and out.dtype == dtype
@@ -66,6 +93,14 @@ def test_round_to_nearest_int4_is_within_half_a_step(group: int) -> None:
     weight = quantize_int4(dense, group)
     step = weight.scales[..., 0].T.repeat_interleave(group, 1)  # [N, K]
     assert ((weight.dequantize() - dense).abs() <= step / 2 + 1e-6).all()
+
+
+def test_round_to_nearest_int8_groups_is_within_half_a_step_per_group() -> None:
+    dense = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(4))
+    codes, scales, offsets = round_int8_groups(dense)
+    assert codes.abs().max() == 127 and not offsets.any()
+    step = scales.repeat_interleave(32, 1)
+    assert ((int8_split(codes, scales, offsets, torch.float32).dequantize() - dense).abs() <= step / 2 + 1e-6).all()
 
 
 def test_round_to_nearest_int8_is_within_half_a_step_per_channel() -> None:
@@ -93,10 +128,8 @@ def test_what_a_layout_cannot_take_is_one_clear_error() -> None:
 def test_cuda_linear_matches_the_cpu_layout(fmt: QuantFormat) -> None:
     dense = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(5)).bfloat16()
     x = torch.randn(9, COLS, generator=torch.Generator().manual_seed(6)).bfloat16()
-    if fmt is QuantFormat.INT8:
-        cpu, gpu = quantize_int8(dense), quantize_int8(dense.cuda())
-    else:
-        cpu, gpu = quantize_int4(dense, 32), quantize_int4(dense.cuda(), 32)
+    cpu, gpu = _quantized(dense, fmt), _quantized(dense.cuda(), fmt)
+    if fmt is not QuantFormat.INT8:
         assert torch.equal(unpack_int4(gpu).cpu(), unpack_int4(cpu))
     reference = x.float() @ cpu.dequantize().T
     torch.testing.assert_close(linear(x.cuda(), gpu).float().cpu(), reference, rtol=2e-2, atol=5e-2)
