@@ -2,9 +2,9 @@
 pulled from, same threads, same run, and against the bandwidth ceiling: the bytes one decode step reads (layer
 matrices as stored, the lm_head, the KV) over this machine's measured read bandwidth at those threads.
 
-llama.cpp runs through llama-cpp-python in another interpreter (`--llama-python`; build it with
-CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON …" pip install llama-cpp-python), at batch 1 (its high-level API
-decodes one sequence). Prints ratios, not absolute claims.
+llama.cpp runs through llama-cpp-python's low-level API in another interpreter (`--llama-python`; build it with
+CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON …" pip install llama-cpp-python), at the same batches
+(`llama_cpp_decode.py`: that many sequences decoding together). Prints ratios, not absolute claims.
 
     python scripts/bench_quantized.py [--model smollm2-135m] [--quantization none,int8,int4] [--batches 1,16,64]
         [--llama-python /path/to/venv/bin/python]
@@ -25,34 +25,7 @@ from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.model.store import SOURCE_GGUF
 
 PREFILL_LENGTHS = (500, 2000)
-LLAMA_CPP = """
-import json, sys, time
-from llama_cpp import Llama
-path, threads, new_tokens, lengths = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
-llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=4096, n_batch=2048, verbose=False)
-prompt = llm.tokenize(b"Write a short story about a lighthouse keeper who finds a message in a bottle.")
-def decode(n):
-    llm.reset()
-    start = time.perf_counter()
-    llm.eval(prompt)
-    for _ in range(n):
-        token = llm.sample(temp=0.0)
-        llm.eval([token])
-    return time.perf_counter() - start
-decode(2)
-decode_s = min(decode(new_tokens) - decode(1) for _ in range(3))
-out = {"decode": (new_tokens - 1) / decode_s}
-for n in lengths:
-    ids = (prompt * (n // len(prompt) + 1))[:n]
-    def prefill():
-        llm.reset()
-        start = time.perf_counter()
-        llm.eval(ids)
-        return time.perf_counter() - start
-    out[f"prefill{n}"] = n / min(prefill() for _ in range(2))
-print(json.dumps(out))
-"""
-
+LLAMA_CPP = Path(__file__).with_name("llama_cpp_decode.py")
 
 def read_bandwidth(threads: int, megabytes: int = 1024) -> float:
     """Bytes/s this process reads from memory at `threads`: a float32 sum over a buffer far larger than caches."""
@@ -77,8 +50,8 @@ def prefill_tokens_per_s(engine: LLMEngine, length: int, repeats: int) -> float:
     return length / best_of(repeats, lambda: engine.generate([ids], params))
 
 
-def llama_cpp(python: str, gguf: Path, threads: int, new_tokens: int) -> dict[str, float]:
-    run = subprocess.run([python, "-c", LLAMA_CPP, str(gguf), str(threads), str(new_tokens),
+def llama_cpp(python: str, gguf: Path, threads: int, new_tokens: int, batches: list[int]) -> dict[str, float]:
+    run = subprocess.run([python, str(LLAMA_CPP), str(gguf), str(threads), str(new_tokens), json.dumps(batches),
                           json.dumps(PREFILL_LENGTHS)], capture_output=True, text=True, check=True)
     return json.loads(run.stdout.splitlines()[-1])
 
@@ -98,12 +71,12 @@ def main() -> None:
     bandwidth = read_bandwidth(args.threads)
     print(f"model {model_dir.name}  threads {args.threads}  read bandwidth {bandwidth / 1e9:.1f} GB/s")
 
+    batches = [int(b) for b in args.batches.split(",")]
     theirs: dict[str, float] = {}
     if args.llama_python:
-        theirs = llama_cpp(args.llama_python, model_dir / SOURCE_GGUF, args.threads, args.new_tokens)
+        theirs = llama_cpp(args.llama_python, model_dir / SOURCE_GGUF, args.threads, args.new_tokens, batches)
         print("llama.cpp on the same GGUF: " + "  ".join(f"{k} {v:.1f} tok/s" for k, v in theirs.items()))
 
-    batches = [int(b) for b in args.batches.split(",")]
     print(f"{'weights':<10} {'batch':>5} {'tok/s':>8} {'vs llama':>9} {'ceiling':>8} {'of ceil':>8} {'MB/step':>8}")
     prefill: dict[str, dict[int, float]] = {}
     for name in args.quantization.split(","):
@@ -115,7 +88,7 @@ def main() -> None:
             ours = engine_decode_tokens_per_s(engine, batch, args.new_tokens, args.repeats)
             read = step_bytes(engine, batch, 20 + args.new_tokens)
             ceiling = batch * bandwidth / read
-            vs = f"{ours / theirs['decode']:>8.2f}x" if batch == 1 and theirs else f"{'-':>9}"
+            vs = f"{ours / theirs[f'decode{batch}']:>8.2f}x" if theirs else f"{'-':>9}"
             print(f"{label:<10} {batch:>5} {ours:>8.1f} {vs} {ceiling:>8.1f} {ours / ceiling:>8.0%} "
                   f"{read / 1e6:>8.1f}")
         prefill[label] = {n: prefill_tokens_per_s(engine, n, args.repeats) for n in PREFILL_LENGTHS}
