@@ -19,19 +19,14 @@ from fleetctl.engine.core.block_manager import CachedBlock
 from fleetctl.engine.core.config import OffloadPolicy
 from fleetctl.engine.core.kv_cache import KVCache
 from fleetctl.engine.core.kv_tiers.block_file import TierBlock
-from fleetctl.engine.core.kv_tiers.file_tier import FileTier, TierStats
+from fleetctl.engine.core.kv_tiers.file_tier import FileTier, TierStats, tier_roots
 from fleetctl.engine.core.kv_tiers.tiers import KVTiers
-
-HOST_TIER_DIR = Path("/dev/shm/fleetctl-kv-tiers")  # shared memory: every worker process of the node
 
 
 def open_tiers(host_bytes: int, host_dir: Path | None, disk_dir: Path | None, disk_bytes: int) -> KVTiers | None:
     """The tiers the settings ask for (host memory over disk), or None for none."""
-    tiers = []
-    if host_bytes > 0:
-        tiers.append(FileTier("host", host_dir or HOST_TIER_DIR, host_bytes))
-    if disk_dir is not None and disk_bytes > 0:
-        tiers.append(FileTier("disk", disk_dir, disk_bytes))
+    roots = tier_roots(host_bytes, host_dir, disk_dir, disk_bytes)
+    tiers = [FileTier(name, root, bound) for name, root, bound in roots]
     return KVTiers(tiers) if tiers else None
 
 

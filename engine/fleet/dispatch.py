@@ -9,6 +9,7 @@ from collections import deque
 
 from fleetctl.domain import PHASES, WorkerRole
 from fleetctl.engine.core.block_hash import chain_hashes
+from fleetctl.engine.core.kv_tiers.presence import TIER_TOKEN_COST, TierPresence
 from fleetctl.engine.fleet import placement
 from fleetctl.engine.fleet.request import RequestStage, StreamEvent, TrackedRequest
 from fleetctl.engine.fleet.router import CachedTokens, Router
@@ -21,6 +22,7 @@ class Dispatcher:
     def __init__(self, state: FleetState) -> None:
         self.state = state
         self.router = Router()  # the routing decisions; handoff routing asks it too
+        self.tiers = TierPresence.of(state.config.engine)  # the node's KV tiers, when the workers use them
 
     def dispatch_queued(self) -> None:
         """Send queued prompts to workers with room, in order; a suspect that must wait for its own worker
@@ -48,7 +50,7 @@ class Dispatcher:
         """Send a queued request to a worker: the decode worker that caches all but at most
         `local_prefill_tokens` of it, else a prefill or mixed worker. False when none has room."""
         state = self.state
-        views, cached, tokens = self.candidates(req), cached_tokens(req), _num_tokens(req)
+        views, cached, tokens = self.candidates(req), cached_tokens(req, self.tiers), _num_tokens(req)
         threshold = state.config.local_prefill_tokens
         if threshold:  # mixed workers take prompts anyway: the prefill pick weighs their cache
             decoders = [v for v in views if v.role is WorkerRole.DECODE]
@@ -68,7 +70,7 @@ class Dispatcher:
     def run_on(self, req: TrackedRequest, view: WorkerView) -> None:
         """Prefill `req` (prompt and any output so far) on `view`'s worker (a mixed one decodes it too)."""
         placement.place_prefill(req, view)
-        self._send_run(req, view, cached_tokens(req))
+        self._send_run(req, view, cached_tokens(req, self.tiers))
 
     def _run_on_decode(self, req: TrackedRequest, view: WorkerView, cached: CachedTokens) -> None:
         """Prefill and decode `req` on decode or mixed worker `view` (a recompute, or a local prefill): no
@@ -77,7 +79,7 @@ class Dispatcher:
         self._send_run(req, view, cached)
 
     def _send_run(self, req: TrackedRequest, view: WorkerView, cached: CachedTokens) -> None:
-        view.prefilling[req.request_id] = max(1, _num_tokens(req) - cached(view))
+        view.prefilling[req.request_id] = max(1, round(_num_tokens(req) - cached(view)))
         self.state.send(view.worker_id, _run_request(req))
 
     def recompute(self, req: TrackedRequest, phase: WorkerRole) -> None:
@@ -86,7 +88,7 @@ class Dispatcher:
         failed on if there is one."""
         state = self.state
         req.recomputes += 1
-        cached = cached_tokens(req)
+        cached = cached_tokens(req, self.tiers)
         if phase is WorkerRole.DECODE:
             view = self.router.pick_decode_worker(self.candidates(req), 0, req.failed_on, cached)
         else:
@@ -208,19 +210,30 @@ class Dispatcher:
         req.handle = None
 
 
-def cached_tokens(req: TrackedRequest) -> CachedTokens:
-    """How many leading tokens of `req` (prompt and output so far) a worker caches, by its last digest. The
-    hash chain is computed once per salt root and extended as the request grows."""
+def cached_tokens(req: TrackedRequest, tiers: TierPresence | None = None) -> CachedTokens:
+    """How many leading tokens of `req` (prompt and output so far) a worker caches, by its last digest; with
+    `tiers` (the node's KV tiers, which its workers read back from), the blocks after those that a tier holds
+    count too, each token at 1 − TIER_TOKEN_COST: cheaper than a recompute, dearer than a pool hit. The hash
+    chain is computed once per salt root and extended as the request grows; a worker on another node (Ray)
+    reads other tiers, so only its pool counts."""
     tokens = req.prompt_token_ids + req.output_token_ids
+    in_tiers: dict[tuple[bytes, int], int] = {}  # (root, blocks its pool holds) -> blocks the tiers hold after
 
-    def cached(view: WorkerView) -> int:
+    def cached(view: WorkerView) -> float:
         index = view.prefix
-        if not index.hashes:
+        local_tiers = tiers if not view.node else None
+        if index.hashes is None or (not index.hashes and local_tiers is None):
             return 0
         key = (index.root, index.block_size)
         chain = req.prefix_chains[key] = chain_hashes(index.root, tokens, index.block_size,
                                                       req.prefix_chains.get(key, ()))
-        return index.cached_blocks(chain) * index.block_size
+        pooled = index.cached_blocks(chain)
+        if local_tiers is None:
+            return pooled * index.block_size
+        if (index.root, pooled) not in in_tiers:  # the prompt's last token is always computed: not its block
+            readable = chain[: (len(tokens) - 1) // index.block_size]
+            in_tiers[index.root, pooled] = local_tiers.leading_blocks(readable, pooled)
+        return (pooled + (1 - TIER_TOKEN_COST) * in_tiers[index.root, pooled]) * index.block_size
 
     return cached
 

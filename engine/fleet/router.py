@@ -1,7 +1,8 @@
 """Routing decisions only: which worker gets a prompt, which takes a handoff. No I/O.
 
 KV-aware: a request's `CachedTokens` says how many of its leading tokens each worker's prefix cache
-holds (from the digests workers report). Overlap alone would pile every conversation onto the worker
+holds (from the digests workers report), and the node's KV tiers after them at a discount (read back, not
+computed: `kv_tiers/presence`). Overlap alone would pile every conversation onto the worker
 that saw its system prompt first, so each pick weighs it against load:
 Mixed workers count as both: they take prompts beside prefill workers and handoffs beside decode ones.
 - a prompt goes to the prefill or mixed worker where it would finish prefilling soonest, in tokens: the
@@ -20,10 +21,11 @@ from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.block_allocator import blocks_for
 from fleetctl.engine.fleet.worker_view import WorkerView
 
-CachedTokens = Callable[[WorkerView], int]  # leading tokens of one request a worker caches
+# leading tokens of one request a worker caches (fractional: a token the node's KV tiers hold counts in part)
+CachedTokens = Callable[[WorkerView], float]
 
 
-def _nothing_cached(_: WorkerView) -> int:
+def _nothing_cached(_: WorkerView) -> float:
     return 0
 
 

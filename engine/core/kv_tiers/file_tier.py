@@ -23,7 +23,24 @@ from fleetctl.engine.core.faults import fault_point
 from fleetctl.engine.core.kv_tiers.block_file import CorruptBlock, TierBlock, decode
 
 SUFFIX = ".kvb"
+HOST_TIER_DIR = Path("/dev/shm/fleetctl-kv-tiers")  # shared memory: every worker process of the node
 _DISABLING = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES)
+
+
+def record_path(root: Path, digest: bytes) -> Path:
+    """Where a tier rooted at `root` keeps the block `digest`."""
+    return root / f"{digest.hex()}{SUFFIX}"
+
+
+def tier_roots(host_bytes: int, host_dir: Path | None, disk_dir: Path | None,
+               disk_bytes: int) -> list[tuple[str, Path, int]]:
+    """(name, folder, bound in bytes) of each tier the settings ask for, host memory first, then disk."""
+    roots = []
+    if host_bytes > 0:
+        roots.append(("host", host_dir or HOST_TIER_DIR, host_bytes))
+    if disk_dir is not None and disk_bytes > 0:
+        roots.append(("disk", disk_dir, disk_bytes))
+    return roots
 
 
 @dataclass
@@ -64,7 +81,7 @@ class FileTier:
             self.disabled = f"cannot create {self.root}: {exc.strerror}"
 
     def path(self, digest: bytes) -> Path:
-        return self.root / f"{digest.hex()}{SUFFIX}"
+        return record_path(self.root, digest)
 
     def get(self, digest: bytes) -> TierBlock | None:
         """The block stored as `digest`, checked; None when it is not here, or is but does not check out."""
