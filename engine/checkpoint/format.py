@@ -85,6 +85,7 @@ class SessionRecord(_Record):
     num_cached_tokens: int  # tokens whose K/V are saved; 0 for a session waiting to be (re)computed
     block_table: list[int]  # its blocks from first_block on
     first_block: int = 0  # blocks before it were dropped (engine/core/kv_window.py) and are not saved
+    session: str = ""  # the agent session it is a turn of (`--session-ttl`); older checkpoints name none
     stop_criteria: StopCriteria
 
 

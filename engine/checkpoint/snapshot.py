@@ -41,6 +41,7 @@ def snapshot_records(engine: LLMEngine) -> tuple[list[SessionRecord], list[int]]
             num_cached_tokens=cached,
             block_table=[index.setdefault(block, len(index)) for block in seq.block_table[first:count]],
             first_block=first,
+            session=seq.session,
             stop_criteria=StopCriteria(eos_token_ids=sorted(engine.tokenizer.eos_token_ids),
                                        max_tokens=seq.params.max_tokens, max_model_len=engine.max_model_len),
         ))
@@ -72,7 +73,7 @@ def _tag(tensor: torch.Tensor) -> str:
 
 def _sequence(record: SessionRecord) -> Sequence:
     return Sequence(list(record.prompt_token_ids), record.params, request_id=record.request_id,
-                    output_token_ids=list(record.output_token_ids), seed=record.seed)
+                    output_token_ids=list(record.output_token_ids), seed=record.seed, session=record.session)
 
 
 def restore_with_kv(engine: LLMEngine, records: list[SessionRecord], kv: torch.Tensor) -> int:
@@ -93,4 +94,4 @@ def cold_start(engine: LLMEngine, records: list[SessionRecord]) -> None:
     """Queue every session for recompute from its tokens (prompt + output so far)."""
     for record in records:
         engine.add_request(record.prompt_token_ids, record.params, request_id=record.request_id,
-                           output_token_ids=list(record.output_token_ids), seed=record.seed)
+                           output_token_ids=list(record.output_token_ids), seed=record.seed, session=record.session)

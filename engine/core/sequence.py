@@ -128,3 +128,4 @@ class SessionState:
     output_token_ids: list[int]
     params: SamplingParams
     seed: int
+    session: str = ""  # the agent session it is a turn of (its blocks' retention goes with it)

@@ -52,7 +52,7 @@ class SessionTransfer:
         """Take `seq` out of the batch, its blocks kept; returns its state and how many blocks hold its K/V."""
         self.engine.scheduler.park(seq)
         state = SessionState(seq.request_id, list(seq.prompt_token_ids), list(seq.output_token_ids), seq.params,
-                             seq.seed)
+                             seq.seed, seq.session)
         return state, blocks_for(seq.num_cached_tokens, self.block_size)
 
     def restart(self, request_id: str) -> None:
@@ -81,7 +81,7 @@ class SessionTransfer:
     def attach(self, state: SessionState, reserved: list[int]) -> Sequence:
         """Take the sequence: its K/V is in the first blocks of `reserved`; the rest are freed."""
         seq = Sequence(list(state.prompt_token_ids), state.params, request_id=state.request_id,
-                       output_token_ids=list(state.output_token_ids), seed=state.seed)
+                       output_token_ids=list(state.output_token_ids), seed=state.seed, session=state.session)
         used = blocks_for(seq.num_tokens - 1, self.block_size)
         self.free(reserved[used:])
         try:

@@ -54,7 +54,7 @@ def test_snapshot_restore_continues_token_identically(tiny_model_dir: Path) -> N
     source = engine(tiny_model_dir)
     for i, prompt in enumerate(PROMPTS):
         source.add_request(prompt, PARAMS, request_id=f"g{i}")
-    source.add_request(PROMPTS[0], SAMPLED, request_id="s0")
+    source.add_request(PROMPTS[0], SAMPLED, request_id="s0", session="agent-7")
     before = {}
     for _ in range(7):
         for out in source.step():
@@ -67,6 +67,7 @@ def test_snapshot_restore_continues_token_identically(tiny_model_dir: Path) -> N
             cold_start(target, records)
         else:
             restore(target, records, kv)
+        assert target._seqs["s0"].session == "agent-7" and target._seqs["g0"].session == ""
         after = run_all(target)
         for rid, tokens in expected.items():
             assert before[rid] + after[rid] == tokens, (rid, restore)

@@ -1,6 +1,7 @@
 """A session moved between two engines while it decodes (core/session_transfer.py, in one process): the
 source keeps stepping between the pre-copy stages; after the final stage the destination's tokens are the
-ones an unmoved run makes (deterministic mode, greedy and seeded); a move called off leaves the session
+ones an unmoved run makes (deterministic mode, greedy and seeded), and it is still its agent session's turn; a
+move called off leaves the session
 decoding on the source; every block comes back."""
 
 from pathlib import Path
@@ -37,7 +38,7 @@ def unmoved(model_dir: Path, params: SamplingParams) -> list[int]:
 def test_a_session_moved_mid_decode_continues_token_identical(tiny_model_dir: Path, params: SamplingParams) -> None:
     source, dest = engine(tiny_model_dir), engine(tiny_model_dir)
     out, into = SessionTransfer(source), SessionTransfer(dest)
-    seq = source.add_request(PROMPT, params, request_id="s")
+    seq = source.add_request(PROMPT, params, request_id="s", session="agent-7")
     steps(source, 5)
     reserved = into.reserve(8)
     copied = 0
@@ -52,6 +53,7 @@ def test_a_session_moved_mid_decode_continues_token_identical(tiny_model_dir: Pa
     reserved = into.grow(reserved, last)
     into.write(reserved[copied:last], out.read(seq, copied, last))
     moved = into.attach(state, reserved)
+    assert moved.session == "agent-7"  # its retention (--session-ttl) goes with it
     source.release("s")
     assert source.kv_cache.allocator.num_free == BLOCKS
     while dest.has_unfinished():
