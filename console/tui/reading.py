@@ -4,7 +4,7 @@ Plain data: the widgets render it, tests build it from the contract's models."""
 
 from dataclasses import dataclass, field
 
-from fleetctl.engine.server.schemas import FleetHistory, FleetStatus, HistoryPoint, PoolInfo, WorkerInfo
+from fleetctl.engine.server.schemas import FleetHistory, FleetStatus, HistoryPoint, PoolInfo, TierInfo, WorkerInfo
 
 HISTORY_WINDOW_S = 300.0  # five minutes of charts
 HISTORY_BUCKET_S = 5.0
@@ -25,6 +25,10 @@ class FleetReading:
     @property
     def pools(self) -> dict[str, PoolInfo]:
         return self.status.pools if self.status else {}
+
+    @property
+    def kv_tiers(self) -> dict[str, TierInfo]:
+        return self.status.kv_tiers if self.status else {}
 
     def worker(self, worker_id: str) -> WorkerInfo | None:
         return next((w for w in self.workers if w.id == worker_id), None)

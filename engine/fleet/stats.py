@@ -4,7 +4,7 @@ docs/architecture.md, "Metrics")."""
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -25,6 +25,7 @@ class PrefillTokens:
     role: WorkerRole
     cached: int = 0
     computed: int = 0
+    tiers: dict[str, int] = field(default_factory=dict)  # of the cached: tokens each KV tier read back
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class FleetStats:
             for by_tier in report.tier_tokens.values():
                 for tier, tokens in by_tier.items():
                     self.tier_hits.labels(tier=tier, worker=view.worker_id, role=view.role.value).inc(tokens)
+                    totals.tiers[tier] = totals.tiers.get(tier, 0) + tokens
 
     def on_local_prefill(self) -> None:
         self.local_prefill_count += 1
@@ -117,6 +119,14 @@ class FleetStats:
         cached = sum(self.prefill_tokens[w].cached for w in worker_ids if w in self.prefill_tokens)
         computed = sum(self.prefill_tokens[w].computed for w in worker_ids if w in self.prefill_tokens)
         return cached / (cached + computed) if cached + computed else 0.0
+
+    def tier_tokens_of(self, worker_ids: list[str]) -> dict[str, int]:
+        """Prompt tokens each KV tier read back for these workers since they started (a part of the cached)."""
+        tokens: dict[str, int] = {}
+        for totals in (self.prefill_tokens[w] for w in worker_ids if w in self.prefill_tokens):
+            for tier, count in totals.tiers.items():
+                tokens[tier] = tokens.get(tier, 0) + count
+        return tokens
 
     def utilization(self, worker_id: str, now: float | None = None) -> LiveUtilization:
         """Over the last BUSY_WINDOW_S seconds of wall time: busy share, achieved FLOP/s and bytes/s over the

@@ -26,6 +26,7 @@ class TierMetrics:
         self.capacity = Gauge("fleet_kv_tier_capacity_bytes", "A KV tier's bound", ["tier"], registry=registry)
         self._seen: dict[tuple[int | None, str], TierStats] = {}  # (pid, tier) -> its last report
         self._used_at: dict[str, float] = {}  # tier -> when the occupancy shown was measured
+        self.occupancy: dict[str, tuple[int, int]] = {}  # tier -> (bytes it holds, its bound), as the gauges say
 
     def on_report(self, view: WorkerView, io: dict[str, TierStats]) -> None:
         for tier, now in io.items():
@@ -37,7 +38,9 @@ class TierMetrics:
                                    (self.write_seconds, now.write_s - before.write_s)):
                 if grown > 0:
                     counter.labels(tier=tier, worker=view.worker_id).inc(grown)
+            used = self.occupancy.get(tier, (0, 0))[0]
             if now.used_at >= self._used_at.get(tier, 0.0):  # a process that only reads measured long ago
-                self._used_at[tier] = now.used_at
-                self.used.labels(tier=tier).set(now.used_bytes)
+                self._used_at[tier], used = now.used_at, now.used_bytes
+                self.used.labels(tier=tier).set(used)
             self.capacity.labels(tier=tier).set(now.capacity_bytes)
+            self.occupancy[tier] = (used, now.capacity_bytes)

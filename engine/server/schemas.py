@@ -75,6 +75,14 @@ class PoolInfo(_Open):
     mbu: float
     queue: int
     prefix_hit_ratio: float
+    tier_tokens: dict[str, int] = {}  # prompt tokens each KV tier read back for its workers (part of the cached)
+
+
+class TierInfo(_Open):
+    """One KV tier under the pools (node-wide): what it holds against its bound, as last measured."""
+
+    used_bytes: int
+    capacity_bytes: int
 
 
 class StoreInfo(_Open):
@@ -98,6 +106,7 @@ class FleetStatus(_Open):
     pools: dict[str, PoolInfo]  # by role
     local_prefills: int
     store: StoreInfo | None = None  # None: the fleet keeps no store
+    kv_tiers: dict[str, TierInfo] = {}  # by tier (host, disk), once a worker reported one; {}: the fleet has none
 
 
 class WorkerList(_Open):

@@ -6,7 +6,7 @@ import os
 from fleetctl.domain import WorkerState
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.stats import BUSY_WINDOW_S
-from fleetctl.engine.server.schemas import FleetStatus, PoolInfo, StoreInfo, WorkerInfo
+from fleetctl.engine.server.schemas import FleetStatus, PoolInfo, StoreInfo, TierInfo, WorkerInfo
 
 
 def workers_status(fleet: Fleet) -> list[WorkerInfo]:
@@ -49,10 +49,13 @@ def fleet_status(fleet: Fleet) -> FleetStatus:
             mbu=round(sum(w.mbu for w in members) / count, 6),
             queue=fleet.queue_length(role),
             prefix_hit_ratio=round(fleet.stats.hit_ratio_of([w.id for w in workers if w.role == role.value]), 4),
+            tier_tokens=fleet.stats.tier_tokens_of([w.id for w in workers if w.role == role.value]),
         )
     return FleetStatus(model=fleet.model_name, url=fleet.url, pid=os.getpid(), window_s=BUSY_WINDOW_S,
                        workers=workers, pools=pools, local_prefills=fleet.stats.local_prefill_count,
-                       store=store_info(fleet))
+                       store=store_info(fleet),
+                       kv_tiers={tier: TierInfo(used_bytes=used, capacity_bytes=capacity)
+                                 for tier, (used, capacity) in fleet.stats.tier_io.occupancy.items()})
 
 
 def store_info(fleet: Fleet) -> StoreInfo | None:

@@ -56,6 +56,9 @@ def test_a_prefix_the_pool_lost_comes_back_from_the_host_tier(tiny_model_dir: Pa
         assert read > 0 and samples['fleet_kv_tier_read_seconds_total{tier="host",worker="prefill-0"}'] > 0
         used, bound = (samples[f'fleet_kv_tier_{name}_bytes{{tier="host"}}'] for name in ("used", "capacity"))
         assert 0 < used <= bound
+        status = httpx.get(f"{url}/fleet/status", timeout=10).json()  # what the console's tier line shows
+        assert status["pools"]["prefill"]["tier_tokens"] == {"host": 80}
+        assert status["kv_tiers"]["host"] == {"used_bytes": used, "capacity_bytes": bound}
 
 
 def test_a_sessions_next_turn_finds_its_prefix_kept_in_the_pool(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from fleetctl.engine.server.schemas import (
     SessionInfo,
     SessionMoved,
     StoreInfo,
+    TierInfo,
     WorkerInfo,
     WorkerSessions,
 )
@@ -76,6 +77,10 @@ WORKERS = [worker(wid, role, device, pid, tokens_per_s=_WORKER_SERIES[wid][-1]["
            for wid, role, device, pid, kw in _WORKERS]
 POOLS = {"prefill": PoolInfo(workers=2, busy=0.385, mfu=0.29, mbu=0.015, queue=0, prefix_hit_ratio=0.0),
          "decode": PoolInfo(workers=4, busy=0.805, mfu=0.1375, mbu=0.125, queue=0, prefix_hit_ratio=0.0)}
+# a fleet with a host tier over a disk tier under its pools: how full each is, what each read back per pool
+KV_TIERS = {"host": TierInfo(used_bytes=13_421_772, capacity_bytes=268_435_456),
+            "disk": TierInfo(used_bytes=107_374_182, capacity_bytes=10_737_418_240)}
+TIER_TOKENS = {"prefill": {"host": 1104, "disk": 240}, "decode": {"host": 336}}
 STATUS = FleetStatus(model="smollm2-135m", url="http://fixture:8700", pid=4100, window_s=5.0, workers=WORKERS,
                      pools=POOLS, local_prefills=0)
 HISTORY = FleetHistory.model_validate({
@@ -162,8 +167,9 @@ class FixtureSource:
 
     def __init__(self, reachable: bool = True, hold_at: int | None = None,
                  results: Mapping[OpKind, OperationResult] | None = None, store: StoreInfo | None = None,
-                 plan: FleetPlan = PLAN) -> None:
+                 plan: FleetPlan = PLAN, tiers: bool = False) -> None:
         self.reachable = reachable
+        self.tiers = tiers  # the fleet runs KV tiers under its pools (KV_TIERS, TIER_TOKENS)
         self.fleet_plan = plan  # what /fleet/plan answers
         self.more_pools: dict[str, PoolInfo] = {}  # pools a test adds while the console runs (a switch to mixed)
         self.store = store  # what /fleet/status says of the metrics store (None: the fleet keeps none)
@@ -176,7 +182,12 @@ class FixtureSource:
     async def read(self) -> FleetReading:
         if not self.reachable:
             return FleetReading(reachable=False, error=f"no fleet answers at {self.url} (ConnectError)")
-        status = STATUS.model_copy(update={"store": self.store, "pools": {**POOLS, **self.more_pools}})
+        pools = {**POOLS, **self.more_pools}
+        if self.tiers:
+            pools = {role: pool.model_copy(update={"tier_tokens": TIER_TOKENS.get(role, {})})
+                     for role, pool in pools.items()}
+        status = STATUS.model_copy(update={"store": self.store, "pools": pools,
+                                           "kv_tiers": KV_TIERS if self.tiers else {}})
         return FleetReading(reachable=True, status=status, history=HISTORY, host=HOST)
 
     async def start(self, path: str, body: dict[str, object]) -> OperationInfo:

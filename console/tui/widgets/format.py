@@ -14,6 +14,13 @@ def seconds(value: float | None) -> str:
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
+def count(value: int) -> str:
+    """1234 -> 1.2k, 2_500_000 -> 2.5M."""
+    if value < 1000:
+        return str(value)
+    return f"{value / 1000:.1f}k" if value < 1_000_000 else f"{value / 1_000_000:.1f}M"
+
+
 def rate(value: float) -> str:
     return f"{value:.1f}" if value < 100 else f"{value:.0f}"
 

@@ -1,5 +1,6 @@
 """One pool (prefill, decode or mixed): busy, MFU and MBU now, five minutes of each as a sparkline,
-and a one-line verdict, so that an underfed or saturated phase shows at a glance."""
+and a one-line verdict, so that an underfed or saturated phase shows at a glance; with KV tiers under the pools,
+a line of what each tier read back for this pool and how full it is."""
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -7,8 +8,8 @@ from textual.widgets import Label
 
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.chart import UsageChart
-from fleetctl.console.tui.widgets.format import percent
-from fleetctl.engine.server.schemas import PoolInfo
+from fleetctl.console.tui.widgets.format import count, percent
+from fleetctl.engine.server.schemas import PoolInfo, TierInfo
 
 METRICS = (("busy", "busy"), ("mfu", "MFU (compute)"), ("mbu", "MBU (memory)"))
 # which metric a pool is judged by: prefill reads the prompt (compute), decode writes tokens (bandwidth)
@@ -28,6 +29,19 @@ def verdict(role: str, pool: PoolInfo | None) -> str:
     return f"working: {bound} at {percent(getattr(pool, BOUND_BY[role]))} of peak"
 
 
+def tier_line(tiers: dict[str, TierInfo], served: dict[str, int], width: int) -> str:
+    """`tiers: host 1.1k tok, 5% full · disk 240 tok, 1% full`: per tier the prompt tokens it read back for this
+    pool and how full it is (the tiers are the node's, shared by every pool); shorter where `width` is less."""
+    forms = []
+    for words in (("tiers: ", " tok, ", " full"), ("tiers ", " tok ", ""), ("tiers ", " ", ""), ("", " ", "")):
+        parts = []
+        for name, info in tiers.items():
+            full = info.used_bytes / info.capacity_bytes if info.capacity_bytes else 0.0
+            parts.append(f"{name} {count(served.get(name, 0))}{words[1]}{full:.0%}{words[2]}")
+        forms.append(words[0] + " · ".join(parts))
+    return next((form for form in forms if len(form) <= width), forms[-1])
+
+
 class PoolPanel(Vertical):
     def __init__(self, role: str) -> None:
         super().__init__(id=f"pool-{role}", classes=role)
@@ -35,6 +49,7 @@ class PoolPanel(Vertical):
         self.border_title = role
         self._composed = False
         self._pending: FleetReading | None = None  # a reading that came before its rows were composed
+        self._tiers: tuple[dict[str, TierInfo], dict[str, int]] = ({}, {})  # the last reading's, for a resize
 
     def on_mount(self) -> None:
         # a pool that appears while the console runs (a switch to mixed) is shown a reading as it is mounted,
@@ -50,6 +65,9 @@ class PoolPanel(Vertical):
                 kind = "compute" if metric == "mfu" else "bandwidth" if metric == "mbu" else "busy"
                 yield UsageChart(id=f"{self.role}-{metric}", classes=kind)
         yield Label("", classes="verdict", id=f"{self.role}-verdict")
+        tiers = Label("", classes="tiers", id=f"{self.role}-tiers")
+        tiers.display = False  # shown once a reading says the fleet has KV tiers
+        yield tiers
 
     def show(self, reading: FleetReading) -> None:
         if not self._composed:
@@ -63,3 +81,15 @@ class PoolPanel(Vertical):
             self.query_one(f"#{self.role}-{metric}-label", Label).update(f"{label[:4]:<5}{value:>8}")
             self.query_one(f"#{self.role}-{metric}", UsageChart).series = tuple(reading.pool_series(self.role, metric))
         self.query_one(f"#{self.role}-verdict", Label).update(verdict(self.role, pool))
+        self._tiers = (reading.kv_tiers, pool.tier_tokens if pool else {})
+        self._show_tiers()
+
+    def on_resize(self) -> None:
+        if self._composed:
+            self._show_tiers()  # the line's form depends on the width: a reading may come before the layout
+
+    def _show_tiers(self) -> None:
+        tiers, served = self._tiers
+        label = self.query_one(f"#{self.role}-tiers", Label)
+        label.display = bool(tiers)  # a fleet without tiers keeps its layout
+        label.update(tier_line(tiers, served, self.content_size.width))

@@ -68,6 +68,13 @@ def test_unreachable_fleet_banner(snap_compare) -> None:
                         run_before=lambda pilot: pilot.pause(0.3))
 
 
+@pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
+def test_dashboard_with_kv_tiers(snap_compare, size: tuple[int, int]) -> None:
+    """A fleet with a host tier over a disk tier: each pool panel has a line of what each tier read back for
+    it and how full each tier is, in words that fit the panel."""
+    assert snap_compare(console(FixtureSource(tiers=True)), terminal_size=size, run_before=loaded)
+
+
 def test_failing_store_banner(snap_compare) -> None:
     """The fleet answers but its metrics store refuses writes: the banner says so over a live dashboard."""
     path = "/home/op/.local/share/fleetctl/fleet.db"

@@ -4,7 +4,8 @@ tokens/s is the fleet's live rate, not the store's newest bucket."""
 from support.console_fixture import HISTORY, STATUS, worker
 
 from fleetctl.console.tui.reading import FleetReading
-from fleetctl.engine.server.schemas import FleetHistory
+from fleetctl.console.tui.widgets.pools import tier_line
+from fleetctl.engine.server.schemas import FleetHistory, TierInfo
 
 
 def point(ts: float, busy: float, tokens_per_s: float) -> dict:
@@ -31,3 +32,12 @@ def test_charts_leave_out_the_bucket_still_filling() -> None:
 def test_tokens_per_s_is_the_live_rate() -> None:
     assert SNAPSHOT.tokens_per_s("decode-0") == 128.4
     assert SNAPSHOT.tokens_per_s("decode-9") == 0.0
+
+
+def test_the_tier_line_takes_the_longest_form_that_fits() -> None:
+    tiers = {"host": TierInfo(used_bytes=5, capacity_bytes=100), "disk": TierInfo(used_bytes=0, capacity_bytes=10)}
+    served = {"host": 1104}
+    assert tier_line(tiers, served, 80) == "tiers: host 1.1k tok, 5% full · disk 0 tok, 0% full"
+    assert tier_line(tiers, served, 38) == "tiers host 1.1k tok 5% · disk 0 tok 0%"
+    assert tier_line(tiers, served, 30) == "tiers host 1.1k 5% · disk 0 0%"
+    assert tier_line(tiers, served, 10) == "host 1.1k 5% · disk 0 0%"
