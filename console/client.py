@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         DevicePeaks,
         FleetClassification,
         FleetHistory,
+        FleetLogLines,
         FleetPlan,
         FleetStatus,
         OperationInfo,
@@ -187,6 +188,12 @@ class _Calls:
 
         return _Call("GET", "/fleet/history", FleetHistory, params=params)
 
+    @staticmethod
+    def logs(params: Params) -> _Call[FleetLogLines]:
+        from fleetctl.engine.server.schemas import FleetLogLines
+
+        return _Call("GET", "/fleet/logs", FleetLogLines, params=params)
+
 
 class FleetClient:
     def __init__(self, url: str | None = None, *, token: str | None = None, timeout: float = 10.0) -> None:
@@ -226,6 +233,10 @@ class FleetClient:
 
     def history(self, params: Params) -> FleetHistory:
         return self._call(_Calls.history(params))
+
+    def logs(self, params: Params) -> FleetLogLines:
+        """`worker` (a worker id or "fleet"; all without), `since` (a line's seq), `limit`."""
+        return self._call(_Calls.logs(params))
 
     def get(self, path: str) -> Any:
         """The JSON of a route outside the `/fleet/*` contract (`/health`, `/v1/models`)."""
@@ -280,6 +291,9 @@ class AsyncFleetClient:
 
     async def history(self, params: Params) -> FleetHistory:
         return await self._call(_Calls.history(params))
+
+    async def logs(self, params: Params) -> FleetLogLines:
+        return await self._call(_Calls.logs(params))
 
     async def _call(self, call: _Call[Answer]) -> Answer:
         try:

@@ -17,6 +17,7 @@ from fleetctl.console.tui.flows import ActionFlows
 from fleetctl.console.tui.palette import ActionCommands
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.screens.help import HelpScreen
+from fleetctl.console.tui.screens.logs import ALL, LogsScreen
 from fleetctl.console.tui.screens.plan import PlanScreen
 from fleetctl.console.tui.screens.worker_detail import WorkerDetail
 from fleetctl.console.tui.settings import ConsoleSettings, remember_theme
@@ -24,6 +25,7 @@ from fleetctl.console.tui.source import FleetSource, HttpSource
 from fleetctl.console.tui.widgets.panels import DevicesPanel, EventsPanel, TrafficPanel
 from fleetctl.console.tui.widgets.pools import PoolPanel
 from fleetctl.console.tui.widgets.workers import WorkersTable
+from fleetctl.domain import WorkerState
 from fleetctl.themes import DEFAULT_THEME, STYLESHEET
 from fleetctl.themes.palettes import THEMES
 
@@ -151,6 +153,10 @@ class FleetConsole(App[None]):
                 detail.call_after_refresh(lambda: self.run_worker(self.refresh_detail(detail), group="detail"))
             case "plan":
                 self.push_screen(PlanScreen())
+            case "logs":
+                chosen = self.reading.worker(worker) if worker else None
+                failed = chosen is not None and chosen.state == WorkerState.FAILED.value
+                self.push_screen(LogsScreen(worker if failed else ALL, [w.id for w in self.reading.workers]))
             case "sort":
                 table = self.query_one(WorkersTable)
                 table.next_sort()

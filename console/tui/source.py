@@ -15,6 +15,7 @@ from fleetctl.console.tui.reading import HISTORY_BUCKET_S, HISTORY_WINDOW_S, Fle
 from fleetctl.engine.server.schemas import (
     CheckpointList,
     FleetHistory,
+    FleetLogLines,
     FleetPlan,
     OperationInfo,
     RebalancePreview,
@@ -34,6 +35,8 @@ class FleetSource(Protocol):
     async def operation(self, op_id: str) -> OperationInfo: ...
 
     async def sessions(self, worker: str) -> WorkerSessions: ...
+
+    async def logs(self, worker: str | None, since: int) -> FleetLogLines: ...
 
     async def checkpoints(self) -> CheckpointList: ...
 
@@ -78,6 +81,12 @@ class HttpSource:
 
     async def sessions(self, worker: str) -> WorkerSessions:
         return await self._fleet.sessions(worker)
+
+    async def logs(self, worker: str | None, since: int) -> FleetLogLines:
+        params: dict[str, str | float] = {"since": since, "limit": 1000}
+        if worker is not None:
+            params["worker"] = worker
+        return await self._fleet.logs(params)
 
     async def checkpoints(self) -> CheckpointList:
         return await self._fleet.checkpoints()

@@ -8,6 +8,7 @@ no tensors and imports no torch; it runs on one asyncio loop, with a reader and 
 pipe."""
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -25,6 +26,7 @@ from fleetctl.engine.fleet.config import FleetConfig, worker_specs
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.errors import FleetStartFailed
 from fleetctl.engine.fleet.handoff import HandoffRouting
+from fleetctl.engine.fleet.logs import FleetLogs, LogLine
 from fleetctl.engine.fleet.ops.autoplan import Autoplanner
 from fleetctl.engine.fleet.ops.checkpoint import Checkpoints
 from fleetctl.engine.fleet.ops.lifecycle import WorkerLifecycle
@@ -52,6 +54,7 @@ from fleetctl.engine.fleet.worker_link import WorkerLink
 from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.tokenizer import Tokenizer
+from fleetctl.engine.paths import fleet_home
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.launcher import Launcher, LocalLauncher
 from fleetctl.engine.worker.shm_files import sweep, sweep_dead_fleets
@@ -77,6 +80,8 @@ class Fleet:
         self.state = FleetState(
             config=config, specs=specs, views={wid: WorkerView(wid, s.role, s.device) for wid, s in specs.items()},
             stats=FleetStats(), recorder=FleetRecorder(config.store_path) if config.store_path else None,
+            # workers on this machine write their output to files the controller reads (a Ray actor's stays there)
+            logs=FleetLogs(fleet_home() / "logs" / f"fleet-{os.getpid()}" if launcher is None else None),
         )
         self.dispatcher = Dispatcher(self.state)
         self.admission = Admission(self.state, self.dispatcher)
@@ -102,6 +107,7 @@ class Fleet:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
         self._stopped: asyncio.Task | None = None  # Fleet.stop under way or done: a second call waits on it
+        self._log_handler = self.state.logs.handler()  # the controller's own records, while it runs
 
     @property
     def views(self) -> dict[str, WorkerView]:
@@ -122,6 +128,11 @@ class Fleet:
         """Launch every configured worker and wait for all to be ready: the fleet starts whole or raises
         FleetStartFailed, so the server never listens with a configured worker missing."""
         self._loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        fleet_log = logging.getLogger("fleetctl")
+        fleet_log.addHandler(self._log_handler)
+        if fleet_log.getEffectiveLevel() > logging.INFO:  # an embedded fleet (no logging set up): its lines still
+            fleet_log.setLevel(logging.INFO)  # reach the logs view; only warnings reach stderr (logging's last resort)
         if swept := sweep_dead_fleets(self.config.shm_dir):
             log.info("removed %d KV handoff buffer(s) left by fleets that were killed", swept)
         for spec in self.state.specs.values():
@@ -143,6 +154,8 @@ class Fleet:
         if dead:
             await self.stop()
             raise FleetStartFailed(f"workers failed to start: {'; '.join(dead)}")
+        log.info("%d workers ready in %.1f s: %s", len(self.views), time.monotonic() - started,
+                 ", ".join(f"{v.worker_id} on {v.device}" for v in self.views.values()))
         self._tasks = [asyncio.create_task(self._tick()), asyncio.create_task(self.watchdog.run())]
         if self.config.autoplan:
             autoplan = Autoplanner(self.state, self.rebalancer, self.config.autoplan)
@@ -154,6 +167,7 @@ class Fleet:
         logged_at = time.monotonic()
         while True:
             await asyncio.sleep(1.0)
+            self.state.logs.poll()
             self.dispatcher.fail_stranded()
             if self.state.recorder:
                 self.state.recorder.tick()
@@ -193,6 +207,9 @@ class Fleet:
         for req in list(self.state.requests.values()):
             self.dispatcher.fail(req, "the fleet is shutting down")
         sweep(self.config.shm_dir, lambda buffer: buffer.fleet_pid == os.getpid())  # whatever a killed worker left
+        self.state.logs.poll()
+        self.state.logs.remove_files()
+        logging.getLogger("fleetctl").removeHandler(self._log_handler)
         recorder = self.state.recorder
         if recorder:
             for view in self.views.values():
@@ -253,6 +270,12 @@ class Fleet:
         """The live and free devices an elastic plan lays layouts over (`limit` at most); None with no free one."""
         return self.rebalancer.elastic_devices(limit)
 
+    def log_lines(self, source: str | None, since: int, limit: int) -> tuple[list[LogLine], int]:
+        """The recent log lines of `source` (a worker id, "fleet", None: all) after `since`, the last `limit`,
+        read fresh from the workers' files; and the newest line's seq (the next `since`)."""
+        self.state.logs.poll()
+        return self.state.logs.lines(source, since, limit), self.state.logs.last_seq
+
     # ---- what operations ask of the controller (runner.WorkerHost) ----------------------------
 
     def check_device(self, device: str) -> None:
@@ -260,6 +283,10 @@ class Fleet:
 
     def launch(self, spec: WorkerSpec) -> WorkerLink:
         assert self._loop is not None, "the fleet is not started"
+        path = self.state.logs.path_for(spec.worker_id)
+        if path is not None:
+            spec = dataclasses.replace(spec, log_path=path)
+            self.state.logs.follow(spec.worker_id, path)
         return WorkerLink(self._launcher.launch(spec), self._loop, self.inbox.on_link_message,
                           self.inbox.on_link_exit)
 

@@ -17,7 +17,7 @@ Who writes what (everyone may read):
 - `pending_handoffs`: `HandoffRouting` (`wait_for_decode`); `Dispatcher.cancel` drops a cancelled one.
 - `restarting`: the `Supervisor`. `arriving`: the `OperationRunner` (`bringing`).
 - `closing`: `Fleet.drain`; `stopping`: `Fleet.stop`.
-- `stats`, `recorder`: made by `Fleet`; every part reports into them."""
+- `stats`, `recorder`, `logs`: made by `Fleet`; every part reports into them (`logs` follows a renamed worker)."""
 
 import dataclasses
 from collections import deque
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from fleetctl.domain import EventKind, WorkerRole, WorkerState
 from fleetctl.engine.fleet.config import FleetConfig
+from fleetctl.engine.fleet.logs import FleetLogs
 from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.fleet.router import Router
@@ -51,6 +52,7 @@ class FleetState:
     closing: bool = False  # shutting down: no new request is admitted
     stopping: bool = False  # the fleet is stopping: a worker exiting now stopped (not failed, not restarted)
     retired_ids: set[str] = field(default_factory=set)  # ids a worker left when it switched role
+    logs: FleetLogs = field(default_factory=lambda: FleetLogs(None))  # the fleet's and its workers' recent lines
 
     def take_over(self, worker_id: str, link: WorkerLink) -> None:
         """`link`'s process becomes `worker_id`, with the spec it was launched with (a new id gets its view)."""
@@ -66,6 +68,7 @@ class FleetState:
         taking over the worker it replaces)."""
         link, view = self.links.pop(old), self.views.pop(old)
         spec = self.specs.pop(old)
+        self.logs.rename(old, new)
         link.worker_id = view.worker_id = new
         self.links[new], self.views[new] = link, view
         self.specs[new] = dataclasses.replace(spec, worker_id=new)

@@ -54,6 +54,7 @@ class WorkerInbox:
         """`link`'s process exited (on purpose or not): what waited on it is told, and a worker that died has
         its sessions recomputed and its restart scheduled."""
         wid = link.worker_id
+        self.state.logs.poll()  # its last words, before anything acts on its exit
         if self.state.links.get(wid) is not link:
             self.operations.on_foreign_exit(link)
             return

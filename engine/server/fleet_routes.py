@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import OperationRefused
+from fleetctl.engine.fleet.logs import FLEET, KEEP_LINES
 from fleetctl.engine.fleet.ops.checkpoint_catalog import catalog
 from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.server.errors import APIError
@@ -19,7 +20,9 @@ from fleetctl.engine.server.plan_routes import plan_router
 from fleetctl.engine.server.schemas import (
     CheckpointList,
     FleetHistory,
+    FleetLogLines,
     FleetStatus,
+    LogLineInfo,
     OperationInfo,
     RecentRequests,
     WorkerList,
@@ -98,6 +101,17 @@ def fleet_router(fleet: Fleet) -> APIRouter:
     @router.get("/workers")
     async def workers() -> WorkerList:
         return WorkerList(workers=workers_status(fleet))
+
+    @router.get("/logs")
+    async def logs(worker: str | None = None, since: int = Query(default=0, ge=0),
+                   limit: int = Query(default=200, ge=0, le=KEEP_LINES)) -> FleetLogLines:
+        """The fleet's (`worker=fleet`) and its workers' recent log lines after `since`, the last `limit`."""
+        if worker is not None and worker != FLEET and worker not in fleet.views:
+            raise APIError(404, f"unknown worker {worker!r}", "not_found_error")
+        lines, newest = fleet.log_lines(worker, since, limit)
+        return FleetLogLines(lines=[LogLineInfo(seq=ln.seq, time=ln.time, source=ln.source, level=ln.level.value,
+                                                text=ln.text) for ln in lines],
+                             next=max(since, newest))
 
     @router.get("/workers/{worker_id}/sessions")
     async def sessions(worker_id: str) -> WorkerSessions:

@@ -113,6 +113,19 @@ class WorkerList(_Open):
     workers: list[WorkerInfo]
 
 
+class LogLineInfo(_Open):
+    seq: int  # increasing across sources: ask `since` the last one seen for only newer lines
+    time: float  # time.time() when the controller read it
+    source: str  # "fleet" (the controller) or a worker id
+    level: str  # info, warning, error
+    text: str
+
+
+class FleetLogLines(_Open):
+    lines: list[LogLineInfo]  # oldest first
+    next: int  # the `since` that asks for lines after these
+
+
 class SessionInfo(_Open):
     id: str
     stage: str

@@ -7,6 +7,7 @@ import signal
 import sys
 import traceback
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.spec import WorkerSpec
@@ -17,12 +18,24 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     The loop has released what the worker published by then; the interpreter's own teardown is skipped, as
     torch's takes seconds (more with several workers exiting together), which made every stop that long."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's: it drains and stops workers
+    if spec.log_path is not None:
+        _write_output_to(spec.log_path)
     if spec.cores:
         os.sched_setaffinity(0, spec.cores)
     served = run_worker(spec, conn)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0 if served else 1)
+
+
+def _write_output_to(path: Path) -> None:
+    """This process's stdout and stderr — Python's and any library's, a crash's last words too — appended to
+    `path`, a line at a time (engine/fleet/logs.py reads it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout.reconfigure(line_buffering=True)
 
 
 def run_worker(spec: WorkerSpec, conn: Connection, transport: object | None = None) -> bool:

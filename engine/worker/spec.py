@@ -24,6 +24,7 @@ class WorkerSpec:
     shm_dir: Path = SHM_DIR  # where KV handoff buffers are published (CPU)
     fleet_pid: int | None = None  # the controller's pid, naming the handoff buffers (None: the parent process's)
     memory_share: float = 1.0  # of its GPU, when it is one of several workers there (`device_names.memory_share`)
+    log_path: Path | None = None  # where its process writes its stdout and stderr (the controller reads it)
 
     def engine_config(self) -> EngineConfig:
         device = parse_device_name(self.device)

@@ -15,9 +15,11 @@ from fleetctl.engine.fleet.ops.stages import STAGES, CheckpointMigrateStage, Liv
 from fleetctl.engine.server.schemas import (
     CheckpointList,
     FleetHistory,
+    FleetLogLines,
     FleetPlan,
     FleetStatus,
     LiveMigrateResult,
+    LogLineInfo,
     OperationInfo,
     OperationResult,
     PoolInfo,
@@ -77,6 +79,17 @@ WORKERS = [worker(wid, role, device, pid, tokens_per_s=_WORKER_SERIES[wid][-1]["
            for wid, role, device, pid, kw in _WORKERS]
 POOLS = {"prefill": PoolInfo(workers=2, busy=0.385, mfu=0.29, mbu=0.015, queue=0, prefix_hit_ratio=0.0),
          "decode": PoolInfo(workers=4, busy=0.805, mfu=0.1375, mbu=0.125, queue=0, prefix_hit_ratio=0.0)}
+# what /fleet/logs answers: the controller's lines, a warning, and decode-5's last words before it failed
+LOG_LINES = [LogLineInfo(seq=i + 1, time=NOW - 60 + 3 * i, source=source, level=level, text=text)
+             for i, (source, level, text) in enumerate([
+                 ("fleet", "info", "6 workers ready in 7.4 s: prefill-0, prefill-1, decode-0 … decode-5"),
+                 ("decode-5", "warning", "UserWarning: TypedStorage is deprecated"),
+                 ("fleet", "info", "112 requests, 1.4 req/s; prefill busy 38 %, decode busy 80 %"),
+                 ("decode-5", "error", "Traceback (most recent call last):"),
+                 ("decode-5", "error", '  File "engine/worker/loop.py", line 212, in _step'),
+                 ("decode-5", "error", "RuntimeError: [enforce fail at alloc_cpu.cpp:117] not enough memory"),
+                 ("fleet", "warning", "decode-5 failed (exit 1): 9 sessions recomputed on decode-0..2"),
+             ])]
 # a fleet with a host tier over a disk tier under its pools: how full each is, what each read back per pool
 KV_TIERS = {"host": TierInfo(used_bytes=13_421_772, capacity_bytes=268_435_456),
             "disk": TierInfo(used_bytes=107_374_182, capacity_bytes=10_737_418_240)}
@@ -219,6 +232,10 @@ class FixtureSource:
 
     async def sessions(self, worker: str) -> WorkerSessions:
         return WorkerSessions(worker=worker, sessions=SESSIONS)
+
+    async def logs(self, worker: str | None, since: int) -> FleetLogLines:
+        lines = [line for line in LOG_LINES if line.seq > since and worker in (None, line.source)]
+        return FleetLogLines(lines=lines, next=max([since, *(line.seq for line in lines)]))
 
     async def checkpoints(self) -> CheckpointList:
         raise FleetRefused("GET", "/fleet/checkpoints", 404, "not in the fixture")
