@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         FleetStatus,
         OperationInfo,
         RebalancePreview,
+        RecentRequests,
         WorkerList,
         WorkerSessions,
     )
@@ -189,6 +190,12 @@ class _Calls:
         return _Call("GET", "/fleet/history", FleetHistory, params=params)
 
     @staticmethod
+    def requests(params: Params) -> _Call[RecentRequests]:
+        from fleetctl.engine.server.schemas import RecentRequests
+
+        return _Call("GET", "/fleet/requests", RecentRequests, params=params)
+
+    @staticmethod
     def logs(params: Params) -> _Call[FleetLogLines]:
         from fleetctl.engine.server.schemas import FleetLogLines
 
@@ -237,6 +244,10 @@ class FleetClient:
     def logs(self, params: Params) -> FleetLogLines:
         """`worker` (a worker id or "fleet"; all without), `since` (a line's seq), `limit`."""
         return self._call(_Calls.logs(params))
+
+    def requests(self, params: Params) -> RecentRequests:
+        """The last `limit` finished requests' timing breakdowns, and those in flight (`live`)."""
+        return self._call(_Calls.requests(params))
 
     def get(self, path: str) -> Any:
         """The JSON of a route outside the `/fleet/*` contract (`/health`, `/v1/models`)."""
@@ -294,6 +305,9 @@ class AsyncFleetClient:
 
     async def logs(self, params: Params) -> FleetLogLines:
         return await self._call(_Calls.logs(params))
+
+    async def requests(self, params: Params) -> RecentRequests:
+        return await self._call(_Calls.requests(params))
 
     async def _call(self, call: _Call[Answer]) -> Answer:
         try:

@@ -26,6 +26,7 @@ ACTIONS = (
     ConsoleAction("plan", "p", "plan", "Open the planner: the recommended split, its gain and why; apply it",
                   False),
     ConsoleAction("detail", "enter", "detail", "Open the selected worker's detail", False, True),
+    ConsoleAction("requests", "R", "requests", "Live and recent requests: their timelines, moves", False),
     ConsoleAction("logs", "l", "logs", "Follow the fleet's and its workers' log lines", False),
     ConsoleAction("sort", "s", "sort", "Sort the worker table by the next column", False),
     ConsoleAction("theme", "t", "theme", "Switch between the dark and light theme", False),

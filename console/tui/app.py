@@ -19,6 +19,7 @@ from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.screens.help import HelpScreen
 from fleetctl.console.tui.screens.logs import ALL, LogsScreen
 from fleetctl.console.tui.screens.plan import PlanScreen
+from fleetctl.console.tui.screens.requests import RequestsScreen
 from fleetctl.console.tui.screens.worker_detail import WorkerDetail
 from fleetctl.console.tui.settings import ConsoleSettings, remember_theme
 from fleetctl.console.tui.source import FleetSource, HttpSource
@@ -153,6 +154,8 @@ class FleetConsole(App[None]):
                 detail.call_after_refresh(lambda: self.run_worker(self.refresh_detail(detail), group="detail"))
             case "plan":
                 self.push_screen(PlanScreen())
+            case "requests":
+                self.push_screen(RequestsScreen())
             case "logs":
                 chosen = self.reading.worker(worker) if worker else None
                 failed = chosen is not None and chosen.state == WorkerState.FAILED.value

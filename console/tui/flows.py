@@ -11,7 +11,7 @@ from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog, OperationDialog
 from fleetctl.console.tui.source import FleetSource
-from fleetctl.domain import DeviceKind, WorkerRole
+from fleetctl.domain import DeviceKind, WorkerRole, WorkerState
 from fleetctl.engine.core.device_names import DeviceName, parse_device_name
 from fleetctl.engine.fleet.config import Supervision
 from fleetctl.engine.server.schemas import OperationInfo, WorkerInfo
@@ -133,6 +133,18 @@ class ActionFlows:
         if device is None:
             return None
         return await self.app.source.start("/fleet/workers", {"role": role, "device": device})
+
+    async def move(self, request_id: str, worker: str) -> OperationInfo | None:
+        """From the requests view: a decoding session to another running worker that decodes, live."""
+        peers = [w.id for w in self.app.reading.workers if w.id != worker and w.state == WorkerState.RUNNING.value
+                 and WorkerRole(w.role).covers(WorkerRole.DECODE)]
+        if not peers:
+            self.app.notify(f"move {request_id}: no other running worker decodes", severity="warning", timeout=8)
+            return None
+        to = await self._ask(f"move {request_id} from {worker} to which worker?", [(p, p) for p in peers])
+        if to is None or not await self._confirm(f"Move {request_id} to {to}? It keeps decoding while its KV moves."):
+            return None
+        return await self.app.source.start(f"/fleet/requests/{request_id}/move", {"to": to})
 
     async def rebalance(self, split: str) -> OperationInfo | None:
         """From the plan screen: the dry run's moves in the confirmation, then the rebalance itself."""

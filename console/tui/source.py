@@ -19,6 +19,7 @@ from fleetctl.engine.server.schemas import (
     FleetPlan,
     OperationInfo,
     RebalancePreview,
+    RecentRequests,
     WorkerSessions,
 )
 
@@ -37,6 +38,8 @@ class FleetSource(Protocol):
     async def sessions(self, worker: str) -> WorkerSessions: ...
 
     async def logs(self, worker: str | None, since: int) -> FleetLogLines: ...
+
+    async def requests(self, limit: int) -> RecentRequests: ...
 
     async def checkpoints(self) -> CheckpointList: ...
 
@@ -87,6 +90,9 @@ class HttpSource:
         if worker is not None:
             params["worker"] = worker
         return await self._fleet.logs(params)
+
+    async def requests(self, limit: int) -> RecentRequests:
+        return await self._fleet.requests({"limit": limit})
 
     async def checkpoints(self) -> CheckpointList:
         return await self._fleet.checkpoints()

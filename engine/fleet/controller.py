@@ -270,6 +270,11 @@ class Fleet:
         """The live and free devices an elastic plan lays layouts over (`limit` at most); None with no free one."""
         return self.rebalancer.elastic_devices(limit)
 
+    def live_requests(self) -> list[dict]:
+        """Each request in flight: its timing breakdown so far and its stage, oldest first."""
+        live = sorted(self.state.requests.values(), key=lambda r: r.times.arrival)
+        return [{**req.record(), "stage": req.stage.value} for req in live]
+
     def log_lines(self, source: str | None, since: int, limit: int) -> tuple[list[LogLine], int]:
         """The recent log lines of `source` (a worker id, "fleet", None: all) after `since`, the last `limit`,
         read fresh from the workers' files; and the newest line's seq (the next `since`)."""

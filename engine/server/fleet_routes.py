@@ -170,9 +170,10 @@ def fleet_router(fleet: Fleet) -> APIRouter:
 
     @router.get("/requests")
     async def recent_requests(limit: int = Query(default=100, ge=0, le=10_000)) -> RecentRequests:
-        """Timing breakdowns of the most recently finished requests (newest last)."""
+        """Timing breakdowns of the most recently finished requests (newest last), and of those in flight."""
         records = list(fleet.stats.records)
-        return RecentRequests.model_validate({"requests": records[-limit:] if limit else []})
+        return RecentRequests.model_validate({"requests": records[-limit:] if limit else [],
+                                              "live": fleet.live_requests()})
 
     @router.post("/requests/{request_id}/move", status_code=202)
     async def move(request_id: str, body: MoveBody, response: Response) -> OperationInfo:

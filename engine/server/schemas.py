@@ -231,10 +231,12 @@ class RequestRecord(_Open):
     local_prefill: bool
     tier_cached_tokens: dict[str, int] = Field(default_factory=dict)  # of the cached ones, what a KV tier served
     session: str = ""  # the agent session it was a turn of (X-Session-Id or `user`)
+    stage: str = "done"  # a live one's: queued, prefill, handoff, decode (its times so far, up to now)
 
 
 class RecentRequests(_Open):
-    requests: list[RequestRecord]
+    requests: list[RequestRecord]  # finished, newest last
+    live: list[RequestRecord] = Field(default_factory=list)  # not finished yet, oldest first
 
 
 class HistoryPoint(_Open):

@@ -25,6 +25,8 @@ from fleetctl.engine.server.schemas import (
     PoolInfo,
     RebalancePreview,
     RebalanceResult,
+    RecentRequests,
+    RequestRecord,
     RoleChange,
     RoleChanged,
     SessionInfo,
@@ -79,6 +81,27 @@ WORKERS = [worker(wid, role, device, pid, tokens_per_s=_WORKER_SERIES[wid][-1]["
            for wid, role, device, pid, kw in _WORKERS]
 POOLS = {"prefill": PoolInfo(workers=2, busy=0.385, mfu=0.29, mbu=0.015, queue=0, prefix_hit_ratio=0.0),
          "decode": PoolInfo(workers=4, busy=0.805, mfu=0.1375, mbu=0.125, queue=0, prefix_hit_ratio=0.0)}
+def _request(rid: str, stage: str, arrival: float, queue: float, prefill: float, e2e: float, output: int,
+             decode: str | None, **more: object) -> RequestRecord:
+    handed = decode is not None
+    return RequestRecord(request_id=rid, arrival=NOW - arrival, queue_s=queue, prefill_s=prefill,
+                         ttft_s=queue + prefill, handoff_s=0.004, handoff_bytes=1_474_560 if handed else 0,
+                         handoff_wall_s=0.011 if handed else 0, first_decode_s=0.052 if handed else 0,
+                         decode_s=e2e - queue - prefill, e2e_s=e2e,
+                         prompt_tokens=480, output_tokens=output, decode_worker=decode,
+                         prefill_worker=None if stage == "queued" else "prefill-0",
+                         outcome="stop" if stage == "done" else "running", recomputes=0, prefill_cached_tokens=320,
+                         prefill_computed_tokens=160, local_prefill=False, stage=stage, **more)
+
+
+# what /fleet/requests answers: three finished (one that waited 4.6 s in the queue), two decoding, one queued
+REQUESTS = RecentRequests(
+    requests=[_request("req-0017", "done", 41.0, 0.021, 0.180, 3.10, 48, "decode-0"),
+              _request("req-0018", "done", 38.5, 4.612, 0.201, 7.95, 52, "decode-1", tier_cached_tokens={"host": 160}),
+              _request("req-0019", "done", 30.2, 0.018, 0.175, 2.40, 40, "decode-2", session="agent-7")],
+    live=[_request("req-0020", "decode", 6.0, 0.030, 0.190, 6.0, 71, "decode-0"),
+          _request("req-0021", "decode", 3.5, 0.025, 0.185, 3.5, 40, "decode-1"),
+          _request("req-0022", "queued", 0.4, 0.4, 0.0, 0.4, 0, None)])
 # what /fleet/logs answers: the controller's lines, a warning, and decode-5's last words before it failed
 LOG_LINES = [LogLineInfo(seq=i + 1, time=NOW - 60 + 3 * i, source=source, level=level, text=text)
              for i, (source, level, text) in enumerate([
@@ -232,6 +255,9 @@ class FixtureSource:
 
     async def sessions(self, worker: str) -> WorkerSessions:
         return WorkerSessions(worker=worker, sessions=SESSIONS)
+
+    async def requests(self, limit: int) -> RecentRequests:
+        return REQUESTS
 
     async def logs(self, worker: str | None, since: int) -> FleetLogLines:
         lines = [line for line in LOG_LINES if line.seq > since and worker in (None, line.source)]

@@ -1,0 +1,153 @@
+"""`R`: the requests in flight and those that finished last (`GET /fleet/requests`): stage, workers, prompt /
+cached / output tokens, age and TTFT (once there is a first token), refreshed every interval; `s` sorts by the
+next column, `/` filters by words, `enter` opens a request's timeline, `m` moves a decoding session to another
+worker live."""
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Input
+
+from fleetctl.console.client import FleetClientError
+from fleetctl.console.tui.actions import READONLY_REASON
+from fleetctl.console.tui.screens.timeline import TimelineScreen
+from fleetctl.console.tui.widgets.format import seconds
+from fleetctl.engine.server.schemas import RequestRecord
+
+RECENT = 200  # finished requests listed under the live ones
+COLUMNS = ("request", "stage", "prefill", "decode", "in/cached/out", "age", "TTFT")
+SORTS = ("age", "TTFT", "prompt", "output")  # `s` steps through them, largest first
+
+
+def stage_of(record: RequestRecord) -> str:
+    """A live request's stage, or how a finished one ended."""
+    return record.outcome if record.stage == "done" else {"prefill": "prefilling", "handoff": "handing off",
+                                                           "decode": "decoding"}.get(record.stage, record.stage)
+
+
+def sort_value(record: RequestRecord, column: str, now: float) -> float:
+    return {"age": now - record.arrival, "TTFT": record.ttft_s if record.output_tokens else 0.0,
+            "prompt": record.prompt_tokens, "output": record.output_tokens}[column]
+
+
+def cells(record: RequestRecord, now: float) -> tuple[str, ...]:
+    tokens = f"{record.prompt_tokens}/{record.prefill_cached_tokens}/{record.output_tokens}"
+    return (record.request_id, stage_of(record), record.prefill_worker or "-", record.decode_worker or "-", tokens,
+            seconds(now - record.arrival), seconds(record.ttft_s) if record.output_tokens else "-")
+
+
+def matches(record: RequestRecord, words: str, now: float) -> bool:
+    haystack = " ".join(cells(record, now)).lower() + f" {record.session}".lower()
+    return all(word in haystack for word in words.lower().split())
+
+
+class RequestsScreen(Screen[None]):
+    BINDINGS = [Binding("escape,backspace", "back", "Back"),
+                Binding("enter", "timeline", "timeline"),
+                Binding("m", "move", "move session"),
+                Binding("s", "sort", "sort"),
+                Binding("slash", "filter", "filter")]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: dict[str, RequestRecord] = {}
+        self.sort = SORTS[0]
+        self.words = ""
+        self.now = 0.0  # the fleet's now as its answer says (a live request's end is then): ages on its clock
+
+    def compose(self) -> ComposeResult:
+        table = DataTable(id="requests", cursor_type="row", zebra_stripes=True)
+        yield table
+        field = Input(placeholder="filter: words every listed request has (enter keeps it, escape clears it)",
+                      id="requests-filter")
+        field.display = False
+        yield field
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#requests", DataTable).add_columns(*COLUMNS)
+        self._title()
+        self.poll()
+        self.set_interval(self.app.settings.interval, self.poll)
+
+    def _title(self) -> None:
+        filtered = f" · filter: {self.words}" if self.words else ""
+        self.query_one("#requests", DataTable).border_title = f"requests · by {self.sort}{filtered}"
+
+    @work(exclusive=True, group="requests")
+    async def poll(self) -> None:
+        try:
+            answer = await self.app.source.requests(RECENT)
+        except FleetClientError as exc:
+            self.query_one("#requests", DataTable).border_subtitle = f"no requests: {exc}"
+            return
+        if not self.is_attached:
+            return
+        self.records = {r.request_id: r for r in [*answer.requests, *answer.live]}
+        self.now = max([self.now, *(r.arrival + r.e2e_s for r in self.records.values())])
+        self.show()
+
+    def show(self) -> None:
+        table = self.query_one("#requests", DataTable)
+        selected = self.selected
+        table.clear()
+        shown = [r for r in self.records.values() if matches(r, self.words, self.now)]
+        live = sorted((r for r in shown if r.stage != "done"), key=lambda r: -sort_value(r, self.sort, self.now))
+        done = sorted((r for r in shown if r.stage == "done"), key=lambda r: -sort_value(r, self.sort, self.now))
+        for record in [*live, *done]:
+            table.add_row(*cells(record, self.now), key=record.request_id)
+        table.border_subtitle = f"{len(live)} in flight, {len(done)} finished"
+        if selected in self.records and any(r.request_id == selected for r in [*live, *done]):
+            table.move_cursor(row=table.get_row_index(selected))
+        self._title()
+
+    @property
+    def selected(self) -> str | None:
+        table = self.query_one("#requests", DataTable)
+        if not table.row_count:
+            return None
+        return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+
+    def action_timeline(self) -> None:
+        if self.selected is not None:
+            self.app.push_screen(TimelineScreen(self.records[self.selected]))
+
+    def on_data_table_row_selected(self, _: DataTable.RowSelected) -> None:
+        self.action_timeline()
+
+    def action_move(self) -> None:
+        record = self.records.get(self.selected or "")
+        if record is None or record.stage != "decode" or record.decode_worker is None:
+            self.notify("select a decoding request first", severity="warning")
+            return
+        if self.app.readonly:
+            self.notify(READONLY_REASON, severity="warning")
+            return
+        self.app.flows.launch("move", self.app.flows.move(record.request_id, record.decode_worker))
+
+    def action_sort(self) -> None:
+        self.sort = SORTS[(SORTS.index(self.sort) + 1) % len(SORTS)]
+        self.show()
+
+    def action_filter(self) -> None:
+        field = self.query_one("#requests-filter", Input)
+        field.display = True
+        field.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.words = event.value
+        self.show()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.input.display = False
+        self.query_one("#requests", DataTable).focus()
+
+    def action_back(self) -> None:
+        field = self.query_one("#requests-filter", Input)
+        if field.display:
+            field.value = ""
+            field.display = False
+            self.query_one("#requests", DataTable).focus()
+            return
+        self.app.pop_screen()

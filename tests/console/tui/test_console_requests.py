@@ -1,0 +1,103 @@
+"""The requests view (`R`) on the fixture fleet: live requests first, then the finished ones, each with its
+stage and workers; `s` sorts by TTFT (the request that waited 4.6 s in the queue first), `/` filters by words,
+`enter` opens a request's timeline with each phase to scale, `m` on a decoding request asks where to move it
+and posts the move; and their pictures."""
+
+import asyncio
+
+import pytest
+from support.console_fixture import FixtureSource, pilot_until
+from textual.widgets import DataTable, Label
+
+from fleetctl.console.tui.app import FleetConsole
+from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog
+from fleetctl.console.tui.screens.requests import RequestsScreen
+from fleetctl.console.tui.screens.timeline import TimelineScreen, bar
+from fleetctl.console.tui.settings import ConsoleSettings
+
+WIDE, NARROW = (120, 40), (80, 24)
+
+
+def rows(screen: RequestsScreen) -> list[tuple[str, str]]:
+    table = screen.query_one("#requests", DataTable)
+    return [(str(table.get_row_at(i)[0]), str(table.get_row_at(i)[1])) for i in range(table.row_count)]
+
+
+async def opened(pilot) -> RequestsScreen:
+    app = pilot.app
+    await pilot_until(pilot, lambda: app.reading.reachable, "the first reading")
+    await pilot.press("R")
+    await pilot_until(pilot, lambda: isinstance(app.screen, RequestsScreen) and app.screen.records, "the requests")
+    await pilot.pause(0.1)
+    return app.screen
+
+
+def test_requests_listed_sorted_filtered_and_one_opened_and_moved() -> None:
+    source = FixtureSource()
+
+    async def run() -> dict[str, object]:
+        app = FleetConsole(source, ConsoleSettings(theme="fleet-dark"))
+        seen: dict[str, object] = {}
+        async with app.run_test(size=WIDE) as pilot:
+            screen = await opened(pilot)
+            seen["by age"] = rows(screen)
+            await pilot.press("s")  # by TTFT
+            seen["by ttft"] = rows(screen)[3:]
+            await pilot.press("slash", *"agent-7", "enter")
+            seen["filtered"] = rows(screen)
+            await pilot.press("escape")  # the filter is kept: enter closed its field; escape leaves the view
+            await pilot.pause(0.1)
+            screen = await opened(pilot)
+            screen.query_one("#requests", DataTable).move_cursor(row=0)  # req-0020, decoding on decode-0
+            await pilot.press("enter")
+            await pilot_until(pilot, lambda: isinstance(app.screen, TimelineScreen), "the timeline")
+            await pilot.pause(0.2)
+            seen["timeline"] = str(app.screen.query_one("#timeline-summary", Label).render())
+            seen["bars"] = str(app.screen.query_one("#timeline-bars", Label).render())
+            await pilot.press("escape")
+            await pilot.press("m")
+            await pilot_until(pilot, lambda: isinstance(app.screen, ChoiceDialog), "where to move it")
+            await pilot.press("down", "enter")  # decode-1 is listed first: the second, decode-2
+            await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the confirmation")
+            await pilot.press("y")
+            await pilot_until(pilot, lambda: source.posted, "the move posted")
+        return seen
+
+    seen = asyncio.run(run())
+    assert seen["by age"] == [("req-0020", "decoding"), ("req-0021", "decoding"), ("req-0022", "queued"),
+                              ("req-0017", "stop"), ("req-0018", "stop"), ("req-0019", "stop")]
+    assert [rid for rid, _ in seen["by ttft"]] == ["req-0018", "req-0017", "req-0019"]
+    assert seen["filtered"] == [("req-0019", "stop")]
+    assert "workers prefill-0 → decode-0" in seen["timeline"] and "320 of 480 prompt tokens cached" in seen["timeline"]
+    assert "1.5 MB of KV handed over" in seen["timeline"]
+    assert [line.split()[0] for line in seen["bars"].strip().splitlines()[:5]] == [
+        "queue", "prefill", "handoff", "first", "decode"]
+    assert source.posted[-1] == ("/fleet/requests/req-0020/move", {"to": "decode-2"})
+
+
+def test_a_bar_is_to_scale_and_never_empty_when_its_phase_lasted() -> None:
+    assert bar(0.0, 1.0, 4.0, 40) == "█" * 10
+    assert bar(2.0, 2.0, 4.0, 40) == " " * 20 + "█" * 20
+    assert bar(3.99, 0.0001, 4.0, 40) == " " * 39 + "█"
+    assert bar(1.0, 0.0, 4.0, 40) == " " * 10
+
+
+@pytest.mark.pictures
+@pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
+def test_requests_picture(snap_compare, size: tuple[int, int]) -> None:
+    app = FleetConsole(FixtureSource(), ConsoleSettings(theme="fleet-dark"))
+    assert snap_compare(app, terminal_size=size, run_before=opened)
+
+
+@pytest.mark.pictures
+def test_timeline_picture(snap_compare) -> None:
+    async def timeline(pilot) -> None:
+        screen = await opened(pilot)
+        table = screen.query_one("#requests", DataTable)
+        table.move_cursor(row=table.get_row_index("req-0018"))  # 4.6 s in the queue
+        await pilot.press("enter")
+        await pilot_until(pilot, lambda: isinstance(pilot.app.screen, TimelineScreen), "the timeline")
+        await pilot.pause(0.2)
+
+    app = FleetConsole(FixtureSource(), ConsoleSettings(theme="fleet-dark"))
+    assert snap_compare(app, terminal_size=WIDE, run_before=timeline)
