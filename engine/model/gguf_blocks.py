@@ -28,8 +28,9 @@ zero's rounding (half its float32 ulp) carries into the weight.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Self
 
 import gguf
 import numpy as np
@@ -45,21 +46,25 @@ BlockReader = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
-class Int4Blocks:
+class _Blocks:
+    """A matrix's blocks as three row-aligned tensors: codes [N, K], and two [N, K/32] per group of 32."""
+
+    @classmethod
+    def stacked(cls, parts: list[Self]) -> Self:
+        """The rows of `parts` one after another (a fused Q/K/V or gate/up matrix)."""
+        return cls(*(torch.cat([getattr(p, f.name) for p in parts]) for f in fields(cls)))
+
+    def to(self, device: torch.device) -> Self:
+        return type(self)(*(getattr(self, f.name).to(device) for f in fields(self)))
+
+
+@dataclass(frozen=True)
+class Int4Blocks(_Blocks):
     """One matrix's blocks in Hugging Face's row order: w = (codes − 8) · scales + zeros per group of 32."""
 
     codes: torch.Tensor  # [N, K] uint8, 0..15
     scales: torch.Tensor  # [N, K/32] float32 (the fp16 d, or d · sc_j, exactly)
     zeros: torch.Tensor  # [N, K/32] float32
-
-    @classmethod
-    def stacked(cls, parts: "list[Int4Blocks]") -> "Int4Blocks":
-        """The rows of `parts` one after another (a fused Q/K/V or gate/up matrix)."""
-        return cls(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
-                   torch.cat([p.zeros for p in parts]))
-
-    def to(self, device: torch.device) -> "Int4Blocks":
-        return Int4Blocks(self.codes.to(device), self.scales.to(device), self.zeros.to(device))
 
     def dequantize(self) -> torch.Tensor:
         """float32 [N, K] as the int4 layout computes it (tests compare it with `gguf`'s own dequantization)."""
@@ -68,7 +73,7 @@ class Int4Blocks:
 
 
 @dataclass(frozen=True)
-class Int8Blocks:
+class Int8Blocks(_Blocks):
     """One matrix's blocks in Hugging Face's row order: w = codes · scales + offsets per group of 32."""
 
     codes: torch.Tensor  # [N, K] int16, −128..127
@@ -78,15 +83,6 @@ class Int8Blocks:
     @classmethod
     def from_int4(cls, blocks: Int4Blocks) -> "Int8Blocks":
         return cls(blocks.codes.to(torch.int16) - 8, blocks.scales, blocks.zeros)
-
-    @classmethod
-    def stacked(cls, parts: "list[Int8Blocks]") -> "Int8Blocks":
-        """The rows of `parts` one after another (a fused Q/K/V or gate/up matrix)."""
-        return cls(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
-                   torch.cat([p.offsets for p in parts]))
-
-    def to(self, device: torch.device) -> "Int8Blocks":
-        return Int8Blocks(self.codes.to(device), self.scales.to(device), self.offsets.to(device))
 
     def dequantize(self) -> torch.Tensor:
         """float32 [N, K]: each weight is one exact product plus its offset, as `gguf` computes it."""

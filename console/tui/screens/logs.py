@@ -9,9 +9,10 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Input, RichLog
+from textual.widgets import Footer, RichLog
 
 from fleetctl.console.client import FleetClientError
+from fleetctl.console.tui.screens.filtering import FilterField, Filtering
 from fleetctl.console.tui.widgets.format import clock
 from fleetctl.engine.server.schemas import LogLineInfo
 
@@ -39,10 +40,12 @@ def _write(log: RichLog, line: LogLineInfo) -> None:
     log.write(rendered(line), width=log.scrollable_content_region.width or None)
 
 
-class LogsScreen(Screen[None]):
+class LogsScreen(Filtering, Screen[None]):
     BINDINGS = [Binding("escape,backspace", "back", "Back"),
                 Binding("slash", "filter", "filter"),
                 Binding("w", "source", "source")]
+
+    filter_field, content = "log-filter", "log-lines"
 
     def __init__(self, source: str = ALL, sources: list[str] | None = None) -> None:
         super().__init__()
@@ -57,10 +60,7 @@ class LogsScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         log = RichLog(id="log-lines", wrap=True, markup=False, max_lines=KEEP, min_width=20)
         yield log
-        field = Input(placeholder="filter: words every shown line has (enter keeps it, escape clears it)",
-                      id="log-filter")
-        field.display = False
-        yield field
+        yield FilterField("log-filter")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -93,6 +93,9 @@ class LogsScreen(Screen[None]):
             if matches(line, self.source, self.words):
                 _write(log, line)
 
+    def apply_filter(self) -> None:
+        self.redraw()
+
     def redraw(self) -> None:
         log = self.query_one("#log-lines", RichLog)
         log.clear()
@@ -104,25 +107,3 @@ class LogsScreen(Screen[None]):
     def action_source(self) -> None:
         self.source = self.sources[(self.sources.index(self.source) + 1) % len(self.sources)]
         self.redraw()
-
-    def action_filter(self) -> None:
-        field = self.query_one("#log-filter", Input)
-        field.display = True
-        field.focus()
-
-    def on_input_changed(self, event: Input.Changed) -> None:
-        self.words = event.value
-        self.redraw()
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.input.display = False
-        self.query_one("#log-lines", RichLog).focus()
-
-    def action_back(self) -> None:
-        field = self.query_one("#log-filter", Input)
-        if field.display:  # escape in the filter clears it first
-            field.value = ""
-            field.display = False
-            self.query_one("#log-lines", RichLog).focus()
-            return
-        self.app.pop_screen()

@@ -7,10 +7,11 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Input
+from textual.widgets import DataTable, Footer
 
 from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.actions import READONLY_REASON
+from fleetctl.console.tui.screens.filtering import FilterField, Filtering
 from fleetctl.console.tui.screens.timeline import TimelineScreen
 from fleetctl.console.tui.widgets.format import seconds
 from fleetctl.engine.server.schemas import RequestRecord
@@ -42,12 +43,14 @@ def matches(record: RequestRecord, words: str, now: float) -> bool:
     return all(word in haystack for word in words.lower().split())
 
 
-class RequestsScreen(Screen[None]):
+class RequestsScreen(Filtering, Screen[None]):
     BINDINGS = [Binding("escape,backspace", "back", "Back"),
                 Binding("enter", "timeline", "timeline"),
                 Binding("m", "move", "move session"),
                 Binding("s", "sort", "sort"),
                 Binding("slash", "filter", "filter")]
+
+    filter_field, content = "requests-filter", "requests"
 
     def __init__(self) -> None:
         super().__init__()
@@ -59,10 +62,7 @@ class RequestsScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         table = DataTable(id="requests", cursor_type="row", zebra_stripes=True)
         yield table
-        field = Input(placeholder="filter: words every listed request has (enter keeps it, escape clears it)",
-                      id="requests-filter")
-        field.display = False
-        yield field
+        yield FilterField("requests-filter")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -126,28 +126,9 @@ class RequestsScreen(Screen[None]):
             return
         self.app.flows.launch("move", self.app.flows.move(record.request_id, record.decode_worker))
 
+    def apply_filter(self) -> None:
+        self.show()
+
     def action_sort(self) -> None:
         self.sort = SORTS[(SORTS.index(self.sort) + 1) % len(SORTS)]
         self.show()
-
-    def action_filter(self) -> None:
-        field = self.query_one("#requests-filter", Input)
-        field.display = True
-        field.focus()
-
-    def on_input_changed(self, event: Input.Changed) -> None:
-        self.words = event.value
-        self.show()
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.input.display = False
-        self.query_one("#requests", DataTable).focus()
-
-    def action_back(self) -> None:
-        field = self.query_one("#requests-filter", Input)
-        if field.display:
-            field.value = ""
-            field.display = False
-            self.query_one("#requests", DataTable).focus()
-            return
-        self.app.pop_screen()
