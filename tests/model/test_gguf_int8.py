@@ -17,18 +17,16 @@ from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.model.gguf_blocks import INT8_TYPES, read_int8_blocks
 from fleetctl.engine.model.gguf_convert import unpermute_rotary
-from fleetctl.engine.model.loader import load_weights
 from fleetctl.engine.model.prepared import cache_path
 from fleetctl.engine.model.quantize import MATRICES, SPLIT_TYPES, resolve_quantization, weight_source
-from fleetctl.engine.model.store import SOURCE_GGUF, ModelStore
+from fleetctl.engine.model.store import ModelStore
 from fleetctl.kernels.quantized_linear import QuantFormat, int8_split, round_int8_groups
+from fleetctl.tests.support.gguf_parts import check_parts
 from fleetctl.tests.support.tiny_wheel import write_tiny_gguf
 
 Q8_0, Q5_0, Q5_1 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.Q5_1
 Q4_1, F16 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.F16
 PROMPTS = ["The quick brown fox", "Once upon a time", "def add(a, b):"]
-PARTS = {"qkv": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",), "gate_up": ("ffn_gate", "ffn_up"),
-         "down": ("ffn_down",)}
 EXACT_MIX = {"blk.0.attn_v.weight": Q5_0, "blk.1.attn_q.weight": Q5_1, "blk.1.ffn_down.weight": Q4_1}
 VARIANTS = {"Q8_0": ({}, "int8-gguf"), "Q8_0-Q5-Q4": (EXACT_MIX, "int8-gguf"),
             "with-F16": ({**EXACT_MIX, "blk.2.ffn_up.weight": F16}, "int8-gguf-mixed")}
@@ -82,25 +80,10 @@ def test_int8_serves_the_shipped_blocks_bit_for_bit_and_rounds_the_rest(
     int8, dense = engine(Quantization.INT8), engine(Quantization.NONE)
     assert int8.weight_format == label and int8.weights_label == label
     assert cache_path(model_dir, torch.float32, label).is_file()
-    tensors = {t.name: t for t in gguf.GGUFReader(model_dir / SOURCE_GGUF).tensors}
-    converted = load_weights(model_dir, int8.model_config, torch.float32, torch.device("cpu"))
-    shipped = rounded = 0
-    for i, (layer, reference) in enumerate(zip(int8.model.weights.layers, converted.layers, strict=True)):
-        for name in MATRICES:
-            matrix = getattr(layer, name)
-            assert matrix.format is QuantFormat.INT8_SPLIT
-            ours, theirs, start = matrix.dequantize(), getattr(reference, name), 0
-            for part in PARTS[name]:
-                tensor = tensors[f"blk.{i}.{part}.weight"]
-                rows = slice(start, start + int(tensor.shape[1]))
-                if tensor.tensor_type in SPLIT_TYPES:
-                    assert torch.equal(ours[rows], theirs[rows]), tensor.name
-                    shipped += 1
-                else:
-                    again = int8_split(*round_int8_groups(theirs[rows]), torch.float32).dequantize()
-                    assert torch.equal(ours[rows], again), tensor.name
-                    rounded += 1
-                start = rows.stop
+    assert all(getattr(layer, name).format is QuantFormat.INT8_SPLIT
+               for layer in int8.model.weights.layers for name in MATRICES)
+    shipped, rounded = check_parts(int8, model_dir, SPLIT_TYPES,
+                                   lambda rows: int8_split(*round_int8_groups(rows), torch.float32).dequantize())
     assert (shipped, rounded) == (21 - (F16 in types.values()), int(F16 in types.values()))
     if not rounded:  # every weight is the dense model's: the same tokens (a rounded part may tip the random model)
         params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)

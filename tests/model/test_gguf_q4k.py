@@ -22,17 +22,15 @@ from fleetctl.engine.model.gguf_blocks import INT4_TYPES, read_int4_blocks
 from fleetctl.engine.model.gguf_convert import _LAYER_TENSORS, unpermute_rotary
 from fleetctl.engine.model.loader import load_weights
 from fleetctl.engine.model.prepared import cache_path
-from fleetctl.engine.model.quantize import MATRICES, resolve_quantization, weight_source
+from fleetctl.engine.model.quantize import resolve_quantization, weight_source
 from fleetctl.engine.model.store import MANIFEST, SOURCE_GGUF, ModelStore
 from fleetctl.kernels.quantized_linear import quantize_int4
+from fleetctl.tests.support.gguf_parts import check_parts
 from fleetctl.tests.support.tiny_model import write_tiny_llama
 from fleetctl.tests.support.tiny_wheel import write_tiny_gguf
 
 Q4_K, Q6_K, Q8_0 = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K, gguf.GGMLQuantizationType.Q8_0
 PROMPTS = ["The quick brown fox", "Once upon a time", "def add(a, b):"]
-# the engine's fused matrices and their GGUF parts, in the order they are stacked
-PARTS = {"qkv": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",), "gate_up": ("ffn_gate", "ffn_up"),
-         "down": ("ffn_down",)}
 # as llama.cpp's Q4_K_M does, some layers' attn_v and ffn_down in Q6_K; a Q8_0 part too; 83 % of weights Q4_K
 MIXED = {"blk.0.attn_v.weight": Q6_K, "blk.1.ffn_down.weight": Q6_K, "blk.2.ffn_up.weight": Q8_0}
 VARIANTS = {"Q4_K": ({}, "int4-gguf"), "Q4_K_M": (MIXED, "int4-gguf-mixed")}
@@ -127,23 +125,8 @@ def test_int4_serves_the_shipped_q4_k_blocks_bit_for_bit_and_rounds_the_rest(k_m
     int4 = engine(Quantization.AUTO)
     assert int4.weight_format == label and int4.weights_label == label
     assert cache_path(model_dir, torch.float32, label).is_file()
-    tensors = {t.name: t for t in gguf.GGUFReader(model_dir / SOURCE_GGUF).tensors}
-    converted = load_weights(model_dir, int4.model_config, torch.float32, torch.device("cpu"))
-    shipped = rounded = 0
-    for i, (layer, reference) in enumerate(zip(int4.model.weights.layers, converted.layers, strict=True)):
-        for name in MATRICES:
-            ours, theirs, start = getattr(layer, name).dequantize(), getattr(reference, name), 0
-            for part in PARTS[name]:
-                tensor = tensors[f"blk.{i}.{part}.weight"]
-                rows = slice(start, start + int(tensor.shape[1]))
-                if tensor.tensor_type in INT4_TYPES:
-                    assert torch.equal(ours[rows], theirs[rows]), tensor.name
-                    shipped += 1
-                else:
-                    assert torch.equal(ours[rows], quantize_int4(theirs[rows], 32).dequantize()), tensor.name
-                    rounded += 1
-                start = rows.stop
-    assert (shipped, rounded) == (21 - len(types), len(types))  # 3 layers of 7
+    counts = check_parts(int4, model_dir, INT4_TYPES, lambda rows: quantize_int4(rows, 32).dequantize())
+    assert counts == (21 - len(types), len(types))  # 3 layers of 7
     # the dense float32 run of what int4 serves: for the Q4_K file the model itself; for the mixed one its copy
     # with the re-rounded parts (they differ too much from the float weights to keep the random tiny model's
     # greedy tokens)
