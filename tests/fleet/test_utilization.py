@@ -26,10 +26,17 @@ def test_utilization_stays_within_physics_under_load(smollm2_dir: Path, tmp_path
             samples.append(httpx.get(f"{url}/fleet/status", timeout=10).json())
             time.sleep(0.25)
 
+    def decode_was_busy() -> bool:
+        return any(w["role"] == "decode" and w["busy"] > 0.5 for s in list(samples) for w in s["workers"])
+
     async def load(url: str) -> None:
+        """Waves of 20 completions until a decode worker was busy more than half of the live window (5 s): a
+        fast machine finishes one wave in less than the window."""
         api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
-        await asyncio.gather(*(api.completions.create(model=smollm2_dir.name, prompt="Tell a story. " * (1 + i % 7),
-                                                      max_tokens=64, temperature=0) for i in range(20)))
+        deadline = time.monotonic() + 300
+        while not decode_was_busy() and time.monotonic() < deadline:
+            await asyncio.gather(*(api.completions.create(model=smollm2_dir.name, max_tokens=64, temperature=0,
+                                                          prompt="Tell a story. " * (1 + i % 7)) for i in range(20)))
 
     with serve(smollm2_dir, "--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2",
                "--store", str(tmp_path / "fleet.db")) as url:

@@ -58,13 +58,16 @@ def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
     return math.exp(nll.item())
 
 
-@pytest.fixture(scope="module")
-def text_ids(smollm2_dir: Path) -> list[int]:
-    """A fixed 2,048-token English text: the stdlib's Python reference topics, in name order."""
-    llm = engine(smollm2_dir, Quantization.NONE)
+def fixed_text_ids(llm: LLMEngine) -> list[int]:
+    """A fixed 2,048-token English text in `llm`'s tokens: the stdlib's Python reference topics, in name order."""
     ids = llm.tokenizer.encode("\n\n".join(topics[name] for name in sorted(topics)))
     assert len(ids) >= TEXT_TOKENS
     return ids[:TEXT_TOKENS]
+
+
+@pytest.fixture(scope="module")
+def text_ids(smollm2_dir: Path) -> list[int]:
+    return fixed_text_ids(engine(smollm2_dir, Quantization.NONE))
 
 
 @pytest.fixture(scope="module")
