@@ -22,9 +22,10 @@ SORTS = ("age", "TTFT", "prompt", "output")  # `s` steps through them, largest f
 
 
 def stage_of(record: RequestRecord) -> str:
-    """A live request's stage, or how a finished one ended."""
-    return record.outcome if record.stage == "done" else {"prefill": "prefilling", "handoff": "handing off",
-                                                           "decode": "decoding"}.get(record.stage, record.stage)
+    """A live request's stage, or how a finished one ended (done: its last token or a stop string)."""
+    if record.stage == "done":
+        return "done" if record.outcome in ("stop", "length") else record.outcome
+    return {"prefill": "prefilling", "handoff": "handing off", "decode": "decoding"}.get(record.stage, record.stage)
 
 
 def sort_value(record: RequestRecord, column: str, now: float) -> float:
@@ -34,7 +35,8 @@ def sort_value(record: RequestRecord, column: str, now: float) -> float:
 
 def cells(record: RequestRecord, now: float) -> tuple[str, ...]:
     tokens = f"{record.prompt_tokens}/{record.prefill_cached_tokens}/{record.output_tokens}"
-    return (record.request_id, stage_of(record), record.prefill_worker or "-", record.decode_worker or "-", tokens,
+    prefill = record.prefill_worker or ("local" if record.local_prefill else "-")  # its decode worker prefilled it
+    return (record.request_id, stage_of(record), prefill, record.decode_worker or "-", tokens,
             seconds(now - record.arrival), seconds(record.ttft_s) if record.output_tokens else "-")
 
 

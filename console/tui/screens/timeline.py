@@ -37,15 +37,19 @@ def bar(start: float, length: float, total: float, width: int) -> str:
 
 def summary(record: RequestRecord) -> list[str]:
     workers = record.prefill_worker or "-"
-    if record.decode_worker and record.decode_worker != record.prefill_worker:
-        workers += f" → {record.decode_worker}"
-    local = " (prefilled by its decode worker: no handoff)" if record.local_prefill else ""
+    if record.local_prefill:
+        workers, local = record.decode_worker or "-", " (it prefilled the prompt itself: no handoff)"
+    else:
+        local = ""
+        if record.decode_worker and record.decode_worker != record.prefill_worker:
+            workers += f" → {record.decode_worker}"
     tiers = ", ".join(f"{tier} tier {tokens}" for tier, tokens in record.tier_cached_tokens.items())
     cached = f"{record.prefill_cached_tokens} of {record.prompt_tokens} prompt tokens cached" + (
         f" ({tiers})" if tiers else "")
     moved = (f"{nbytes(record.handoff_bytes)} of KV handed over in {seconds(record.handoff_s)}"
              if record.handoff_bytes else "no KV handed over")
-    lines = [f"{record.stage if record.stage != 'done' else record.outcome} · workers {workers}{local}",
+    lines = [f"{record.stage if record.stage != 'done' else record.outcome} · worker{'s' * ('→' in workers)} "
+             f"{workers}{local}",
              f"TTFT {seconds(record.ttft_s)} · end to end {seconds(record.e2e_s)} · {record.output_tokens} tokens out",
              f"prefix cache: {cached}", f"handoff: {moved}"]
     if record.recomputes:

@@ -65,9 +65,9 @@ def test_requests_listed_sorted_filtered_and_one_opened_and_moved() -> None:
 
     seen = asyncio.run(run())
     assert seen["by age"] == [("req-0020", "decoding"), ("req-0021", "decoding"), ("req-0022", "queued"),
-                              ("req-0017", "stop"), ("req-0018", "stop"), ("req-0019", "stop")]
+                              ("req-0017", "done"), ("req-0018", "done"), ("req-0019", "done")]
     assert [rid for rid, _ in seen["by ttft"]] == ["req-0018", "req-0017", "req-0019"]
-    assert seen["filtered"] == [("req-0019", "stop")]
+    assert seen["filtered"] == [("req-0019", "done")]
     assert "workers prefill-0 → decode-0" in seen["timeline"] and "320 of 480 prompt tokens cached" in seen["timeline"]
     assert "1.5 MB of KV handed over" in seen["timeline"]
     assert [line.split()[0] for line in seen["bars"].strip().splitlines()[:5]] == [
