@@ -26,7 +26,7 @@ from fleetctl.engine.fleet.config import FleetConfig, worker_specs
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.errors import FleetStartFailed
 from fleetctl.engine.fleet.handoff import HandoffRouting
-from fleetctl.engine.fleet.logs import FleetLogs, LogLine
+from fleetctl.engine.fleet.logs import FleetLogs, LogLine, sweep_dead_log_folders
 from fleetctl.engine.fleet.ops.autoplan import Autoplanner
 from fleetctl.engine.fleet.ops.checkpoint import Checkpoints
 from fleetctl.engine.fleet.ops.lifecycle import WorkerLifecycle
@@ -135,6 +135,8 @@ class Fleet:
             fleet_log.setLevel(logging.INFO)  # reach the logs view; only warnings reach stderr (logging's last resort)
         if swept := sweep_dead_fleets(self.config.shm_dir):
             log.info("removed %d KV handoff buffer(s) left by fleets that were killed", swept)
+        if self.state.logs.folder is not None:
+            sweep_dead_log_folders(self.state.logs.folder.parent)
         for spec in self.state.specs.values():
             try:
                 self.check_device(spec.device)

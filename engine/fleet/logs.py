@@ -7,6 +7,7 @@ worker lines are echoed to the controller's stderr as `[decode-0] …`, so `flee
 A switched worker's lines follow it to its new id (`rename`); a restarted one appends to the same file."""
 
 import logging
+import os
 import re
 import shutil
 import sys
@@ -130,6 +131,28 @@ class FleetLogs:
     def remove_files(self) -> None:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def sweep_dead_log_folders(root: Path) -> int:
+    """Remove the log folders (`fleet-<pid>`) of fleets whose controller is gone (killed: a clean stop removes its
+    own); how many."""
+    removed = 0
+    for folder in root.glob("fleet-*") if root.is_dir() else ():
+        pid = folder.name.removeprefix("fleet-")
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def level_of(text: str) -> LogLevel:

@@ -1,12 +1,13 @@
 """The controller's log ring without processes: a worker's file read as it grows (a line split across two
 reads kept whole), levels from words and tracebacks, a bound per source, `since`, the controller's own records,
-and a renamed worker's lines following it."""
+and a renamed worker's lines following it; the folders of fleets that were killed are swept."""
 
 import io
 import logging
+import os
 from pathlib import Path
 
-from fleetctl.engine.fleet.logs import FLEET, FleetLogs, LogLevel
+from fleetctl.engine.fleet.logs import FLEET, FleetLogs, LogLevel, sweep_dead_log_folders
 
 
 def test_a_workers_file_is_read_as_it_grows_with_levels(tmp_path: Path) -> None:
@@ -58,3 +59,11 @@ def test_a_renamed_worker_keeps_its_lines_and_file(tmp_path: Path) -> None:
     assert [ln.text for ln in logs.lines("prefill-2")] == [
         "the id's earlier worker", "before the switch", "after the switch"]
     assert logs.lines("decode-1") == []
+
+
+def test_the_log_folders_of_fleets_that_were_killed_are_swept(tmp_path: Path) -> None:
+    (tmp_path / "fleet-999999999").mkdir()  # no such process
+    (tmp_path / f"fleet-{os.getpid()}").mkdir()  # this one lives
+    (tmp_path / "notes").mkdir()
+    assert sweep_dead_log_folders(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"fleet-{os.getpid()}", "notes"]
