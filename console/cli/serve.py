@@ -71,7 +71,7 @@ def serve(
         help="Seconds a named session's KV (X-Session-Id, or the request's `user`) stays in the pools after its "
              "turn, reclaimed only when nothing else can be (then to the tiers, if any; 0: not kept)."),
     kv_offload_host_dir: Path | None = typer.Option(None, "--kv-offload-host-dir",
-                                                    help="The host tier's folder (default /dev/shm/fleetctl-kv-tiers: "
+                                                    help="The host tier's folder (default /dev/shm/fleetctl-host-tier: "
                                                          "every fleet of the node shares it)."),
     store: str = STORE_OPTION,
     store_reset: bool = typer.Option(False, "--store-reset", help="If the store is not a database (corrupt, or "

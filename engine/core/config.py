@@ -64,7 +64,7 @@ class EngineSettings:
     # the node-wide KV block store under the pool (engine/core/kv_offload.py): a host-memory tier's bound and a
     # disk tier's folder and bound; 0 / None: no such tier
     kv_offload_memory_bytes: int = 0
-    kv_offload_host_dir: Path | None = None  # the host tier's folder: None, /dev/shm/fleetctl-kv-tiers (node-wide)
+    kv_offload_host_dir: Path | None = None  # the host tier's folder: None, /dev/shm/fleetctl-host-tier (node-wide)
     kv_offload_dir: Path | None = None
     kv_offload_disk_bytes: int = 0
     kv_offload_policy: OffloadPolicy = OffloadPolicy.EVICT

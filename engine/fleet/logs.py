@@ -7,7 +7,6 @@ worker lines are echoed to the controller's stderr as `[decode-0] …`, so `flee
 A switched worker's lines follow it to its new id (`rename`); a restarted one appends to the same file."""
 
 import logging
-import os
 import re
 import shutil
 import sys
@@ -17,6 +16,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import TextIO
+
+from fleetctl.engine.worker.shm_files import pid_alive
 
 KEEP_LINES = 1000  # per source
 FLEET = "fleet"  # the controller's own lines
@@ -139,20 +140,10 @@ def sweep_dead_log_folders(root: Path) -> int:
     removed = 0
     for folder in root.glob("fleet-*") if root.is_dir() else ():
         pid = folder.name.removeprefix("fleet-")
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed += 1
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def level_of(text: str) -> LogLevel:

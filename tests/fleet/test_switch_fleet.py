@@ -12,7 +12,7 @@ import httpx
 import pytest
 from support.fleet_harness import Stream, fleetctl, generate_json, serve, start_streams, wait_until, workers
 
-from fleetctl.engine.worker.shm_files import SHM_DIR
+from fleetctl.engine.worker.shm_files import SHM_DIR, buffers
 
 pytestmark = pytest.mark.fleet  # real worker processes and a real server
 
@@ -78,7 +78,7 @@ def test_switch_each_way_in_place_under_streams(tiny_model_dir: Path) -> None:
         # nothing of the old layouts is left: every block free again, no KV buffer published by the switched ones
         assert wait_until(lambda: all(w["free_blocks"] == w["kv_blocks"] for w in workers(url).values()), 30)
         switched = {pids["decode-1"], pids["prefill-0"]}
-        assert not [p for p in SHM_DIR.glob("fleetctl-kv-*") if int(p.name.split("-")[3]) in switched]
+        assert not [b for b in buffers(SHM_DIR) if b.producer_pid in switched]
 
 
 def test_a_lone_decode_worker_keeps_its_sessions_through_switches_to_mixed_and_back(tiny_model_dir: Path) -> None:

@@ -23,7 +23,8 @@ from fleetctl.engine.core.faults import fault_point
 from fleetctl.engine.core.kv_tiers.block_file import CorruptBlock, TierBlock, decode
 
 SUFFIX = ".kvb"
-HOST_TIER_DIR = Path("/dev/shm/fleetctl-kv-tiers")  # shared memory: every worker process of the node
+# shared memory: every worker process of the node (not named like the KV handoff buffers, `fleetctl-kv-…`, there)
+HOST_TIER_DIR = Path("/dev/shm/fleetctl-host-tier")
 _DISABLING = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES)
 
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from support.fleet_harness import Stream, admin, fleetctl, generate_json, serve, start_streams, wait_until, worker_pids
 
-from fleetctl.engine.worker.shm_files import SHM_DIR
+from fleetctl.engine.worker.shm_files import SHM_DIR, buffers
 
 pytestmark = pytest.mark.fleet  # real worker processes and a real server
 
@@ -136,7 +136,7 @@ def running_decode_workers(url: str) -> int:
 
 
 def buffers_of(pids: set[int]) -> list[Path]:
-    return [p for p in SHM_DIR.glob("fleetctl-kv-*") if int(p.name.split("-")[3]) in pids]
+    return [b.path for b in buffers(SHM_DIR) if b.producer_pid in pids]
 
 
 # (the side that dies, the fault point it dies at): every stage of the move on each side
