@@ -3,11 +3,13 @@ coloured, `/` filters them (words, any case), `w` steps through the sources (eve
 worker). A failed worker selected on the dashboard opens it on that worker's last lines."""
 
 from collections import deque
+from contextlib import suppress
 
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, RichLog
 
@@ -69,7 +71,11 @@ class LogsScreen(Filtering, Screen[None]):
         self.set_interval(self.app.settings.interval, self.poll)
 
     def on_resize(self) -> None:
-        self.call_after_refresh(self.redraw)  # wrapped again to the new width
+        self.call_after_refresh(self._rewrap)
+
+    def _rewrap(self) -> None:
+        with suppress(NoMatches):  # wrapped again to the new width, unless the screen is closing by then
+            self.redraw()
 
     def _title(self) -> None:
         chosen = "every source" if self.source == ALL else self.source
@@ -81,17 +87,17 @@ class LogsScreen(Filtering, Screen[None]):
         try:
             answer = await self.app.source.logs(None, self.since)
         except FleetClientError as exc:
-            self.query_one("#log-lines", RichLog).border_subtitle = f"no logs: {exc}"
-            return
-        if not self.is_attached:
-            return
-        self.query_one("#log-lines", RichLog).border_subtitle = ""
-        self.since = answer.next
-        self.lines.extend(answer.lines)
-        log = self.query_one("#log-lines", RichLog)
-        for line in answer.lines:
-            if matches(line, self.source, self.words):
-                _write(log, line)
+            answer, problem = None, f"no logs: {exc}"
+        with suppress(NoMatches):  # the screen closed (or the app quits) while it asked: nothing to show
+            log = self.query_one("#log-lines", RichLog)
+            log.border_subtitle = "" if answer else problem
+            if answer is None:
+                return
+            self.since = answer.next
+            self.lines.extend(answer.lines)
+            for line in answer.lines:
+                if matches(line, self.source, self.words):
+                    _write(log, line)
 
     def apply_filter(self) -> None:
         self.redraw()

@@ -3,9 +3,12 @@ cached / output tokens, age and TTFT (once there is a first token), refreshed ev
 next column, `/` filters by words, `enter` opens a request's timeline, `m` moves a decoding session to another
 worker live."""
 
+from contextlib import suppress
+
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
@@ -82,13 +85,14 @@ class RequestsScreen(Filtering, Screen[None]):
         try:
             answer = await self.app.source.requests(RECENT)
         except FleetClientError as exc:
-            self.query_one("#requests", DataTable).border_subtitle = f"no requests: {exc}"
-            return
-        if not self.is_attached:
-            return
-        self.records = {r.request_id: r for r in [*answer.requests, *answer.live]}
-        self.now = max([self.now, *(r.arrival + r.e2e_s for r in self.records.values())])
-        self.show()
+            answer, problem = None, f"no requests: {exc}"
+        with suppress(NoMatches):  # the screen closed (or the app quits) while it asked: nothing to show
+            if answer is None:
+                self.query_one("#requests", DataTable).border_subtitle = problem
+                return
+            self.records = {r.request_id: r for r in [*answer.requests, *answer.live]}
+            self.now = max([self.now, *(r.arrival + r.e2e_s for r in self.records.values())])
+            self.show()
 
     def show(self) -> None:
         table = self.query_one("#requests", DataTable)

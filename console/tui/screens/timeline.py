@@ -5,6 +5,7 @@ and the KV bytes its handoff moved — where a slow TTFT went."""
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Label
 
@@ -80,9 +81,12 @@ class TimelineScreen(Screen[None]):
         self.call_after_refresh(self.draw)
 
     def draw(self) -> None:
-        """The bars, to the width the screen has now."""
-        label = self.query_one("#timeline-bars", Label)
-        width = max(10, self.query_one("#timeline", Vertical).content_size.width - 32)
+        """The bars, to the width the screen has now (nothing once it is closing)."""
+        try:
+            label = self.query_one("#timeline-bars", Label)
+            width = max(10, self.query_one("#timeline", Vertical).content_size.width - 32)
+        except NoMatches:
+            return
         total = self.record.e2e_s
         rows = [f"{name:<13}{seconds(length):>9}  │{bar(start, length, total, width):<{width}}│"
                 for name, start, length in phases(self.record)]
