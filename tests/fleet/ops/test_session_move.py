@@ -169,9 +169,11 @@ def test_a_side_dying_in_any_stage_loses_nothing(small_model_dir: Path, expected
 
 
 def test_drain_move_sends_the_sessions_to_the_peer(small_model_dir: Path, expected: list[str]) -> None:
-    with serve(small_model_dir, *FLEET) as url:
+    """Each step slowed (a fault point's stall) so that decode-0's sessions are still decoding when the drain
+    moves them: a fast machine finished them before the drain began."""
+    with serve(small_model_dir, *FLEET, env={"FLEET_FAULTS": "step=stall:0.03"}) as url:
         streams = start_streams(url, SESSIONS[:4], TOKENS, "small-llama0")
-        assert wait_until(lambda: len(holders(url)) == 4, 180)
+        assert wait_until(lambda: len(holders(url)) == 4 and "decode-0" in holders(url).values(), 180)
         result = fleetctl("drain", "decode-0", "--move", "--url", url, "--json")
         assert result.returncode == 0, result.stderr
         drained = json.loads(result.stdout)
