@@ -1,5 +1,5 @@
 """`R`: the requests in flight and those that finished last (`GET /fleet/requests`): stage, workers, prompt /
-cached / output tokens, age and TTFT (once there is a first token), refreshed every interval; `s` sorts by the
+cached (hit) / output tokens, age and TTFT (once there is a first token), refreshed every interval; `s` sorts by the
 next column, `/` filters by words, `enter` opens a request's timeline, `m` moves a decoding session to another
 worker live."""
 
@@ -20,7 +20,8 @@ from fleetctl.console.tui.widgets.format import seconds
 from fleetctl.engine.server.schemas import RequestRecord
 
 RECENT = 200  # finished requests listed under the live ones
-COLUMNS = ("request", "stage", "prefill", "decode", "in/cached/out", "age", "TTFT")
+COLUMNS = ("request", "stage", "prefill", "decode", "in/hit/out", "age", "TTFT")
+ID_WIDTH = 13  # a longer request id (a server-made one is 20 characters) shows its start and "…": 80 columns fit
 SORTS = ("age", "TTFT", "prompt", "output")  # `s` steps through them, largest first
 
 
@@ -39,12 +40,16 @@ def sort_value(record: RequestRecord, column: str, now: float) -> float:
 def cells(record: RequestRecord, now: float) -> tuple[str, ...]:
     tokens = f"{record.prompt_tokens}/{record.prefill_cached_tokens}/{record.output_tokens}"
     prefill = record.prefill_worker or ("local" if record.local_prefill else "-")  # its decode worker prefilled it
-    return (record.request_id, stage_of(record), prefill, record.decode_worker or "-", tokens,
+    return (short_id(record.request_id), stage_of(record), prefill, record.decode_worker or "-", tokens,
             seconds(now - record.arrival), seconds(record.ttft_s) if record.output_tokens else "-")
 
 
+def short_id(request_id: str) -> str:
+    return request_id if len(request_id) <= ID_WIDTH else request_id[:ID_WIDTH - 1] + "…"
+
+
 def matches(record: RequestRecord, words: str, now: float) -> bool:
-    haystack = " ".join(cells(record, now)).lower() + f" {record.session}".lower()
+    haystack = " ".join(cells(record, now)).lower() + f" {record.request_id} {record.session}".lower()
     return all(word in haystack for word in words.lower().split())
 
 

@@ -11,7 +11,7 @@ from textual.widgets import DataTable, Label
 
 from fleetctl.console.tui.app import FleetConsole
 from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog
-from fleetctl.console.tui.screens.requests import RequestsScreen
+from fleetctl.console.tui.screens.requests import RequestsScreen, short_id
 from fleetctl.console.tui.screens.timeline import TimelineScreen, bar
 from fleetctl.console.tui.settings import ConsoleSettings
 
@@ -101,3 +101,8 @@ def test_timeline_picture(snap_compare) -> None:
 
     app = FleetConsole(FixtureSource(), ConsoleSettings(theme="fleet-dark"))
     assert snap_compare(app, terminal_size=WIDE, run_before=timeline)
+
+
+def test_a_long_request_id_shows_its_start() -> None:
+    assert short_id("req-0017") == "req-0017"
+    assert short_id("req-ad941b438dcf424d") == "req-ad941b43…" and len(short_id("req-ad941b438dcf424d")) == 13
