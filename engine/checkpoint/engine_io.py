@@ -63,6 +63,7 @@ def current_compat(engine: LLMEngine, device_name: str) -> Compat:
         block_size=engine.kv_cache.spec.block_size,
         weights=engine.weight_format,
         kv_window=engine.kv_window.label if engine.kv_window else "none",
+        rope_factors=engine.rope_factors,
     )
 
 

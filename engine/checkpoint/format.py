@@ -65,6 +65,7 @@ class Compat(_Record):
     block_size: int
     weights: str = "none"  # the layers' weight format (quantize.weight_source); older checkpoints were dense
     kv_window: str = "none"  # which leading blocks sessions dropped (kv_window.KVWindow.label); older: none
+    rope_factors: str = "short"  # longrope's set the keys were rotated with (LLMEngine.rope_factors); older: short
 
 
 class StopCriteria(_Record):

@@ -9,6 +9,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from fleetctl.domain import Quantization
+from fleetctl.engine.core.block_allocator import BLOCK_SIZE
 
 INT4_GROUP_SIZES = (32, 64, 128)  # those torch's int4 kernels take
 
@@ -93,6 +94,13 @@ class EngineSettings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise EngineSettingsError(f"{name} must be positive when set")
+
+    def context_limit(self, max_context: int) -> int:
+        """The longest sequence these settings ask of a model whose own limit is `max_context`: --max-model-len,
+        no further than an exact pool (--kv-blocks) holds. The same for every worker of a fleet (a worker's
+        sized-by-memory pool may cap it further), so what depends on it (longrope's table) agrees across them."""
+        limit = min(self.max_model_len or max_context, max_context)
+        return min(limit, self.num_kv_blocks * BLOCK_SIZE) if self.num_kv_blocks else limit
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,9 @@ class LLMEngine:
                                             self.model_config)
         if self.eager_reason is not None:  # a compiled graph cannot take packed (opaque oneDNN) weights
             weights = weights.packed()
-        self.model = DecoderModel(self.model_config, weights, deterministic=settings.deterministic)
+        requested_len = settings.context_limit(self.model_config.max_context)
+        self.model = DecoderModel(self.model_config, weights, deterministic=settings.deterministic,
+                                  long_rope=self.model_config.long_rope(requested_len))
         spec = KVCacheSpec.for_model(self.model_config, self.dtype)
         root = self._salt(spec).root() if settings.prefix_cache else None
         # a scratch block for the compiled step's padding rows, or for the kernels' warm-up
@@ -110,11 +112,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kv_cache, self.decoder)
         # a sequence may grow only as far as the pool could hold it alone: one that outgrew the whole pool
         # would be preempted forever and starve everything queued behind it
-        self.max_model_len = min(
-            settings.max_model_len or self.model_config.max_context,
-            self.model_config.max_context,
-            self.kv_cache.allocator.num_blocks * spec.block_size,
-        )
+        self.max_model_len = min(requested_len, self.kv_cache.allocator.num_blocks * spec.block_size)
         self._seqs: dict[str, Sequence] = {}
         self._streams: dict[str, TextStream] = {}
         self.last_step: StepStats | None = None
@@ -174,7 +172,7 @@ class LLMEngine:
         model_dir = self.config.model_dir
         config_digest = hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()
         return KVSalt(
-            model=f"{weights_key(model_dir)}:{config_digest}:{self.weight_format}",
+            model=f"{weights_key(model_dir)}:{config_digest}:{self.weight_format}:{self.rope_factors}",
             dtype=str(self.dtype).removeprefix("torch."),
             numerics=Numerics.DETERMINISTIC if self.config.settings.deterministic else Numerics.FAST,
             device_kind=self.device.type,
@@ -183,6 +181,11 @@ class LLMEngine:
             kv_layout=KV_LAYOUT_VERSION,
             block_size=spec.block_size,
         )
+
+    @property
+    def rope_factors(self) -> str:
+        """Which of longrope's factor sets rotated this engine's keys ("short" for every other rope)."""
+        return "long" if self.model.long_rope else "short"
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)

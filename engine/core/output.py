@@ -67,7 +67,10 @@ class TextStream:
         return delta
 
     def flush(self) -> str:
-        """The held-back rest, once the request has finished."""
+        """The held-back rest, once the request has finished (with an incomplete last character's U+FFFD)."""
+        if not self.stopped:
+            self._detok.finish()
+            self.text = self._detok.text
         delta = self.text[self._sent :]
         self._sent = len(self.text)
         return delta

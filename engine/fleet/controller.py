@@ -16,7 +16,6 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fleetctl.domain import PHASES, WorkerRole, WorkerState
-from fleetctl.engine.core.block_allocator import BLOCK_SIZE
 from fleetctl.engine.core.device_names import DeviceError
 from fleetctl.engine.core.output import TextStream
 from fleetctl.engine.core.prompt import check_prompt
@@ -70,10 +69,8 @@ class Fleet:
         self.config = config
         self.model_config = ModelConfig.from_file(config.model_dir / "config.json")
         self.tokenizer = Tokenizer(config.model_dir, self.model_config.eos_token_ids)
-        limit = config.engine.max_model_len or self.model_config.max_context
         # an exact pool (--kv-blocks) caps every worker's sequences at what it holds: admission says so first
-        pool = config.engine.num_kv_blocks * BLOCK_SIZE if config.engine.num_kv_blocks else limit
-        self.max_model_len = min(limit, self.model_config.max_context, pool)
+        self.max_model_len = config.engine.context_limit(self.model_config.max_context)
         self.model_name = config.served_model_name or config.model_dir.name
         self.url = ""
         specs = {s.worker_id: s for s in worker_specs(config)}

@@ -102,13 +102,18 @@ class ModelConfig:
 
     @property
     def max_context(self) -> int:
-        """The longest sequence this engine runs the model at: its max_position_embeddings, but longrope's
-        long factors are not applied, so no further than the length it was trained at with the short ones."""
-        scaling = dict(self.rope_scaling)
-        if scaling.get("rope_type") == "longrope":
-            original = scaling.get("original_max_position_embeddings") or self.max_position_embeddings
-            return min(self.max_position_embeddings, int(original))
+        """The longest sequence this engine runs the model at: its max_position_embeddings."""
         return self.max_position_embeddings
+
+    def long_rope(self, max_model_len: int) -> bool:
+        """Whether an engine that runs sequences up to `max_model_len` rotates with longrope's long factors:
+        when it may run past the original length (llama.cpp's rule: one table per engine, so every cached key
+        was rotated as the next query is; transformers switches a whole sequence's table as it crosses the
+        length, which re-rotates keys a KV cache already holds)."""
+        scaling = dict(self.rope_scaling)
+        if scaling.get("rope_type") != "longrope":
+            return False
+        return max_model_len > int(scaling.get("original_max_position_embeddings") or self.max_position_embeddings)
 
     @property
     def kv_window(self) -> int | None:

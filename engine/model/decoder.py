@@ -77,7 +77,8 @@ class AttentionBatch:
 
 
 class DecoderModel:
-    def __init__(self, config: ModelConfig, weights: ModelWeights, deterministic: bool = False) -> None:
+    def __init__(self, config: ModelConfig, weights: ModelWeights, deterministic: bool = False,
+                 long_rope: bool = False) -> None:
         self.config = config
         self.weights = weights
         self.deterministic = deterministic
@@ -86,7 +87,8 @@ class DecoderModel:
         self.row_ops = ops.BATCH_INVARIANT if deterministic else ops.FAST
         device, dtype = weights.embed.device, weights.embed.dtype
         # cos, sin [P, rotary_dim/2] in the model's dtype, as Hugging Face applies them (the Triton kernel upcasts)
-        self.cos, self.sin = rope_tables(config, False, dtype, device)
+        self.cos, self.sin = rope_tables(config, False, dtype, device, long_rope)
+        self.long_rope = long_rope
         # each layer's sliding window (None: it attends to every key)
         self.layer_windows: tuple[int | None, ...] = traits.layer_windows or (None,) * config.num_layers
         # which rope each layer takes: its own for a windowed layer when the family has one (Gemma 3)

@@ -1,5 +1,5 @@
 """Rotary position embedding tables for a model config: its rope_scaling (linear, llama3, yarn, longrope's
-short factors) on the global layers, and a family's own unscaled base on its windowed layers (Gemma 3)."""
+short or long factors) on the global layers, and a family's own unscaled base on its windowed layers (Gemma 3)."""
 
 import math
 
@@ -8,24 +8,25 @@ import torch
 from fleetctl.engine.model.config import ModelConfig, ModelConfigError
 
 
-def rope_tables(config: ModelConfig, local: bool, dtype: torch.dtype,
-                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(config: ModelConfig, local: bool, dtype: torch.dtype, device: torch.device,
+                long_factors: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin: [max_position_embeddings, rotary_dim/2] in `dtype` (as Hugging Face applies them), times the
-    scaling's attention factor; `local`: the windowed layers' tables (Gemma 3's rope_local_base_freq)."""
+    scaling's attention factor; `local`: the windowed layers' tables (Gemma 3's rope_local_base_freq);
+    `long_factors`: longrope's long set (ModelConfig.long_rope)."""
     if local:
         inv_freq = _default(config.traits.local_rope_theta or config.rope_theta, config.rotary_dim)
         attention_factor = 1.0
     else:
-        inv_freq, attention_factor = inverse_frequencies(config)
+        inv_freq, attention_factor = inverse_frequencies(config, long_factors)
     positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
     freqs = torch.outer(positions, inv_freq)  # [P, rotary_dim/2]
     cos, sin = freqs.cos() * attention_factor, freqs.sin() * attention_factor
     return cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype)
 
 
-def inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
+def inverse_frequencies(config: ModelConfig, long_factors: bool = False) -> tuple[torch.Tensor, float]:
     """[rotary_dim/2] float32 rotary frequencies with the config's rope_scaling applied, and the factor that
-    scales cos and sin (1 but for yarn and longrope)."""
+    scales cos and sin (1 but for yarn and longrope); `long_factors` picks longrope's long set."""
     dim = config.rotary_dim
     inv_freq = _default(config.rope_theta, dim)
     scaling = dict(config.rope_scaling)
@@ -39,7 +40,7 @@ def inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
     if kind == "yarn":
         return _yarn(config, scaling)
     if kind == "longrope":
-        return _longrope(config, scaling)
+        return _longrope(config, scaling, long_factors)
     raise ModelConfigError(f"config.json: unsupported rope_scaling type {kind!r}")
 
 
@@ -95,13 +96,12 @@ def _yarn(config: ModelConfig, scaling: dict) -> tuple[torch.Tensor, float]:
     return 1.0 / (factor * powers) * (1 - keep) + 1.0 / powers * keep, float(attention_factor)
 
 
-def _longrope(config: ModelConfig, scaling: dict) -> tuple[torch.Tensor, float]:
-    """LongRoPE (Phi-3): per-dim rescale factors. Only the short ones: ModelConfig.max_context stops at the
-    original length, past which transformers switches every position to the long ones."""
+def _longrope(config: ModelConfig, scaling: dict, long_factors: bool) -> tuple[torch.Tensor, float]:
+    """LongRoPE (Phi-3): per-dim rescale factors, the short set or the long one (one attention factor for both)."""
     original = float(scaling["original_max_position_embeddings"])
     factor = float(scaling.get("factor") or config.max_position_embeddings / original)
     attention_factor = scaling.get("attention_factor")
     if attention_factor is None:
         attention_factor = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
-    short = torch.tensor(scaling["short_factor"], dtype=torch.float32)
-    return 1.0 / (short * _wavelength_powers(config.rope_theta, config.rotary_dim)), float(attention_factor)
+    factors = torch.tensor(scaling["long_factor" if long_factors else "short_factor"], dtype=torch.float32)
+    return 1.0 / (factors * _wavelength_powers(config.rope_theta, config.rotary_dim)), float(attention_factor)

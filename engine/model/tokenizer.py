@@ -114,7 +114,17 @@ class IncrementalDetokenizer:
         full = decode(self._ids[self._prefix_offset :])
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
-        delta = full[len(prefix) :]
+        return self._emit(full[len(prefix) :])
+
+    def finish(self) -> str:
+        """What the last tokens add once no more will come, an incomplete character's U+FFFD included (as a
+        decode of every token gives it)."""
+        decode = self._tokenizer.decode
+        prefix = decode(self._ids[self._prefix_offset : self._read_offset])
+        full = decode(self._ids[self._prefix_offset :])
+        return self._emit(full[len(prefix) :]) if len(full) > len(prefix) else ""
+
+    def _emit(self, delta: str) -> str:
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
         self.text += delta

@@ -1,5 +1,6 @@
-"""Checkpoint compat pins the weight format: a checkpoint taken at int4 restores with its KV on an int4 engine
-and cold-starts on an int8 one, the reason naming the field (its KV was computed by other weights)."""
+"""Checkpoint compat pins what the KV was computed with: a checkpoint taken at int4 restores with its KV on an int4
+engine and cold-starts on an int8 one, the reason naming the field (its KV was computed by other weights); one
+whose keys longrope's long factors rotated cold-starts on an engine that rotates with the short ones."""
 
 from pathlib import Path
 
@@ -20,18 +21,27 @@ def engine(model_dir: Path, quantization: Quantization) -> LLMEngine:
     return LLMEngine(EngineConfig(model_dir=model_dir, settings=settings))
 
 
-@pytest.fixture(scope="module")
-def int4_checkpoint(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    source = engine(tiny_model_dir, Quantization.INT4)
+def checkpoint_of_two_sessions(source: LLMEngine, root: Path) -> Path:
     for i, prompt in enumerate(["The quick brown fox", "Once upon a time there was"]):
         source.add_request(prompt, PARAMS, request_id=f"r{i}")
     for _ in range(3):
         source.step()
-    root = tmp_path_factory.mktemp("checkpoints")
     path, sessions, _ = write_engine_checkpoint(source, "decode-0", WorkerRole.DECODE, current_compat(source, "cpu"),
-                                                root, "decode-0-int4", on_writer=lambda pid: None)
+                                                root, "decode-0", on_writer=lambda pid: None)
     assert sessions == 2
     return path
+
+
+def continue_all(destination: LLMEngine) -> set[str]:
+    continued: set[str] = set()
+    while destination.has_unfinished():  # the sessions go on either way, with their KV or recomputed
+        continued |= {out.request_id for out in destination.step()}
+    return continued
+
+
+@pytest.fixture(scope="module")
+def int4_checkpoint(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return checkpoint_of_two_sessions(engine(tiny_model_dir, Quantization.INT4), tmp_path_factory.mktemp("int4"))
 
 
 @pytest.mark.parametrize(("quantization", "mode"), [(Quantization.INT4, RestoreMode.RESTORED),
@@ -43,7 +53,19 @@ def test_the_weight_format_decides_restore_or_cold_start(tiny_model_dir: Path, i
     assert result.mode is mode and result.sessions == 2
     if mode is RestoreMode.COLD_START:
         assert result.reason == "weights: checkpoint has 'int4-g32', destination has 'int8'"
-    continued: set[str] = set()
-    while destination.has_unfinished():  # the sessions go on either way, with their KV or recomputed
-        continued |= {out.request_id for out in destination.step()}
-    assert continued == {"r0", "r1"}
+    assert continue_all(destination) == {"r0", "r1"}
+
+
+def test_longrope_keys_rotated_by_the_long_factors_are_not_loaded_under_the_short_ones(
+        family_model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    def phi3(**settings: object) -> LLMEngine:
+        options: dict = {"dtype": "float32", "num_kv_blocks": 64} | settings
+        return LLMEngine(EngineConfig(model_dir=family_model_dirs["phi3"], settings=EngineSettings(**options)))
+
+    path = checkpoint_of_two_sessions(phi3(), tmp_path)  # served to 512 positions: past the original 16
+    assert read_checkpoint(path).manifest.compat.rope_factors == "long"
+    short = phi3(max_model_len=16)
+    result = restore_engine(short, read_checkpoint(path), current_compat(short, "cpu"))
+    assert result.mode is RestoreMode.COLD_START
+    assert result.reason == "rope_factors: checkpoint has 'long', destination has 'short'"
+    assert continue_all(short) == {"r0", "r1"}

@@ -57,6 +57,15 @@ def test_multibyte_characters_are_never_split(tokenizer: Tokenizer) -> None:
     assert "".join(deltas) + stream.flush() == text
 
 
+def test_a_stream_that_ends_mid_character_flushes_what_a_decode_of_every_token_gives(tokenizer: Tokenizer) -> None:
+    ids = tokenizer.encode("ok 日本")
+    cut = next(n for n in range(len(ids), 0, -1) if tokenizer.decode(ids[:n]).endswith("\ufffd"))
+    stream = stream_of(tokenizer)
+    deltas = push_all(stream, ids[:cut])  # the last character's bytes never complete
+    assert "".join(deltas) + stream.flush() == tokenizer.decode(ids[:cut])
+    assert stream.text.endswith("\ufffd")
+
+
 def test_possible_stop_prefix_is_held_back_then_released(tokenizer: Tokenizer) -> None:
     stream = stream_of(tokenizer, ("STOP",))
     shown = "".join(push_all(stream, char_tokens(tokenizer, "hello ST")))

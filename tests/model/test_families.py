@@ -66,9 +66,18 @@ def test_greedy_matches_transformers_with_and_without_the_prefix_cache(
     assert again.output_token_ids == expected
 
 
-def test_longrope_serves_no_further_than_its_short_factors(family_model_dirs: dict[str, Path]) -> None:
-    """Phi-3's long factors are not applied: a sequence stops at the length the short ones were trained for."""
-    engine = engine_for(family_model_dirs["phi3"])
-    assert engine.max_model_len == 256  # original_max_position_embeddings, not max_position_embeddings (512)
-    result = engine.generate([PROMPT], SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True))[0]
-    assert len(PROMPT) + len(result.token_ids) == 256
+def test_longrope_rotates_with_its_short_factors_when_served_within_the_original_length(
+        family_model_dirs: dict[str, Path]) -> None:
+    """The other tests run Phi-3 past its original 16 positions (long factors, as transformers does for a
+    sequence that long); an engine asked for no more than 16 rotates with the short ones, as transformers does
+    for a shorter sequence."""
+    model_dir = family_model_dirs["phi3"]
+    assert engine_for(model_dir).model.long_rope
+    engine = engine_for(model_dir, max_model_len=16)
+    assert not engine.model.long_rope and engine.max_model_len == 16
+    ids = PROMPT[:14]
+    with torch.no_grad():
+        ref = load_reference(model_dir)(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(all_logits(engine, ids), ref, atol=1e-5, rtol=1e-5)
+    long_table = all_logits(engine_for(model_dir), ids)
+    assert not torch.allclose(long_table, ref, atol=1e-3)  # the long factors rotate otherwise

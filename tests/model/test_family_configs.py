@@ -92,7 +92,9 @@ def test_phi3_partial_rotary_and_longrope_context() -> None:
                  rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
                                   "short_factor": [1.0] * 6, "long_factor": [2.0] * 6})
     assert phi.rotary_dim == 12
-    assert phi.max_context == 4096  # longrope's long factors are not applied
+    assert phi.max_context == 131072
+    assert not phi.long_rope(4096) and phi.long_rope(4097)  # the long factors once past the original length
+    assert not config("llama").long_rope(1 << 20)
     assert config("phi3", partial_rotary_factor=0.5).rotary_dim == 8  # the older top-level field
 
 
