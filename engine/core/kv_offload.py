@@ -35,6 +35,7 @@ class KVOffload:
         self.tiers = tiers
         self.kv_cache = kv_cache
         self.hits: Counter[str] = Counter()  # blocks read back, by tier name
+        self.already_held = 0  # blocks offered that a tier held already: not copied out or written again
         if policy is OffloadPolicy.WRITE_THROUGH:
             kv_cache.allocator.on_cached = self.offer
         else:
@@ -42,7 +43,10 @@ class KVOffload:
 
     def offer(self, block: int, cached: CachedBlock) -> None:
         """`block` leaves the pool (or, write-through, is registered there): its K/V go to the tiers (copied
-        now, written later)."""
+        now, written later), unless a tier holds it already."""
+        if self.tiers.touch(cached.block_hash):
+            self.already_held += 1
+            return
         kv = self.kv_cache.tensor[:, :, block].contiguous()  # [layers, 2, block_size, kv_heads, head_dim]
         payload = kv.view(torch.uint8).cpu().numpy().tobytes()
         self.tiers.offer(TierBlock(cached.block_hash, cached.parent, cached.tokens, payload))

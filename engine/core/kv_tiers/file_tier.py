@@ -111,6 +111,16 @@ class FileTier:
     def __contains__(self, digest: bytes) -> bool:
         return not self.disabled and self.path(digest).exists()
 
+    def touch(self, digest: bytes) -> bool:
+        """Refresh a held block's place in the LRU; False when this tier does not hold it."""
+        if self.disabled:
+            return False
+        try:
+            self._touch(self.path(digest))
+        except FileNotFoundError:
+            return False
+        return True
+
     def put(self, block: TierBlock) -> list[tuple[bytes, bytes]]:
         """Store `block` (one already here is only touched); returns the (digest, record) of each block evicted
         to make room, for a tier below to take."""

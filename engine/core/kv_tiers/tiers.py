@@ -55,6 +55,11 @@ class KVTiers:
                 return TierHit(block, tier.name)
         return None
 
+    def touch(self, digest: bytes) -> bool:
+        """Whether a tier holds the block `digest` names (refreshing its LRU place there): a block offered again —
+        a restored checkpoint's, one read back and reclaimed again — need not be copied out of the pool."""
+        return any(tier.touch(digest) for tier in self.tiers)
+
     def offer(self, block: TierBlock) -> bool:
         """Queue `block` for the top tier; False when the writer is too far behind (the block is dropped)."""
         try:
