@@ -1,6 +1,6 @@
 """History for consoles: everything a dashboard draws from the store, in one call — per-pool and
-per-worker series (busy, MFU, MBU, tokens/s) in fixed buckets, the traffic summary of the window, and
-its latest events.
+per-worker series (busy, MFU, MBU, tokens/s) and the TTFT/TPOT percentiles of the requests that arrived in
+each bucket, in fixed buckets, the traffic summary of the window, and its latest events.
 
 Buckets are aligned to multiples of `bucket_s` since the epoch, the last one holding `now` (still
 filling): a console that polls gets the same x positions each time, and every bucket is present
@@ -17,7 +17,7 @@ import time
 from sqlite_utils import Database
 
 from fleetctl.store.classify import classify
-from fleetctl.store.queries import request_latency
+from fleetctl.store.queries import percentiles, request_latency
 
 MAX_BUCKETS = 20_000
 MAX_EVENTS = 50
@@ -38,6 +38,8 @@ SELECT w.id, CAST((s.ts - :first) / :bucket AS INTEGER) AS k, TOTAL(s.interval_s
 FROM workers w CROSS JOIN worker_samples s ON s.worker_id = w.id AND s.ts >= :first AND s.ts < :now
 GROUP BY w.id, k
 """
+
+_LATENCY_SQL = "SELECT ts, ttft_s, e2e_s, output_tokens FROM requests WHERE ts >= ? AND ts < ? AND outcome = 'ok'"
 
 _HANDOFF_SQL = "SELECT TOTAL(handoff_bytes), TOTAL(handoff_s), TOTAL(e2e_s) FROM requests WHERE ts >= ? AND ts < ?"
 
@@ -75,7 +77,27 @@ def history(db: Database, window_s: float, bucket_s: float, now: float | None = 
         members = [sums[wid] for wid in sorted(roles) if roles[wid] == role]
         pools[role] = [_point(ts, [m[k] for m in members if k in m]) for k, ts in enumerate(starts)]
     return {"now": now, "window_s": window_s, "bucket_s": bucket_s, "pools": pools, "workers": workers,
-            "traffic": traffic(db, window_s, now), "events": events(db, since, now)}
+            "latency": latency_series(db, starts, bucket_s, now), "traffic": traffic(db, window_s, now),
+            "events": events(db, since, now)}
+
+
+def latency_series(db: Database, starts: list[float], bucket_s: float, now: float) -> list[dict]:
+    """Per bucket, the TTFT and TPOT p50/p99 of the successful requests that arrived in it (None where none did);
+    TPOT as `queries.request_latency` takes it."""
+    ttft: list[list[float]] = [[] for _ in starts]
+    tpot: list[list[float]] = [[] for _ in starts]
+    for ts, ttft_s, e2e_s, output_tokens in db.execute(_LATENCY_SQL, [starts[0], now]):
+        k = int((ts - starts[0]) // bucket_s)
+        if 0 <= k < len(starts):
+            ttft[k].append(ttft_s)
+            if output_tokens > 1:
+                tpot[k].append((e2e_s - ttft_s) / (output_tokens - 1))
+    points = []
+    for ts, first, per_token in zip(starts, ttft, tpot, strict=True):
+        first_p, token_p = percentiles(first), percentiles(per_token)
+        points.append({"ts": ts, "ttft_p50": first_p.p50, "ttft_p99": first_p.p99, "tpot_p50": token_p.p50,
+                       "tpot_p99": token_p.p99})
+    return points
 
 
 def _point(ts: float, members: list[tuple[float, ...]]) -> dict[str, float]:

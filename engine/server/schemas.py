@@ -247,6 +247,16 @@ class HistoryPoint(_Open):
     tokens_per_s: float
 
 
+class LatencyPoint(_Open):
+    """One bucket's successful requests (by arrival): their TTFT and TPOT percentiles, None where none arrived."""
+
+    ts: float
+    ttft_p50: float | None
+    ttft_p99: float | None
+    tpot_p50: float | None
+    tpot_p99: float | None
+
+
 class Percentiles(_Open):
     p50: float | None
     p99: float | None
@@ -277,6 +287,7 @@ class FleetHistory(_Open):
     pools: dict[str, list[HistoryPoint]]  # by role
     workers: dict[str, list[HistoryPoint]]  # by worker id
     traffic: Traffic
+    latency: list[LatencyPoint] = []  # per bucket (empty from a fleet that predates it)
     events: list[EventRecord]  # newest last
 
 

@@ -123,7 +123,7 @@ def test_history_of_the_fleets_store(client: TestClient) -> None:
     while (history["traffic"]["requests"] < 2 or len(history["workers"]) < 2) and time.monotonic() < deadline:
         time.sleep(0.1)
         history = client.get("/fleet/history", params={"since": 60, "bucket": 5}).json()
-    assert set(history) == {"now", "window_s", "bucket_s", "pools", "workers", "traffic", "events"}
+    assert set(history) == {"now", "window_s", "bucket_s", "pools", "workers", "latency", "traffic", "events"}
     assert (history["window_s"], history["bucket_s"]) == (60.0, 5.0)
     assert set(history["pools"]) == {"prefill", "decode"} and set(history["workers"]) == {"prefill-0", "decode-0"}
     assert all(len(series) == 12 for series in (*history["pools"].values(), *history["workers"].values()))

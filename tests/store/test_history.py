@@ -117,6 +117,20 @@ def test_traffic_and_events_of_the_window(store: Path) -> None:
     ]
 
 
+def test_latency_percentiles_per_bucket_of_arrival(store: Path) -> None:
+    db = open_db(store)
+    latency = history(db, WINDOW, BUCKET, now=NOW)["latency"]
+    db.close()
+    assert [point["ts"] for point in latency] == [9975.0, 9980.0, 9985.0, 9990.0, 9995.0, 10_000.0]
+    empty = {"ttft_p50": None, "ttft_p99": None, "tpot_p50": None, "tpot_p99": None}
+    assert latency[1] == pytest.approx({"ts": 9980.0, "ttft_p50": 0.1, "ttft_p99": 0.1, "tpot_p50": 0.1,
+                                        "tpot_p99": 0.1})  # r1: 0.9 s over 9 tokens after its first
+    assert latency[3] == pytest.approx({"ts": 9990.0, "ttft_p50": 0.3, "ttft_p99": 0.3, "tpot_p50": 0.1,
+                                        "tpot_p99": 0.1})  # r2: 1.7 s over 17
+    assert latency[4] == {"ts": 9995.0, **empty}  # r3 failed: not a latency
+    assert latency[0] == {"ts": 9975.0, **empty} and latency[2] == {"ts": 9985.0, **empty}
+
+
 def test_at_most_fifty_events_newest_last(tmp_path: Path) -> None:
     path = tmp_path / "fleet.db"
     with MetricsWriter(path, WriterConfig(retention=None)) as writer:
