@@ -29,6 +29,7 @@ ACTIONS = (
     ConsoleAction("requests", "R", "requests", "Live and recent requests: their timelines, moves", False),
     ConsoleAction("logs", "l", "logs", "Follow the fleet's and its workers' log lines", False),
     ConsoleAction("sort", "s", "sort", "Sort the worker table by the next column", False),
+    ConsoleAction("filter", "slash", "filter", "Filter the worker table: the rows with every word typed", False),
     ConsoleAction("theme", "t", "theme", "Switch between the dark and light theme", False),
     ConsoleAction("help", "question_mark,f1", "keys", "Show every key", False),
     ConsoleAction("quit", "q", "quit", "Quit (an embedded fleet stops with the console)", False),

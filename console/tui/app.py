@@ -8,14 +8,16 @@ from pathlib import Path
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal
-from textual.widgets import Footer, Header, Static
+from textual.containers import Grid, Horizontal
+from textual.widgets import Footer, Header, Input, OptionList, Static
 
 from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.actions import ACTIONS, ACTIONS_BY_ID, READONLY_REASON
 from fleetctl.console.tui.flows import ActionFlows
 from fleetctl.console.tui.palette import ActionCommands
 from fleetctl.console.tui.reading import FleetReading
+from fleetctl.console.tui.screens.event_detail import EventDetail
+from fleetctl.console.tui.screens.filtering import FilterField
 from fleetctl.console.tui.screens.help import HelpScreen
 from fleetctl.console.tui.screens.logs import ALL, LogsScreen
 from fleetctl.console.tui.screens.plan import PlanScreen
@@ -25,12 +27,14 @@ from fleetctl.console.tui.settings import ConsoleSettings, remember_theme
 from fleetctl.console.tui.source import FleetSource, HttpSource
 from fleetctl.console.tui.widgets.panels import DevicesPanel, EventsPanel, TrafficPanel
 from fleetctl.console.tui.widgets.pools import PoolPanel
+from fleetctl.console.tui.widgets.trends import TrendsPanel
 from fleetctl.console.tui.widgets.workers import WorkersTable
 from fleetctl.domain import WorkerState
 from fleetctl.themes import DEFAULT_THEME, STYLESHEET
 from fleetctl.themes.palettes import THEMES
 
 NARROW_COLUMNS = 100
+SHORT_LINES = 32  # below it (as below NARROW_COLUMNS) the devices and trends give way to the events
 
 
 class FleetConsole(App[None]):
@@ -39,8 +43,9 @@ class FleetConsole(App[None]):
     # Textual sets the class on each screen as the terminal resizes (a screen takes resize events itself, so an
     # app-level handler saw only the first size)
     HORIZONTAL_BREAKPOINTS = [(0, "narrow"), (NARROW_COLUMNS, "wide")]
+    VERTICAL_BREAKPOINTS = [(0, "short"), (SHORT_LINES, "tall")]
     BINDINGS = [Binding(a.keys, f"act('{a.id}')", a.label, tooltip=a.description, id=a.id,
-                        show=a.id not in ("resume", "sort", "theme")) for a in ACTIONS]
+                        show=a.id not in ("resume", "sort", "filter", "theme")) for a in ACTIONS]
 
     def __init__(self, source: FleetSource, settings: ConsoleSettings | None = None, *,
                  readonly: bool = False, title: str = "fleetctl", refresh: bool = True) -> None:
@@ -61,11 +66,13 @@ class FleetConsole(App[None]):
             yield PoolPanel("prefill")
             yield PoolPanel("decode")
         yield WorkersTable()
-        with Horizontal(id="bottom"):
+        with Grid(id="lower"):  # themes/console.tcss lays it out per terminal size
             yield TrafficPanel()
             yield DevicesPanel()
+            yield TrendsPanel()
             yield EventsPanel()
-        yield Footer()
+        yield FilterField("workers-filter")
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         # SIGTERM (a stopped `console --web`, a closed session) and SIGHUP (its terminal closed) end the console as
@@ -115,7 +122,8 @@ class FleetConsole(App[None]):
         for panel in self.query(PoolPanel):
             panel.show(reading)
         self.query_one(WorkersTable).show(reading)
-        for widget in (self.query_one(TrafficPanel), self.query_one(DevicesPanel), self.query_one(EventsPanel)):
+        for widget in (self.query_one(TrafficPanel), self.query_one(DevicesPanel), self.query_one(TrendsPanel),
+                       self.query_one(EventsPanel)):
             widget.show(reading)
 
     def _match_pools(self, roles: list[str]) -> None:
@@ -160,6 +168,10 @@ class FleetConsole(App[None]):
                 chosen = self.reading.worker(worker) if worker else None
                 failed = chosen is not None and chosen.state == WorkerState.FAILED.value
                 self.push_screen(LogsScreen(worker if failed else ALL, [w.id for w in self.reading.workers]))
+            case "filter":
+                field = self.query_one("#workers-filter", Input)
+                field.display = True
+                field.focus()
             case "sort":
                 table = self.query_one(WorkersTable)
                 table.next_sort()
@@ -175,6 +187,21 @@ class FleetConsole(App[None]):
     def on_data_table_row_selected(self, event: WorkersTable.RowSelected) -> None:
         if isinstance(event.data_table, WorkersTable):  # enter on a worker row (the table owns the key)
             self.action_act("detail")
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        if isinstance(event.option_list, EventsPanel):  # enter on an event, or a click
+            self.push_screen(EventDetail(event.option_list.selected_event(event.option_index)))
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "workers-filter":
+            table = self.query_one(WorkersTable)
+            table.words = event.value
+            table.show(self.reading)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "workers-filter":
+            event.input.display = False
+            self.query_one(WorkersTable).focus()
 
     def effective_keys(self) -> dict[str, str]:
         return {action.id: self.settings.keys.get(action.id, action.keys) for action in ACTIONS}

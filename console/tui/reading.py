@@ -36,6 +36,11 @@ class FleetReading:
     def pool_series(self, role: str, metric: str) -> list[float]:
         return _settled(self.history.pools.get(role, []) if self.history else [], metric)
 
+    def latency_series(self, metric: str) -> list[float | None]:
+        """A LatencyPoint field over the window's settled buckets (None where no request arrived)."""
+        points = self.history.latency[:-1] if self.history else []
+        return [getattr(point, metric) for point in points]
+
     def worker_series(self, worker_id: str, metric: str) -> list[float]:
         return _settled(self.history.workers.get(worker_id, []) if self.history else [], metric)
 

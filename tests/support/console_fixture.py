@@ -59,6 +59,19 @@ def _series(level: float, swing: float, phase: float) -> list[dict]:
     return points
 
 
+def _latency() -> list[dict]:
+    """TTFT and TPOT percentiles per bucket: a queue building up a minute ago (TTFT p99 near 2.3 s), a gap with no
+    requests."""
+    points = []
+    for i in range(60):
+        busy = 1 + 4 * math.exp(-((i - 45) / 4) ** 2)
+        idle = 20 <= i < 23
+        points.append({"ts": NOW - 300 + 5 * i, "ttft_p50": None if idle else 0.09 * busy,
+                       "ttft_p99": None if idle else 0.45 * busy, "tpot_p50": None if idle else 0.061,
+                       "tpot_p99": None if idle else 0.09 + 0.01 * math.sin(i / 5)})
+    return points
+
+
 DENSE, INT4 = {"weights": "bfloat16"}, {"weights": "int4-gguf"}  # 16-bit prefill beside int4 decode
 _WORKERS = [  # (id, role, device, pid, and what `worker` takes)
     ("prefill-0", "prefill", "cpu:0", 4101, {"sessions": 2, "kv": 0.05, "busy": 0.42, "mfu": 0.31, "mbu": 0.02,
@@ -123,6 +136,7 @@ HISTORY = FleetHistory.model_validate({
     "now": NOW, "window_s": 300.0, "bucket_s": 5.0,
     "pools": {"prefill": _series(0.4, 0.3, 0.0), "decode": _series(0.8, 0.15, 1.0)},
     "workers": _WORKER_SERIES,
+    "latency": _latency(),
     "traffic": {"requests": 412, "requests_per_s": 1.37, "ttft_s": {"p50": 0.412, "p99": 2.31},
                 "tpot_s": {"p50": 0.061, "p99": 0.118}, "prefill_share": 0.22, "decode_share": 0.78,
                 "handoff_bytes_per_s": 3.4e6, "handoff_share_of_e2e": 0.0031},

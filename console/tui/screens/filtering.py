@@ -1,7 +1,8 @@
-"""What the requests and logs views share: a filter field under their content, opened by `/`. Typing filters at
-once (the screen's `apply_filter`), enter keeps the words and returns to the content, escape clears them first
-and leaves the screen the next time."""
+"""What the dashboard, the requests and the logs views share: a filter field under their content, opened by `/`.
+Typing filters at once (the screen's `apply_filter`), enter keeps the words and returns to the content, escape
+clears them and returns (and, on a view, leaves it the next time)."""
 
+from textual.binding import Binding
 from textual.widget import Widget
 from textual.widgets import Input
 
@@ -9,9 +10,16 @@ PLACEHOLDER = "filter: words every shown line has (enter keeps them, escape clea
 
 
 class FilterField(Input):
+    BINDINGS = [Binding("escape", "clear", "Clear the filter")]
+
     def __init__(self, field_id: str) -> None:
         super().__init__(placeholder=PLACEHOLDER, id=field_id)
         self.display = False
+
+    def action_clear(self) -> None:
+        """No words (a Changed the owner filters on), then back to the content as enter goes (a Submitted)."""
+        self.value = ""
+        self.post_message(self.Submitted(self, ""))
 
 
 class Filtering:
@@ -37,10 +45,4 @@ class Filtering:
         self.query_one(f"#{self.content}", Widget).focus()
 
     def action_back(self) -> None:
-        field = self.query_one(f"#{self.filter_field}", Input)
-        if field.display:  # escape in the field clears it first
-            field.value = ""
-            field.display = False
-            self.query_one(f"#{self.content}", Widget).focus()
-            return
         self.app.pop_screen()

@@ -1,7 +1,9 @@
-"""The dashboard's bottom row: traffic (the `classify` split, latencies, handoffs), this host's devices,
-and the fleet's events (migrations, cold starts with their reason, failures, 429s)."""
+"""The dashboard's lower panels: traffic (the `classify` split, latencies, handoffs), this host's devices,
+and the fleet's events (migrations, cold starts with their reason, failures, 429s): a list across the screen,
+each line wrapped at words, whose `enter` (or a click) opens the event's every field."""
 
-from textual.widgets import RichLog, Static
+from textual.widgets import OptionList, Static
+from textual.widgets.option_list import Option
 
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.format import clock, nbytes, percent, rate, seconds
@@ -67,14 +69,27 @@ class DevicesPanel(Static):
         self.update(devices_text(reading))
 
 
-class EventsPanel(RichLog):
+class EventsPanel(OptionList):
+    KEEP = 200  # events listed; older ones leave the top
+
     def __init__(self) -> None:
-        super().__init__(id="events", max_lines=200, wrap=False, markup=False)
+        super().__init__(id="events")
         self.border_title = "events"
-        self._last_ts = float("-inf")
+        self.events: list[EventRecord] = []
 
     def show(self, reading: FleetReading) -> None:
-        for event in reading.history.events if reading.history else []:
-            if event.ts > self._last_ts:
-                self.write(event_line(event))
-                self._last_ts = event.ts
+        newest = self.events[-1].ts if self.events else float("-inf")
+        fresh = [event for event in (reading.history.events if reading.history else []) if event.ts > newest]
+        if not fresh:
+            return
+        following = self.highlighted is None or self.highlighted == self.option_count - 1
+        self.events += fresh
+        self.add_options(Option(event_line(event)) for event in fresh)
+        while len(self.events) > self.KEEP:
+            self.events.pop(0)
+            self.remove_option_at_index(0)
+        if following:  # the newest stays in view unless the operator went back to an older one
+            self.scroll_end(animate=False)
+
+    def selected_event(self, index: int) -> EventRecord:
+        return self.events[index]

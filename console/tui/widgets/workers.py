@@ -39,11 +39,17 @@ def sort_value(worker: WorkerInfo, column: str, reading: FleetReading) -> tuple[
     return values[column], ROLE_ORDER.get(worker.role, 9), worker.id
 
 
+def matches(worker: WorkerInfo, reading: FleetReading, words: str) -> bool:
+    line = " ".join(str(cell) for cell in cells(worker, reading)).lower()
+    return all(word in line for word in words.lower().split())
+
+
 class WorkersTable(DataTable):
     def __init__(self) -> None:
         super().__init__(id="workers", cursor_type="row", zebra_stripes=True)
         self.border_title = "workers"
         self.sort_column = "role"
+        self.words = ""  # the filter: only rows whose cells hold every word (any case)
 
     def on_mount(self) -> None:
         for column in COLUMNS:
@@ -57,12 +63,15 @@ class WorkersTable(DataTable):
 
     def next_sort(self) -> str:
         self.sort_column = COLUMNS[(COLUMNS.index(self.sort_column) + 1) % len(COLUMNS)]
-        self.border_title = f"workers · sorted by {self.sort_column}"
         return self.sort_column
 
     def show(self, reading: FleetReading) -> None:
         selected = self.selected_worker
-        workers = sorted(reading.workers, key=lambda w: sort_value(w, self.sort_column, reading))
+        workers = sorted((w for w in reading.workers if matches(w, reading, self.words)),
+                         key=lambda w: sort_value(w, self.sort_column, reading))
+        sorted_by = f" · sorted by {self.sort_column}" if self.sort_column != "role" else ""
+        filtered = f" · filter: {self.words} ({len(workers)} of {len(reading.workers)})" if self.words else ""
+        self.border_title = f"workers{sorted_by}{filtered}"
         wanted = [w.id for w in workers]
         present = [key.value for key in self.rows]
         if present != wanted:  # rows came, went or moved: rebuild, keeping the selection

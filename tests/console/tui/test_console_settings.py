@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from support.console_fixture import FixtureSource, pilot_until
-from textual.widgets import DataTable
 from typer.testing import CliRunner
 
 from fleetctl.console.cli.app import app as cli
@@ -33,8 +32,7 @@ def config_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 def help_rows(screen: HelpScreen) -> dict[str, str]:
     """The help table as {action description: key}."""
-    table = screen.query_one(DataTable)
-    return {str(row[1]): str(row[0]) for row in (table.get_row_at(i) for i in range(table.row_count))}
+    return {what: key for key, what in screen.rows}
 
 
 def test_a_rebinding_in_config_toml_is_the_key_the_console_answers_to(config_dir: Path) -> None:

@@ -1,6 +1,7 @@
 """Pictures of the console (pytest-textual-snapshot) on a deterministic fixture fleet: the dashboard
-at 120×40 and 80×24, both themes, read-only, help, a worker's detail, the migrate dialog with its
-progress bar, and the plan screen; and the 80-column layout following a live resize. Update them with
+at 120×40, 80×24 and 200×60, both themes, read-only, help (at 120×40 and 80×24), a worker's detail, an event's
+details, the migrate dialog with its progress bar, and the plan screen; and the 80-column layout following a
+live resize. Update them with
 `pytest tests/console --snapshot-update` after a deliberate change."""
 
 import asyncio
@@ -10,13 +11,14 @@ from support.console_fixture import NOW, SESSIONS, FixtureSource, pilot_until
 from textual.widgets import DataTable
 
 from fleetctl.console.tui.app import FleetConsole
+from fleetctl.console.tui.screens.event_detail import EventDetail
 from fleetctl.console.tui.screens.worker_detail import WorkerDetail
 from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.widgets.panels import DevicesPanel, EventsPanel
 from fleetctl.engine.server.schemas import StoreInfo
 
 pytestmark = pytest.mark.pictures
-WIDE, NARROW = (120, 40), (80, 24)
+WIDE, NARROW, LARGE = (120, 40), (80, 24), (200, 60)
 
 
 def console(source: FixtureSource | None = None, **settings: object) -> FleetConsole:
@@ -35,6 +37,10 @@ def test_dashboard(snap_compare) -> None:
 
 def test_dashboard_at_80x24(snap_compare) -> None:
     assert snap_compare(console(), terminal_size=NARROW, run_before=loaded)
+
+
+def test_dashboard_at_200x60(snap_compare) -> None:
+    assert snap_compare(console(), terminal_size=LARGE, run_before=loaded)
 
 
 def test_resizing_the_terminal_gives_the_narrow_layout_and_back() -> None:
@@ -84,13 +90,25 @@ def test_failing_store_banner(snap_compare) -> None:
     assert snap_compare(console(FixtureSource(store=failing)), terminal_size=NARROW, run_before=loaded)
 
 
-def test_help(snap_compare) -> None:
+@pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
+def test_help(snap_compare, size: tuple[int, int]) -> None:
+    """Every key; a description longer than the dialog wraps at words."""
     async def open_help(pilot) -> None:
         await loaded(pilot)
         await pilot.press("question_mark")
         await pilot.pause(0.2)
 
-    assert snap_compare(console(), terminal_size=WIDE, run_before=open_help)
+    assert snap_compare(console(), terminal_size=size, run_before=open_help)
+
+
+def test_event_detail(snap_compare) -> None:
+    async def open_event(pilot) -> None:
+        await loaded(pilot)
+        await pilot.press("tab", "end", "enter")  # the events, the newest, its details
+        await pilot_until(pilot, lambda: isinstance(pilot.app.screen, EventDetail), "the event's details")
+        await pilot.pause(0.1)
+
+    assert snap_compare(console(), terminal_size=NARROW, run_before=open_event)
 
 
 def test_worker_detail(snap_compare) -> None:

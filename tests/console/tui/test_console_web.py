@@ -70,7 +70,9 @@ def web_console(playwright: ModuleType, url: str, *options: str) -> Iterator[Web
                 frame if isinstance(frame, bytes) else frame.encode())))
             page.goto(f"http://127.0.0.1:{port}")
             console.wait_for(b"workers", b"prefill-0")
-            page.mouse.click(700, 450)  # on the workers table: the page takes keys once it has the focus
+            # the page takes keys once it has the focus: a click on the pool panels at the top (which take no
+            # focus and act on no click), so the workers table keeps the console's focus
+            page.mouse.click(700, 70)
             yield console
             browser.close()
     finally:

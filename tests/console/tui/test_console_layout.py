@@ -1,0 +1,125 @@
+"""The dashboard's layout and what it answers to beyond the action keys: the workers table as tall as its rows,
+`/` filtering it, the events across the screen — `enter` or a click opening one — the trends charts spanning the
+whole history window, and a click selecting a worker; at 80×24, 120×40 and 200×60 every panel fits the screen."""
+
+import asyncio
+
+import pytest
+from support.console_fixture import HISTORY, WORKERS, FixtureSource, pilot_until
+from textual.widgets import Input
+
+from fleetctl.console.tui.app import FleetConsole
+from fleetctl.console.tui.screens.event_detail import EventDetail, event_fields
+from fleetctl.console.tui.settings import ConsoleSettings
+from fleetctl.console.tui.widgets.panels import EventsPanel
+from fleetctl.console.tui.widgets.trends import fitted, trend_rows
+from fleetctl.console.tui.widgets.workers import WorkersTable
+
+SIZES = [(80, 24), (120, 40), (200, 60)]
+
+
+def console() -> FleetConsole:
+    return FleetConsole(FixtureSource(), ConsoleSettings(theme="fleet-dark"))
+
+
+async def loaded(pilot) -> None:
+    await pilot_until(pilot, lambda: pilot.app.reading.reachable, "the first reading")
+    await pilot.pause(0.1)
+
+
+def rows(app: FleetConsole) -> list[str]:
+    table = app.query_one(WorkersTable)
+    return [key.value for key in table.rows]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+def test_every_panel_fits_the_screen_and_the_workers_table_its_rows(size: tuple[int, int]) -> None:
+    async def run() -> None:
+        app = console()
+        async with app.run_test(size=size) as pilot:
+            await loaded(pilot)
+            screen = app.screen.region
+            for widget in app.screen.query("*"):
+                if widget.display and widget.region.area:
+                    assert screen.contains_region(widget.region), f"{widget!r} at {widget.region} is off {size}"
+            table, events = app.query_one(WorkersTable), app.query_one(EventsPanel)
+            assert events.region.height >= 5 and events.region.width >= 36
+            if size[1] >= 40:  # room for all 8 rows: the table is as tall as them (header, rows, border)
+                assert table.region.height == len(WORKERS) + 3
+                assert events.region.width == size[0]  # the events across the screen
+
+    asyncio.run(run())
+
+
+def test_slash_filters_the_workers_table_and_escape_clears_it() -> None:
+    async def run() -> None:
+        app = console()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await loaded(pilot)
+            await pilot.press("slash")
+            field = app.query_one("#workers-filter", Input)
+            assert field.display and field.has_focus
+            await pilot.press(*"int4 drain")  # every word, in any cell
+            await pilot_until(pilot, lambda: rows(app) == ["decode-3"], "only decode-3")
+            assert "filter: int4 drain (1 of 8)" in str(app.query_one(WorkersTable).border_title)
+            await pilot.press("enter")  # the words kept, back on the table
+            await pilot.pause(0.1)
+            assert not field.display and app.query_one(WorkersTable).has_focus and rows(app) == ["decode-3"]
+            await pilot.pause(1.2)  # a refresh keeps the filter
+            assert rows(app) == ["decode-3"]
+            await pilot.press("slash", "escape")
+            await pilot_until(pilot, lambda: len(rows(app)) == len(WORKERS), "every worker again")
+            assert not field.display and app.query_one(WorkersTable).border_title == "workers"
+
+    asyncio.run(run())
+
+
+def test_enter_or_a_click_on_an_event_opens_every_field_of_it() -> None:
+    restore = HISTORY.events[-1]
+
+    async def run() -> None:
+        app = console()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await loaded(pilot)
+            await pilot.press("tab", "end", "enter")
+            await pilot_until(pilot, lambda: isinstance(app.screen, EventDetail), "the event's details")
+            assert app.screen.event == restore
+            await pilot.press("escape")
+            await pilot_until(pilot, lambda: not isinstance(app.screen, EventDetail), "the dashboard")
+            events = app.query_one(EventsPanel)
+            await pilot.press("home")  # the list back at its oldest event
+            await pilot.click(EventsPanel, offset=(3, 1))  # its line (inside the border)
+            await pilot_until(pilot, lambda: isinstance(app.screen, EventDetail), "the clicked event's details")
+            assert app.screen.event == events.events[0]
+
+    asyncio.run(run())
+    fields = dict(event_fields(restore))
+    assert fields["reason"] == "torch: checkpoint has '2.12'" and fields["time"].endswith("UTC")
+    assert fields["worker"] == "decode-4"
+
+
+def test_a_click_selects_a_worker_row() -> None:
+    async def run() -> str | None:
+        app = console()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await loaded(pilot)
+            table = app.query_one(WorkersTable)
+            assert table.selected_worker == "prefill-0"
+            await pilot.click(WorkersTable, offset=(4, 1 + 3))  # the header's line, then the third row
+            await pilot.pause(0.1)
+            return table.selected_worker
+
+    assert asyncio.run(run()) == "decode-0"
+
+
+def test_trends_span_the_window_whatever_the_width() -> None:
+    series: list[float | None] = [float(i) for i in range(60)]
+    assert fitted(series, 20) == pytest.approx([(3 * k + 1) / 58 for k in range(20)])  # means of 3, over the peak
+    assert len(fitted(series, 7)) == 7  # runs of 9 from the newest: the oldest run short
+    assert fitted([1.0, None, 3.0], 6) == [1 / 3, 1 / 3, 0.0, 0.0, 1.0, 1.0]  # a gap is nothing; widened
+    assert fitted([None, None], 4) == [0.0] * 4 and fitted([], 5) == [] and fitted(series, 0) == []
+    trends = trend_rows(asyncio.run(FixtureSource().read()))
+    assert [label for label, _, _ in trends] == ["prefill tok/s", "decode tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
+                                                 "TPOT p99"]
+    ttft_p99 = trends[3]
+    assert len(ttft_p99[1]) == 59 and ttft_p99[2] == "450 ms"  # the settled buckets; the newest value
