@@ -8,7 +8,7 @@ FLEETCTL := $(VENV)/bin/fleetctl
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: demo test test-fast install browser lint bench clean upgrade-deps gpu-bundle
+.PHONY: demo test test-fast install browser prometheus lint bench clean upgrade-deps gpu-bundle
 
 install: $(VENV)/.installed
 
@@ -46,7 +46,7 @@ demo: install
 test: export FLEET_REQUIRE_ALL ?= 1
 # every test: the in-process ones in 2 xdist processes (CI has 2 cores), then the timing-bound fleet tests and
 # the console's pictures one at a time, away from parallel load
-test: install browser
+test: install browser prometheus
 	$(FLEETCTL) models pull smollm2-135m
 	$(FLEETCTL) models pull gemma3-270m
 	$(VENV)/bin/ruff check .
@@ -66,6 +66,13 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { \
 		command -v apt-get >/dev/null 2>&1 || { echo "make browser: no chromium and no apt-get: install chromium"; exit 1; }; \
 		apt-get install -y -q chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }; }
+
+# Debian's prometheus for the test that scrapes a fleet and runs the Grafana dashboard's queries
+# (tests/server/test_prometheus.py); without it `make test` stops here, saying why.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { \
+		command -v apt-get >/dev/null 2>&1 || { echo "make prometheus: no prometheus and no apt-get: install prometheus"; exit 1; }; \
+		apt-get install -y -q prometheus >/dev/null || { apt-get update -q && apt-get install -y -q prometheus; }; }
 
 bench: install
 	$(VENV)/bin/python scripts/bench_decode.py
