@@ -68,6 +68,7 @@ class RequestsScreen(Filtering, Screen[None]):
         self.sort = SORTS[0]
         self.words = ""
         self.now = 0.0  # the fleet's now as its answer says (a live request's end is then): ages on its clock
+        self.shown: dict[str, tuple[str, ...]] = {}  # each row's cells as last drawn
 
     def compose(self) -> ComposeResult:
         table = DataTable(id="requests", cursor_type="row", zebra_stripes=True)
@@ -76,7 +77,9 @@ class RequestsScreen(Filtering, Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#requests", DataTable).add_columns(*COLUMNS)
+        table = self.query_one("#requests", DataTable)
+        for column in COLUMNS:
+            table.add_column(column, key=column)
         self._title()
         self.poll()
         self.set_interval(self.app.settings.interval, self.poll)
@@ -101,16 +104,24 @@ class RequestsScreen(Filtering, Screen[None]):
 
     def show(self) -> None:
         table = self.query_one("#requests", DataTable)
-        selected = self.selected
-        table.clear()
         shown = [r for r in self.records.values() if matches(r, self.words, self.now)]
         live = sorted((r for r in shown if r.stage != "done"), key=lambda r: -sort_value(r, self.sort, self.now))
         done = sorted((r for r in shown if r.stage == "done"), key=lambda r: -sort_value(r, self.sort, self.now))
-        for record in [*live, *done]:
-            table.add_row(*cells(record, self.now), key=record.request_id)
+        rows = {record.request_id: cells(record, self.now) for record in [*live, *done]}
+        if [key.value for key in table.rows] == list(rows):  # the same rows in the same order: only what changed
+            for key, values in rows.items():
+                for column, value, was in zip(COLUMNS, values, self.shown.get(key, ()), strict=False):
+                    if value != was:
+                        table.update_cell(key, column, value)
+        else:
+            selected = self.selected
+            table.clear()
+            for key, values in rows.items():
+                table.add_row(*values, key=key)
+            if selected in rows:
+                table.move_cursor(row=table.get_row_index(selected))
+        self.shown = rows
         table.border_subtitle = f"{len(live)} in flight, {len(done)} finished"
-        if selected in self.records and any(r.request_id == selected for r in [*live, *done]):
-            table.move_cursor(row=table.get_row_index(selected))
         self._title()
 
     @property

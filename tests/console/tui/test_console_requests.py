@@ -106,3 +106,21 @@ def test_timeline_picture(snap_compare) -> None:
 def test_a_long_request_id_shows_its_start() -> None:
     assert short_id("req-0017") == "req-0017"
     assert short_id("req-ad941b438dcf424d") == "req-ad941b43…" and len(short_id("req-ad941b438dcf424d")) == 13
+
+
+def test_a_poll_with_the_same_rows_updates_only_their_cells_and_keeps_the_cursor() -> None:
+    async def run() -> tuple[str, int, str, bool]:
+        app = FleetConsole(FixtureSource(), ConsoleSettings(theme="fleet-dark"))
+        async with app.run_test(size=WIDE) as pilot:
+            screen = await opened(pilot)
+            table = screen.query_one("#requests", DataTable)
+            table.move_cursor(row=1)
+            first_row = table.rows[table.coordinate_to_cell_key((0, 0)).row_key]
+            grown = screen.records["req-0021"].model_copy(update={"output_tokens": 77})
+            screen.records = {**screen.records, "req-0021": grown}
+            screen.show()
+            kept = table.rows[table.coordinate_to_cell_key((0, 0)).row_key] is first_row  # not rebuilt
+            return str(table.get_cell("req-0021", "in/hit/out")), table.cursor_row, screen.selected or "", kept
+
+    tokens, cursor, selected, kept = asyncio.run(run())
+    assert tokens.endswith("/77") and (cursor, selected) == (1, "req-0021") and kept
