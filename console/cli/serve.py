@@ -73,6 +73,9 @@ def serve(
     kv_offload_host_dir: Path | None = typer.Option(None, "--kv-offload-host-dir",
                                                     help="The host tier's folder (default /dev/shm/fleetctl-host-tier: "
                                                          "every fleet of the node shares it)."),
+    otlp_endpoint: str = typer.Option(
+        "", "--otlp-endpoint", help="An OTLP/HTTP traces URL (a collector's http://host:4318/v1/traces): each "
+                                    "request's trace — admission, queue, prefill, KV handoff, decode, live moves."),
     store: str = STORE_OPTION,
     store_reset: bool = typer.Option(False, "--store-reset", help="If the store is not a database (corrupt, or "
                                                                   "another file), move it aside and start a fresh "
@@ -167,6 +170,7 @@ def serve(
                 model_dir=resolve_model(model), prefill=prefill, decode=decode, colocated=colocated,
                 devices=tuple(d.strip() for d in devices.split(",") if d.strip()), engine=engine,
                 store_path=store_path(store), max_queue=max_queue, served_model_name=served_model_name or None,
+                otlp_endpoint=otlp_endpoint or None,
                 local_prefill_tokens=local_prefill_tokens,
                 role_quantization=tuple(
                     (role, value) for role, value in ((WorkerRole.PREFILL, prefill_quantization),

@@ -82,6 +82,7 @@ class FleetConfig:
     ready_timeout_s: float = 300.0
     store_path: Path | None = None  # the SQLite metrics store (None: keep metrics in memory only)
     served_model_name: str | None = None  # the name clients ask for (default: the model directory's name)
+    otlp_endpoint: str | None = None  # OTLP/HTTP traces URL (…/v1/traces): one trace per request (fleet/tracing.py)
     supervision: Supervision = field(default_factory=Supervision)
     shm_dir: Path = SHM_DIR  # where workers publish KV handoff buffers (CPU)
     autoplan: AutoplanSettings | None = None  # plan and rebalance by itself (`fleet/autoplan.py`)

@@ -47,6 +47,7 @@ from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.fleet.stats import FleetStats
 from fleetctl.engine.fleet.supervisor import Supervisor
 from fleetctl.engine.fleet.tokens import TokenStreams
+from fleetctl.engine.fleet.tracing import RequestTracer
 from fleetctl.engine.fleet.watchdog import Watchdog
 from fleetctl.engine.fleet.worker_inbox import WorkerInbox
 from fleetctl.engine.fleet.worker_link import WorkerLink
@@ -79,6 +80,7 @@ class Fleet:
             stats=FleetStats(), recorder=FleetRecorder(config.store_path) if config.store_path else None,
             # workers on this machine write their output to files the controller reads (a Ray actor's stays there)
             logs=FleetLogs(fleet_home() / "logs" / f"fleet-{os.getpid()}" if launcher is None else None),
+            tracer=RequestTracer(config.otlp_endpoint) if config.otlp_endpoint else None,
         )
         self.dispatcher = Dispatcher(self.state)
         self.admission = Admission(self.state, self.dispatcher)
@@ -209,6 +211,8 @@ class Fleet:
         self.state.logs.poll()
         self.state.logs.remove_files()
         logging.getLogger("fleetctl").removeHandler(self._log_handler)
+        if self.state.tracer:
+            await asyncio.to_thread(self.state.tracer.close)  # the last traces out (the exporter may wait on a socket)
         recorder = self.state.recorder
         if recorder:
             for view in self.views.values():

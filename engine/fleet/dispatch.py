@@ -185,6 +185,8 @@ class Dispatcher:
         state.stats.on_request_done(req)
         if state.recorder:
             state.recorder.on_request_done(req)
+        if state.tracer:
+            state.tracer.on_request_done(req)
         self.dispatch_queued()
 
     def release_prefill_copy(self, req: TrackedRequest) -> None:

@@ -50,6 +50,18 @@ class RequestTimes:
     handoff_seconds: float = 0.0  # publish + fetch/copy, measured inside the workers
 
 
+@dataclass(frozen=True)
+class RequestMove:
+    """A live move of a request's session: its stall, the last token from the source to the first from the
+    destination (time.time())."""
+
+    source: str
+    dest: str
+    start: float
+    end: float
+    nbytes: int  # KV sent
+
+
 @dataclass(eq=False)
 class TrackedRequest:
     request_id: str
@@ -78,6 +90,7 @@ class TrackedRequest:
     local_prefill: bool = False  # its decode worker prefilled it (conditional disaggregation): no handoff
     prefix_chains: dict[tuple[bytes, int], list[bytes]] = field(default_factory=dict)  # (root, block size) -> chain
     times: RequestTimes = field(default_factory=RequestTimes)
+    moves: list[RequestMove] = field(default_factory=list)  # its session's live moves, as its trace shows them
     # the samples of the same prompt (a request with n > 1), itself included: routed together, so that the
     # prompt's KV is computed once and its full blocks shared through the workers' prefix caches
     siblings: list["TrackedRequest"] = field(default_factory=list)

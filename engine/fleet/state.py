@@ -30,6 +30,7 @@ from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.fleet.router import Router
 from fleetctl.engine.fleet.stats import FleetStats
+from fleetctl.engine.fleet.tracing import RequestTracer
 from fleetctl.engine.fleet.worker_link import WorkerLink
 from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.worker.spec import WorkerSpec
@@ -53,6 +54,7 @@ class FleetState:
     stopping: bool = False  # the fleet is stopping: a worker exiting now stopped (not failed, not restarted)
     retired_ids: set[str] = field(default_factory=set)  # ids a worker left when it switched role
     logs: FleetLogs = field(default_factory=lambda: FleetLogs(None))  # the fleet's and its workers' recent lines
+    tracer: RequestTracer | None = None  # each ended request's trace, exported over OTLP (--otlp-endpoint)
 
     def take_over(self, worker_id: str, link: WorkerLink) -> None:
         """`link`'s process becomes `worker_id`, with the spec it was launched with (a new id gets its view)."""

@@ -27,7 +27,7 @@ from fleetctl.engine.fleet.ops.record import Operation, OpKind
 from fleetctl.engine.fleet.ops.results import MoveResult
 from fleetctl.engine.fleet.ops.runner import OperationRunner
 from fleetctl.engine.fleet.ops.stages import MoveStage
-from fleetctl.engine.fleet.request import RequestStage, TrackedRequest
+from fleetctl.engine.fleet.request import RequestMove, RequestStage, TrackedRequest
 from fleetctl.engine.worker import protocol as m
 
 MAX_PRECOPY_STAGES = 4
@@ -198,6 +198,7 @@ class SessionMoves:
         first = move.first_dest_token.result()
         before = move.last_source_token or move.stopped_at or first
         downtime = first - before
+        move.req.moves.append(RequestMove(move.source, move.dest, before, first, sum(s.bytes for s in move.stages)))
         self.state.stats.migration_downtime.observe(downtime)
         return round(downtime, 5)
 
