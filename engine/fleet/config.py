@@ -83,6 +83,9 @@ class FleetConfig:
     store_path: Path | None = None  # the SQLite metrics store (None: keep metrics in memory only)
     served_model_name: str | None = None  # the name clients ask for (default: the model directory's name)
     otlp_endpoint: str | None = None  # OTLP/HTTP traces URL (…/v1/traces): one trace per request (fleet/tracing.py)
+    # with a store, replay the last 5 minutes this often for the current layout's share of the best one's goodput
+    # (fleet/ops/split_regret.py); 0: never
+    split_regret_interval_s: float = 30.0
     supervision: Supervision = field(default_factory=Supervision)
     shm_dir: Path = SHM_DIR  # where workers publish KV handoff buffers (CPU)
     autoplan: AutoplanSettings | None = None  # plan and rebalance by itself (`fleet/autoplan.py`)

@@ -38,6 +38,7 @@ from fleetctl.engine.fleet.ops.restore import Restores
 from fleetctl.engine.fleet.ops.results import RebalancePreview
 from fleetctl.engine.fleet.ops.runner import OperationRunner
 from fleetctl.engine.fleet.ops.session_move import SessionMoves
+from fleetctl.engine.fleet.ops.split_regret import SplitRegret
 from fleetctl.engine.fleet.ops.switch import RoleSwitches
 from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.recovery import Recovery
@@ -107,6 +108,8 @@ class Fleet:
         self._tasks: list[asyncio.Task] = []
         self._stopped: asyncio.Task | None = None  # Fleet.stop under way or done: a second call waits on it
         self._log_handler = self.state.logs.handler()  # the controller's own records, while it runs
+        store, every = config.store_path, config.split_regret_interval_s
+        self.split_regret = SplitRegret(self.state, store, every) if store is not None and every > 0 else None
 
     @property
     def views(self) -> dict[str, WorkerView]:
@@ -161,6 +164,8 @@ class Fleet:
         if self.config.autoplan:
             autoplan = Autoplanner(self.state, self.rebalancer, self.config.autoplan)
             self._tasks.append(asyncio.create_task(autoplan.run()))
+        if self.split_regret is not None:
+            self._tasks.append(asyncio.create_task(self.split_regret.run()))
 
     async def _tick(self) -> None:
         """Once a second the store's rows and a check for requests left without a worker to go to (a

@@ -97,6 +97,17 @@ class StoreInfo(_Open):
     kept_rows: int = 0
 
 
+class SplitRegretInfo(_Open):
+    """The current layout's goodput as a share of the best layout's, replayed over the last 5 minutes every
+    interval (fleet/ops/split_regret.py): the newest replay, and the series of its ratios, oldest first."""
+
+    ratio: float
+    current: str
+    best: str
+    at: float
+    series: list[float]
+
+
 class FleetStatus(_Open):
     model: str
     url: str
@@ -107,6 +118,7 @@ class FleetStatus(_Open):
     local_prefills: int
     store: StoreInfo | None = None  # None: the fleet keeps no store
     kv_tiers: dict[str, TierInfo] = {}  # by tier (host, disk), once a worker reported one; {}: the fleet has none
+    split_regret: SplitRegretInfo | None = None  # None: no store, or no window replayed yet
 
 
 class WorkerList(_Open):

@@ -6,7 +6,7 @@ import os
 from fleetctl.domain import WorkerState
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.stats import BUSY_WINDOW_S
-from fleetctl.engine.server.schemas import FleetStatus, PoolInfo, StoreInfo, TierInfo, WorkerInfo
+from fleetctl.engine.server.schemas import FleetStatus, PoolInfo, SplitRegretInfo, StoreInfo, TierInfo, WorkerInfo
 
 
 def workers_status(fleet: Fleet) -> list[WorkerInfo]:
@@ -55,7 +55,17 @@ def fleet_status(fleet: Fleet) -> FleetStatus:
                        workers=workers, pools=pools, local_prefills=fleet.stats.local_prefill_count,
                        store=store_info(fleet),
                        kv_tiers={tier: TierInfo(used_bytes=used, capacity_bytes=capacity)
-                                 for tier, (used, capacity) in fleet.stats.tier_io.occupancy.items()})
+                                 for tier, (used, capacity) in fleet.stats.tier_io.occupancy.items()},
+                       split_regret=split_regret_info(fleet))
+
+
+def split_regret_info(fleet: Fleet) -> SplitRegretInfo | None:
+    points = fleet.split_regret.points if fleet.split_regret is not None else ()
+    if not points:
+        return None
+    newest = points[-1]
+    return SplitRegretInfo(ratio=round(newest.ratio, 4), current=newest.current, best=newest.best, at=newest.at,
+                           series=[round(point.ratio, 4) for point in points])
 
 
 def store_info(fleet: Fleet) -> StoreInfo | None:

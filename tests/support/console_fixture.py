@@ -31,6 +31,7 @@ from fleetctl.engine.server.schemas import (
     RoleChanged,
     SessionInfo,
     SessionMoved,
+    SplitRegretInfo,
     StoreInfo,
     TierInfo,
     WorkerInfo,
@@ -130,8 +131,11 @@ LOG_LINES = [LogLineInfo(seq=i + 1, time=NOW - 60 + 3 * i, source=source, level=
 KV_TIERS = {"host": TierInfo(used_bytes=13_421_772, capacity_bytes=268_435_456),
             "disk": TierInfo(used_bytes=107_374_182, capacity_bytes=10_737_418_240)}
 TIER_TOKENS = {"prefill": {"host": 1104, "disk": 240}, "decode": {"host": 336}}
+# the planner's replays every 30 s: the 2:4 layout fell behind 3:3 as the traffic turned prompt-heavy (PLAN's numbers)
+SPLIT_REGRET = SplitRegretInfo(ratio=0.847, current="2:4", best="3:3", at=NOW - 12,
+                               series=[round(min(1.0, 1.02 - 0.006 * max(0, i - 10)), 3) for i in range(40)])
 STATUS = FleetStatus(model="smollm2-135m", url="http://fixture:8700", pid=4100, window_s=5.0, workers=WORKERS,
-                     pools=POOLS, local_prefills=0)
+                     pools=POOLS, local_prefills=0, split_regret=SPLIT_REGRET)
 HISTORY = FleetHistory.model_validate({
     "now": NOW, "window_s": 300.0, "bucket_s": 5.0,
     "pools": {"prefill": _series(0.4, 0.3, 0.0), "decode": _series(0.8, 0.15, 1.0)},

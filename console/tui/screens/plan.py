@@ -1,5 +1,6 @@
-"""`p`: the planner's view of the fleet (`GET /fleet/plan`): the current split, the recommended one,
-the predicted gain and the reason, every layout it replayed — and `a` to rebalance to the recommended layout,
+"""`p`: the planner's view of the fleet (`GET /fleet/plan`), opening on the split regret the fleet keeps (the
+current layout's share of the best layout's goodput, replayed every 30 s): then the current split, the recommended
+one, the predicted gain and the reason, every layout it replayed — and `a` to rebalance to the recommended layout,
 colocated included (a dry run first, listed in the confirmation; disabled in read-only consoles)."""
 
 from textual import work
@@ -11,8 +12,9 @@ from textual.widgets import DataTable, Footer, Label
 
 from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.actions import READONLY_REASON
+from fleetctl.console.tui.widgets.format import percent
 from fleetctl.engine.planner.split import layout_label as split_label
-from fleetctl.engine.server.schemas import FleetPlan, SplitInfo
+from fleetctl.engine.server.schemas import FleetPlan, SplitInfo, SplitRegretInfo
 
 WINDOWS = ("10m", "30m", "1h", "5m")  # `w` steps through them; the first is the default
 
@@ -27,6 +29,15 @@ def gain_text(gain: float | str | None) -> str:
     if gain == "inf":
         return "the current split meets no request's SLOs"
     return f"{gain:+.1f} % goodput predicted"
+
+
+def regret_text(regret: SplitRegretInfo | None) -> str:
+    if regret is None:
+        return "split regret: not replayed yet (it needs a metrics store and 30 s of traffic)"
+    if regret.current == regret.best:
+        return f"split regret: none — {regret.current} is the best layout over the last 5 min"
+    return (f"split regret: the current layout {regret.current} serves {percent(regret.ratio)} of the best "
+            f"layout's goodput over the last 5 min (best: {regret.best})")
 
 
 def summary_lines(plan: FleetPlan) -> list[str]:
@@ -60,6 +71,8 @@ class PlanScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="plan-summary"):
+            status = self.app.reading.status
+            yield Label(regret_text(status.split_regret if status else None), id="plan-regret")
             yield Label("planning…", id="plan-text")
         table = DataTable(id="plan-candidates", cursor_type="row")
         table.border_title = "layouts replayed, best first"

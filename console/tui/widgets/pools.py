@@ -1,6 +1,7 @@
 """One pool (prefill, decode or mixed): busy, MFU and MBU now, five minutes of each as a sparkline,
-and a one-line verdict, so that an underfed or saturated phase shows at a glance; with KV tiers under the pools,
-a line of what each tier read back for this pool and how full it is."""
+and a one-line verdict, so that an underfed or saturated phase shows at a glance; with a metrics store, the split
+regret (the current layout's share of the best layout's goodput, replayed every interval) and its sparkline; with
+KV tiers under the pools, a line of what each tier read back for this pool and how full it is."""
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -9,7 +10,7 @@ from textual.widgets import Label
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.chart import UsageChart
 from fleetctl.console.tui.widgets.format import count, percent
-from fleetctl.engine.server.schemas import PoolInfo, TierInfo
+from fleetctl.engine.server.schemas import PoolInfo, SplitRegretInfo, TierInfo
 
 METRICS = (("busy", "busy"), ("mfu", "MFU (compute)"), ("mbu", "MBU (memory)"))
 # which metric a pool is judged by: prefill reads the prompt (compute), decode writes tokens (bandwidth)
@@ -27,6 +28,13 @@ def verdict(role: str, pool: PoolInfo | None) -> str:
         return f"saturated: busy {busy:.0%}, {queue} waiting"
     bound = "compute" if BOUND_BY[role] == "mfu" else "bandwidth"
     return f"working: {bound} at {percent(getattr(pool, BOUND_BY[role]))} of peak"
+
+
+def regret_label(regret: SplitRegretInfo) -> str:
+    """`layout 85% of 3:3` (the current layout's goodput over the best one's), or `layout 2:4 is best`."""
+    if regret.current == regret.best:
+        return f"layout {regret.current} is best"
+    return f"layout {percent(regret.ratio)} of {regret.best}"
 
 
 def tier_line(tiers: dict[str, TierInfo], served: dict[str, int], width: int) -> str:
@@ -64,6 +72,10 @@ class PoolPanel(Vertical):
                 yield Label(label, classes="metric-label", id=f"{self.role}-{metric}-label")
                 kind = "compute" if metric == "mfu" else "bandwidth" if metric == "mbu" else "busy"
                 yield UsageChart(id=f"{self.role}-{metric}", classes=kind)
+        with Horizontal(classes="metric-row regret", id=f"{self.role}-regret-row") as regret:
+            regret.display = False  # shown once the fleet has replayed a window (it needs a store)
+            yield Label("", classes="regret-label", id=f"{self.role}-regret-label")
+            yield UsageChart(id=f"{self.role}-regret", classes="regret")
         yield Label("", classes="verdict", id=f"{self.role}-verdict")
         tiers = Label("", classes="tiers", id=f"{self.role}-tiers")
         tiers.display = False  # shown once a reading says the fleet has KV tiers
@@ -81,6 +93,11 @@ class PoolPanel(Vertical):
             self.query_one(f"#{self.role}-{metric}-label", Label).update(f"{label[:4]:<5}{value:>8}")
             self.query_one(f"#{self.role}-{metric}", UsageChart).series = tuple(reading.pool_series(self.role, metric))
         self.query_one(f"#{self.role}-verdict", Label).update(verdict(self.role, pool))
+        regret = reading.status.split_regret if reading.status else None
+        self.query_one(f"#{self.role}-regret-row").display = regret is not None
+        if regret is not None:
+            self.query_one(f"#{self.role}-regret-label", Label).update(regret_label(regret))
+            self.query_one(f"#{self.role}-regret", UsageChart).series = tuple(regret.series)
         self._tiers = (reading.kv_tiers, pool.tier_tokens if pool else {})
         self._show_tiers()
 

@@ -1,0 +1,70 @@
+"""Split regret: how much goodput the current layout loses against the best one, over time. Every interval (with a
+metrics store) the planner replays the window just past in a thread, as `--autoplan` does, and keeps the current
+layout's goodput as a share of the recommended layout's — 1.0 when the current one is the best — with the best
+layout's name; /fleet/status serves the newest and the series (`split_regret`), the console's pool panels draw
+them. A window the planner cannot replay (too few requests, no steps yet) adds no point."""
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetctl.domain import WorkerState
+from fleetctl.engine.fleet.state import FleetState
+from fleetctl.engine.planner.plan import USER_ERRORS, Plan, PlanRequest, plan_from_store
+from fleetctl.engine.planner.simulator import EngineLimits
+from fleetctl.store.plan_inputs import LiveWorker
+
+REGRET_WINDOW_S = 300.0  # the replayed window: the console's five minutes
+KEPT_POINTS = 60
+
+
+@dataclass(frozen=True)
+class RegretPoint:
+    at: float  # time.time() of the replay
+    ratio: float  # the current layout's goodput over the best layout's (0 when the current one serves nothing)
+    current: str  # layout labels, as `plan` names them ("2:1", "colocated 3")
+    best: str
+
+
+def regret_point(plan: Plan, at: float) -> RegretPoint | None:
+    """The point of one replay, or None when the current layout was not among those replayed."""
+    now = plan.candidate(plan.current)
+    if now is None or plan.current is None:
+        return None
+    best = plan.recommended
+    ratio = 1.0 if best.goodput <= 0 else min(1.0, now.goodput / best.goodput)
+    return RegretPoint(at, ratio, plan.current.label, best.split.label)
+
+
+class SplitRegret:
+    def __init__(self, state: FleetState, store_path: Path, interval_s: float,
+                 clock: Callable[[], float] = time.time) -> None:
+        engine = state.config.engine
+        self.state = state
+        self.store_path = store_path
+        self.interval_s = interval_s
+        self.clock = clock
+        self.request = PlanRequest(limits=EngineLimits(engine.max_num_seqs, engine.max_num_batched_tokens))
+        self.points: deque[RegretPoint] = deque(maxlen=KEPT_POINTS)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.step()
+
+    async def step(self) -> RegretPoint | None:
+        workers = [LiveWorker(v.worker_id, v.role, v.device) for v in self.state.views.values()
+                   if v.state is WorkerState.RUNNING]
+        now = self.clock()
+        try:
+            plan = await asyncio.to_thread(plan_from_store, self.store_path, REGRET_WINDOW_S, self.request, workers,
+                                           now)
+        except USER_ERRORS:
+            return None
+        point = regret_point(plan, now)
+        if point is not None:
+            self.points.append(point)
+        return point
