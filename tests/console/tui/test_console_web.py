@@ -92,6 +92,12 @@ def test_the_help_key_in_the_browser_opens_the_help_screen(tiny_model_dir: Path)
         console.press("?", re.escape(ACTIONS_BY_ID["help"].description.encode()), b"command palette")
 
 
+def test_the_requests_view_opens_in_the_browser(tiny_model_dir: Path) -> None:
+    playwright = pytest.importorskip("playwright.sync_api")
+    with serve(tiny_model_dir, *FLEET) as url, web_console(playwright, url) as console:
+        console.press("R", re.escape("requests · by age".encode()), rb"in flight")
+
+
 def test_with_the_admin_token_the_web_console_acts_on_the_fleet(tiny_model_dir: Path) -> None:
     """Admin mode: drain is enabled (its confirm dialog, not the read-only warning) and the fleet takes the
     console's token: the worker drains and the console shows the operation's result."""
