@@ -1,5 +1,6 @@
 """The logs view against a real fleet: a worker that printed a request's failure and was then killed mid-run shows
-as failed; selected in the console, `l` opens on its own lines, its last words among them, and `/` narrows them."""
+as failed; `/` on the workers table narrows it to that worker, `l` opens on its own lines, its last words among
+them, and `/` there narrows the lines."""
 
 import asyncio
 import os
@@ -16,7 +17,7 @@ from fleetctl.console.tui.app import FleetConsole
 from fleetctl.console.tui.screens.logs import LogsScreen
 from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.source import HttpSource
-from fleetctl.tests.console.tui.test_console_actions import select
+from fleetctl.console.tui.widgets.workers import WorkersTable
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 FLEET = ("--prefill", "1", "--decode", "1", "--devices", "cpu:0,cpu:1", "--dtype", "float32", "--no-restart")
@@ -31,12 +32,17 @@ def test_the_logs_of_a_worker_killed_mid_run_open_on_its_last_words(tiny_model_d
         os.kill(worker_pids(url)["prefill-0"], signal.SIGKILL)
         assert wait_until(lambda: workers(url)["prefill-0"]["state"] == "failed", timeout=30)
 
+        rows: list[int] = []
+
         async def drive() -> tuple[str, list[str], list[str]]:
             app = FleetConsole(HttpSource(url, None), ConsoleSettings(interval=0.5))
             async with app.run_test(size=(120, 40)) as pilot:
                 await pilot_until(pilot, lambda: app.reading.worker("prefill-0") is not None
                                   and app.reading.worker("prefill-0").state == "failed", "prefill-0 failed")
-                select(app, "prefill-0")
+                table = app.query_one(WorkersTable)
+                await pilot.press("slash", *"failed", "enter")
+                await pilot_until(pilot, lambda: [key.value for key in table.rows] == ["prefill-0"], "one row")
+                rows.append(len(app.reading.workers))
                 await pilot.press("l")
                 await pilot_until(pilot, lambda: isinstance(app.screen, LogsScreen)
                                   and any(LAST_WORDS in line for line in shown(app.screen)), "its last words")
@@ -47,5 +53,6 @@ def test_the_logs_of_a_worker_killed_mid_run_open_on_its_last_words(tiny_model_d
                 return screen.source, lines, shown(screen)
 
         source, lines, filtered = asyncio.run(drive())
+    assert rows == [2]  # of the fleet's two workers, the filter kept the failed one (selected: the only row)
     assert source == "prefill-0" and all(" prefill-0 " in line for line in lines)
     assert any(LAST_WORDS in line for line in lines) and all("boom" in line for line in filtered)
