@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.fleet_harness import Stream, fleetctl, serve, start_streams, wait_until
+from support.fleet_harness import Stream, decoding_on, fleetctl, serve, start_streams, wait_until
 from support.otlp_receiver import otlp_receiver
 
 pytestmark = pytest.mark.fleet  # real worker processes, a real server, a real OTLP/HTTP exchange
@@ -49,8 +49,8 @@ def test_each_request_is_a_trace_whose_spans_are_its_record(tiny_model_dir: Path
         short_id = answer.json()["id"]
         stream = start_streams(url, [Stream("A session that moves between decode workers.",
                                             request_id="s0")], 48, model)
-        assert wait_until(lambda: holder(url) is not None, 120)
-        source = holder(url)
+        assert wait_until(lambda: decoding_on(url, "s0", 4) is not None, 120)
+        source = decoding_on(url, "s0", 4)
         target = "decode-1" if source == "decode-0" else "decode-0"
         moved = fleetctl("move", "s0", "--to", target, "--url", url)
         assert moved.returncode == 0, moved.stderr
@@ -79,12 +79,3 @@ def test_each_request_is_a_trace_whose_spans_are_its_record(tiny_model_dir: Path
     move = attributes(moved_children["move"][0])
     assert (move["fleet.source"], move["fleet.destination"]) == (source, target) and move["fleet.bytes"] > 0
     assert attributes(moved_children["decode"][0])["fleet.worker"] == records["s0"]["decode_worker"] == target
-
-
-def holder(url: str) -> str | None:
-    """The decode worker holding s0 once it has decoded a few tokens."""
-    for worker in ("decode-0", "decode-1"):
-        sessions = httpx.get(f"{url}/fleet/workers/{worker}/sessions", timeout=10).json()["sessions"]
-        if any(s["id"] == "s0" and s["stage"] == "decode" and s["output_tokens"] >= 4 for s in sessions):
-            return worker
-    return None

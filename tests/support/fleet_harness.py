@@ -17,8 +17,8 @@ import openai
 from fleetctl.console.loadgen.local_fleet import FLEETCTL
 from fleetctl.console.loadgen.local_fleet import local_fleet as serve
 
-__all__ = ["Stream", "admin", "fleetctl", "free_port", "generate_json", "serve", "start_streams", "wait_until",
-           "worker_pids", "workers"]
+__all__ = ["Stream", "admin", "decoding_on", "fleetctl", "free_port", "generate_json", "serve", "start_streams",
+           "wait_until", "worker_pids", "workers"]
 
 
 def admin() -> dict[str, str]:
@@ -100,3 +100,14 @@ def start_streams(url: str, streams: Sequence[str | Stream], max_tokens: int,
 def workers(url: str) -> dict[str, dict]:
     """/fleet/workers by worker id."""
     return {w["id"]: w for w in httpx.get(f"{url}/fleet/workers", timeout=10).json()["workers"]}
+
+
+def decoding_on(url: str, request_id: str, min_tokens: int, decode_workers: Sequence[str] = ("decode-0", "decode-1"),
+                ) -> str | None:
+    """The decode worker holding session `request_id` once it has decoded `min_tokens` tokens, else None."""
+    for worker in decode_workers:
+        sessions = httpx.get(f"{url}/fleet/workers/{worker}/sessions", timeout=10).json()["sessions"]
+        if any(s["id"] == request_id and s["stage"] == "decode" and s["output_tokens"] >= min_tokens
+               for s in sessions):
+            return worker
+    return None

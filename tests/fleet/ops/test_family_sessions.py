@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from support.fleet_harness import Stream, fleetctl, serve, start_streams, wait_until
+from support.fleet_harness import Stream, decoding_on, fleetctl, serve, start_streams, wait_until
 
 from fleetctl.engine.model.tokenizer import Tokenizer
 from fleetctl.tests.support.family_models import WINDOW, load_reference
@@ -18,15 +18,6 @@ TOKENS = 64
 PROMPT = "Prefill reads the prompt in one pass; decode writes the answer a token at a time. " * 2
 FLEET = ("--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2", "--dtype", "float32",
          "--deterministic", "--kv-blocks", "64")
-
-
-def decoding_on(url: str) -> str | None:
-    """The decode worker holding session s0 once it has decoded a few tokens, else None."""
-    for worker in ("decode-0", "decode-1"):
-        sessions = httpx.get(f"{url}/fleet/workers/{worker}/sessions", timeout=10).json()["sessions"]
-        if any(s["id"] == "s0" and s["stage"] == "decode" and s["output_tokens"] >= 8 for s in sessions):
-            return worker
-    return None
 
 
 @pytest.mark.parametrize("family", ["gemma3", "mistral", "qwen2", "qwen3", "phi3"])
@@ -42,8 +33,8 @@ def test_a_handed_off_and_moved_session_decodes_what_transformers_does(
     expected = tokenizer.decode(out[0, len(ids):].tolist())
     with serve(model_dir, *FLEET, env={"FLEET_FAULTS": "step=stall:0.05"}) as url:  # slowed: s0 is moved mid-stream
         stream = start_streams(url, [Stream(PROMPT, request_id="s0")], TOKENS, model_dir.name)
-        assert wait_until(lambda: decoding_on(url) is not None, 120)
-        source = decoding_on(url)
+        assert wait_until(lambda: decoding_on(url, "s0", 8) is not None, 120)
+        source = decoding_on(url, "s0", 8)
         target = "decode-1" if source == "decode-0" else "decode-0"
         moved = fleetctl("move", "s0", "--to", target, "--url", url)
         assert moved.returncode == 0, moved.stderr
