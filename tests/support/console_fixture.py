@@ -304,3 +304,8 @@ async def pilot_until(pilot: Pilot, condition: Callable[[], object], what: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"the console never showed {what} within {timeout:.0f} s")
         await pilot.pause(0.05)
+
+
+# the terminal sizes every new screen's picture is taken at, and their test ids
+PICTURE_SIZES = [(120, 40), (80, 24), (200, 60)]
+PICTURE_IDS = ["120x40", "80x24", "200x60"]

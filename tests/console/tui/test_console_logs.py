@@ -6,7 +6,7 @@ import asyncio
 import re
 
 import pytest
-from support.console_fixture import FixtureSource, pilot_until
+from support.console_fixture import PICTURE_IDS, PICTURE_SIZES, FixtureSource, pilot_until
 from textual.widgets import RichLog
 
 from fleetctl.console.tui.app import FleetConsole
@@ -14,7 +14,7 @@ from fleetctl.console.tui.screens.logs import LogsScreen
 from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.tests.console.tui.test_console_actions import select
 
-WIDE, NARROW = (120, 40), (80, 24)
+WIDE = (120, 40)
 
 
 def shown(screen: LogsScreen) -> list[str]:
@@ -68,7 +68,7 @@ def test_logs_follow_every_source_then_a_failed_worker_opens_on_its_own_lines() 
 
 
 @pytest.mark.pictures
-@pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
+@pytest.mark.parametrize("size", PICTURE_SIZES, ids=PICTURE_IDS)
 def test_logs_picture(snap_compare, size: tuple[int, int]) -> None:
     app = FleetConsole(FixtureSource(), ConsoleSettings(theme="fleet-dark"))
     assert snap_compare(app, terminal_size=size, run_before=opened)

@@ -6,7 +6,7 @@ and posts the move; and their pictures."""
 import asyncio
 
 import pytest
-from support.console_fixture import FixtureSource, pilot_until
+from support.console_fixture import PICTURE_IDS, PICTURE_SIZES, FixtureSource, pilot_until
 from textual.widgets import DataTable, Label
 
 from fleetctl.console.tui.app import FleetConsole
@@ -15,7 +15,7 @@ from fleetctl.console.tui.screens.requests import RequestsScreen, short_id
 from fleetctl.console.tui.screens.timeline import TimelineScreen, bar
 from fleetctl.console.tui.settings import ConsoleSettings
 
-WIDE, NARROW = (120, 40), (80, 24)
+WIDE = (120, 40)
 
 
 def rows(screen: RequestsScreen) -> list[tuple[str, str]]:
@@ -83,14 +83,15 @@ def test_a_bar_is_to_scale_and_never_empty_when_its_phase_lasted() -> None:
 
 
 @pytest.mark.pictures
-@pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
+@pytest.mark.parametrize("size", PICTURE_SIZES, ids=PICTURE_IDS)
 def test_requests_picture(snap_compare, size: tuple[int, int]) -> None:
     app = FleetConsole(FixtureSource(), ConsoleSettings(theme="fleet-dark"))
     assert snap_compare(app, terminal_size=size, run_before=opened)
 
 
 @pytest.mark.pictures
-def test_timeline_picture(snap_compare) -> None:
+@pytest.mark.parametrize("size", PICTURE_SIZES, ids=PICTURE_IDS)
+def test_timeline_picture(snap_compare, size: tuple[int, int]) -> None:
     async def timeline(pilot) -> None:
         screen = await opened(pilot)
         table = screen.query_one("#requests", DataTable)
@@ -100,7 +101,7 @@ def test_timeline_picture(snap_compare) -> None:
         await pilot.pause(0.2)
 
     app = FleetConsole(FixtureSource(), ConsoleSettings(theme="fleet-dark"))
-    assert snap_compare(app, terminal_size=WIDE, run_before=timeline)
+    assert snap_compare(app, terminal_size=size, run_before=timeline)
 
 
 def test_a_long_request_id_shows_its_start() -> None:

@@ -7,7 +7,7 @@ live resize. Update them with
 import asyncio
 
 import pytest
-from support.console_fixture import NOW, SESSIONS, FixtureSource, pilot_until
+from support.console_fixture import NOW, PICTURE_IDS, PICTURE_SIZES, SESSIONS, FixtureSource, pilot_until
 from textual.widgets import DataTable
 
 from fleetctl.console.tui.app import FleetConsole
@@ -90,7 +90,7 @@ def test_failing_store_banner(snap_compare) -> None:
     assert snap_compare(console(FixtureSource(store=failing)), terminal_size=NARROW, run_before=loaded)
 
 
-@pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
+@pytest.mark.parametrize("size", PICTURE_SIZES, ids=PICTURE_IDS)
 def test_help(snap_compare, size: tuple[int, int]) -> None:
     """Every key; a description longer than the dialog wraps at words."""
     async def open_help(pilot) -> None:
@@ -101,14 +101,15 @@ def test_help(snap_compare, size: tuple[int, int]) -> None:
     assert snap_compare(console(), terminal_size=size, run_before=open_help)
 
 
-def test_event_detail(snap_compare) -> None:
+@pytest.mark.parametrize("size", PICTURE_SIZES, ids=PICTURE_IDS)
+def test_event_detail(snap_compare, size: tuple[int, int]) -> None:
     async def open_event(pilot) -> None:
         await loaded(pilot)
         await pilot.press("tab", "end", "enter")  # the events, the newest, its details
         await pilot_until(pilot, lambda: isinstance(pilot.app.screen, EventDetail), "the event's details")
         await pilot.pause(0.1)
 
-    assert snap_compare(console(), terminal_size=NARROW, run_before=open_event)
+    assert snap_compare(console(), terminal_size=size, run_before=open_event)
 
 
 def test_worker_detail(snap_compare) -> None:
