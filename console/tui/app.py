@@ -9,7 +9,7 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal
-from textual.widgets import Footer, Header, Input, OptionList, Static
+from textual.widgets import Header, Input, OptionList, Static
 
 from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.actions import ACTIONS, ACTIONS_BY_ID, READONLY_REASON
@@ -25,6 +25,7 @@ from fleetctl.console.tui.screens.requests import RequestsScreen
 from fleetctl.console.tui.screens.worker_detail import WorkerDetail
 from fleetctl.console.tui.settings import ConsoleSettings, remember_theme
 from fleetctl.console.tui.source import FleetSource, HttpSource
+from fleetctl.console.tui.widgets.footer import FittingFooter
 from fleetctl.console.tui.widgets.panels import DevicesPanel, EventsPanel, TrafficPanel
 from fleetctl.console.tui.widgets.pools import PoolPanel
 from fleetctl.console.tui.widgets.trends import TrendsPanel
@@ -34,6 +35,7 @@ from fleetctl.themes import DEFAULT_THEME, STYLESHEET
 from fleetctl.themes.palettes import THEMES
 
 NARROW_COLUMNS = 100
+APP_WIDE = ("help", "theme", "quit")  # the actions every view answers to (app.check_action)
 SHORT_LINES = 32  # below it (as below NARROW_COLUMNS) the devices and trends give way to the events
 
 
@@ -72,7 +74,7 @@ class FleetConsole(App[None]):
             yield TrendsPanel()
             yield EventsPanel()
         yield FilterField("workers-filter")
-        yield Footer(compact=True)
+        yield FittingFooter()
 
     def on_mount(self) -> None:
         # SIGTERM (a stopped `console --web`, a closed session) and SIGHUP (its terminal closed) end the console as
@@ -183,6 +185,14 @@ class FleetConsole(App[None]):
                 self.push_screen(HelpScreen(self.effective_keys(), self.readonly))
             case "quit":
                 self.exit()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """The dashboard's actions (on its selected worker, its table) where the dashboard or that worker's detail is
+        on screen; on another view (requests, logs, plan) only the app's own — help, theme, quit — as a worker action
+        there would act on a row the operator cannot see (and the footer would list keys the view does not mean)."""
+        if action != "act" or not parameters or len(self.screen_stack) == 1 or isinstance(self.screen, WorkerDetail):
+            return True
+        return parameters[0] in APP_WIDE
 
     def on_data_table_row_selected(self, event: WorkersTable.RowSelected) -> None:
         if isinstance(event.data_table, WorkersTable):  # enter on a worker row (the table owns the key)

@@ -6,7 +6,9 @@ import math
 import time
 from collections.abc import Callable, Mapping
 
+from textual.app import App
 from textual.pilot import Pilot
+from textual.widgets._footer import FooterKey
 
 from fleetctl.console.client import FleetRefused
 from fleetctl.console.tui.reading import FleetReading
@@ -309,3 +311,9 @@ async def pilot_until(pilot: Pilot, condition: Callable[[], object], what: str =
 # the terminal sizes every new screen's picture is taken at, and their test ids
 PICTURE_SIZES = [(120, 40), (80, 24), (200, 60)]
 PICTURE_IDS = ["120x40", "80x24", "200x60"]
+
+
+def footer_fitted(app: App) -> bool:
+    """The footer shows only keys that fit whole (console/tui/widgets/footer.py does it once laid out)."""
+    width = app.screen.region.right
+    return all(key.region.right <= width for key in app.screen.query(FooterKey) if key.display)

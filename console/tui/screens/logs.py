@@ -11,10 +11,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import Footer, RichLog
+from textual.widgets import RichLog
 
 from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.screens.filtering import FilterField, Filtering
+from fleetctl.console.tui.widgets.footer import FittingFooter
 from fleetctl.console.tui.widgets.format import clock
 from fleetctl.engine.server.schemas import LogLineInfo
 
@@ -63,7 +64,7 @@ class LogsScreen(Filtering, Screen[None]):
         log = RichLog(id="log-lines", wrap=True, markup=False, max_lines=KEEP, min_width=20)
         yield log
         yield FilterField("log-filter")
-        yield Footer()
+        yield FittingFooter()
 
     def on_mount(self) -> None:
         self._title()

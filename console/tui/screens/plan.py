@@ -8,10 +8,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Label
+from textual.widgets import DataTable, Label
 
 from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.actions import READONLY_REASON
+from fleetctl.console.tui.widgets.footer import FittingFooter
 from fleetctl.console.tui.widgets.format import percent
 from fleetctl.engine.planner.split import layout_label as split_label
 from fleetctl.engine.server.schemas import FleetPlan, SplitInfo, SplitRegretInfo
@@ -77,7 +78,7 @@ class PlanScreen(Screen[None]):
         table = DataTable(id="plan-candidates", cursor_type="row")
         table.border_title = "layouts replayed, best first"
         yield table
-        yield Footer()
+        yield FittingFooter()
 
     def on_mount(self) -> None:
         self.query_one("#plan-candidates", DataTable).add_columns(

@@ -10,12 +10,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer
+from textual.widgets import DataTable
 
 from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.actions import READONLY_REASON
 from fleetctl.console.tui.screens.filtering import FilterField, Filtering
 from fleetctl.console.tui.screens.timeline import TimelineScreen
+from fleetctl.console.tui.widgets.footer import FittingFooter
 from fleetctl.console.tui.widgets.format import seconds
 from fleetctl.engine.server.schemas import RequestRecord
 
@@ -74,7 +75,7 @@ class RequestsScreen(Filtering, Screen[None]):
         table = DataTable(id="requests", cursor_type="row", zebra_stripes=True)
         yield table
         yield FilterField("requests-filter")
-        yield Footer()
+        yield FittingFooter()
 
     def on_mount(self) -> None:
         table = self.query_one("#requests", DataTable)

@@ -7,8 +7,9 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import Footer, Label
+from textual.widgets import Label
 
+from fleetctl.console.tui.widgets.footer import FittingFooter
 from fleetctl.console.tui.widgets.format import nbytes, seconds
 from fleetctl.engine.server.schemas import RequestRecord
 
@@ -71,7 +72,7 @@ class TimelineScreen(Screen[None]):
         with Vertical(id="timeline"):
             yield Label("\n".join(summary(self.record)), id="timeline-summary")
             yield Label("", id="timeline-bars")
-        yield Footer()
+        yield FittingFooter()
 
     def on_mount(self) -> None:
         self.query_one("#timeline", Vertical).border_title = f"request {self.record.request_id}"

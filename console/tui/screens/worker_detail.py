@@ -4,10 +4,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Label
+from textual.widgets import DataTable, Label
 
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.chart import UsageChart
+from fleetctl.console.tui.widgets.footer import FittingFooter
 from fleetctl.console.tui.widgets.format import percent, rate
 from fleetctl.engine.server.schemas import SessionInfo
 
@@ -32,7 +33,7 @@ class WorkerDetail(Screen[None]):
         table = DataTable(id="sessions", cursor_type="row")
         table.border_title = "sessions"
         yield table
-        yield Footer()
+        yield FittingFooter()
 
     def on_mount(self) -> None:
         self.query_one("#sessions", DataTable).add_columns("request", "stage", "prompt", "output", "age")

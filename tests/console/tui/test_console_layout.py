@@ -1,15 +1,19 @@
 """The dashboard's layout and what it answers to beyond the action keys: the workers table as tall as its rows,
 `/` filtering it, the events across the screen — `enter` or a click opening one — the trends charts spanning the
-whole history window, and a click selecting a worker; at 80×24, 120×40 and 200×60 every panel fits the screen."""
+whole history window, and a click selecting a worker; at 80×24, 120×40 and 200×60 every panel fits the screen;
+worker actions off on views that do not show the worker."""
 
 import asyncio
 
 import pytest
-from support.console_fixture import HISTORY, WORKERS, FixtureSource, pilot_until
+from support.console_fixture import HISTORY, WORKERS, FixtureSource, footer_fitted, pilot_until
 from textual.widgets import Input
 
 from fleetctl.console.tui.app import FleetConsole
+from fleetctl.console.tui.screens.dialogs import ConfirmDialog
 from fleetctl.console.tui.screens.event_detail import EventDetail, event_fields
+from fleetctl.console.tui.screens.requests import RequestsScreen
+from fleetctl.console.tui.screens.worker_detail import WorkerDetail
 from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.widgets.panels import EventsPanel
 from fleetctl.console.tui.widgets.trends import fitted, trend_rows
@@ -39,6 +43,7 @@ def test_every_panel_fits_the_screen_and_the_workers_table_its_rows(size: tuple[
         async with app.run_test(size=size) as pilot:
             await loaded(pilot)
             screen = app.screen.region
+            await pilot_until(pilot, lambda: footer_fitted(app), "the footer holding only keys that fit")
             for widget in app.screen.query("*"):
                 if widget.display and widget.region.area:
                     assert screen.contains_region(widget.region), f"{widget!r} at {widget.region} is off {size}"
@@ -123,3 +128,29 @@ def test_trends_span_the_window_whatever_the_width() -> None:
                                                  "TPOT p99"]
     ttft_p99 = trends[3]
     assert len(ttft_p99[1]) == 59 and ttft_p99[2] == "450 ms"  # the settled buckets; the newest value
+
+
+def test_worker_actions_answer_on_the_dashboard_and_a_workers_detail_only() -> None:
+    """On the requests view `d` would drain a worker the operator cannot see: the dashboard's actions are off (and
+    out of its footer) there; on a worker's detail they act on that worker."""
+    async def run() -> tuple[str, str, str]:
+        app = console()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await loaded(pilot)
+            await pilot.press("R")
+            await pilot_until(pilot, lambda: isinstance(app.screen, RequestsScreen), "the requests view")
+            await pilot.press("d")
+            await pilot.pause(0.2)
+            on_requests = type(app.screen).__name__
+            await pilot.press("escape")
+            await pilot_until(pilot, lambda: len(app.screen_stack) == 1, "the dashboard")
+            await pilot.press("down", "enter")
+            await pilot_until(pilot, lambda: isinstance(app.screen, WorkerDetail), "the worker's detail")
+            await pilot.press("d")
+            await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the drain question")
+            question = str(app.screen.question)
+            await pilot.press("escape")
+            return on_requests, question, type(app.screen).__name__
+
+    on_requests, question, after = asyncio.run(run())
+    assert on_requests == "RequestsScreen" and "prefill-1" in question and after == "WorkerDetail"

@@ -7,7 +7,15 @@ live resize. Update them with
 import asyncio
 
 import pytest
-from support.console_fixture import NOW, PICTURE_IDS, PICTURE_SIZES, SESSIONS, FixtureSource, pilot_until
+from support.console_fixture import (
+    NOW,
+    PICTURE_IDS,
+    PICTURE_SIZES,
+    SESSIONS,
+    FixtureSource,
+    footer_fitted,
+    pilot_until,
+)
 from textual.widgets import DataTable
 
 from fleetctl.console.tui.app import FleetConsole
@@ -26,8 +34,9 @@ def console(source: FixtureSource | None = None, **settings: object) -> FleetCon
 
 
 async def loaded(pilot) -> None:
-    """Wait until the first reading is on screen."""
+    """Wait until the first reading is on screen (and the footer holds the keys that fit)."""
     await pilot_until(pilot, lambda: pilot.app.reading.reachable, "the first reading")
+    await pilot_until(pilot, lambda: footer_fitted(pilot.app), "the footer fitted")
     await pilot.pause(0.1)
 
 
@@ -70,8 +79,11 @@ def test_readonly_dashboard(snap_compare) -> None:
 
 
 def test_unreachable_fleet_banner(snap_compare) -> None:
-    assert snap_compare(console(FixtureSource(reachable=False)), terminal_size=NARROW,
-                        run_before=lambda pilot: pilot.pause(0.3))
+    async def unreachable(pilot) -> None:
+        await pilot.pause(0.3)
+        await pilot_until(pilot, lambda: footer_fitted(pilot.app), "the footer fitted")
+
+    assert snap_compare(console(FixtureSource(reachable=False)), terminal_size=NARROW, run_before=unreachable)
 
 
 @pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
