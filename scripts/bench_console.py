@@ -13,6 +13,7 @@ import os
 import pty
 import select
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -71,7 +72,9 @@ def scrape_seconds(url: str, seconds: float) -> float | None:
     (folder / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s}\nscrape_configs:\n"
         f"  - {{job_name: fleetctl, static_configs: [{{targets: ['{urlsplit(url).netloc}']}}]}}\n")
-    port = 19090
+    with socket.socket() as probe:  # a free port for its web listener
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     process = subprocess.Popen([binary, f"--config.file={folder / 'prometheus.yml'}",
                                 f"--storage.tsdb.path={folder / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
                                 "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
