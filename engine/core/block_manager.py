@@ -163,6 +163,10 @@ class BlockManager:
             if self.on_cached is not None:
                 self.on_cached(block, cached)
 
+    def holds(self, block_hash: bytes) -> bool:
+        """Whether a block registered as `block_hash` is in the pool (referenced or cached)."""
+        return block_hash in self._by_hash
+
     def register_loaded(self, cached: CachedBlock) -> int | None:
         """A block for K/V read back from a tier, registered as `cached` and unreferenced (the most recently
         used cached block, found by `match` like one computed here); None when its hash is registered already or

@@ -11,6 +11,8 @@ and token ids are checked against the prompt's before a block is used, as a pool
 
 import dataclasses
 from collections import Counter, abc
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,12 +32,23 @@ def open_tiers(host_bytes: int, host_dir: Path | None, disk_dir: Path | None, di
     return KVTiers(tiers) if tiers else None
 
 
+@dataclass(frozen=True)
+class LoadedBlock:
+    cached: CachedBlock  # what the pool registers it as (checked against the prompt on the reader thread)
+    payload: bytes  # its K/V, the pool's bytes as written
+    tier: str
+
+
+TierRead = Future[list[LoadedBlock]]  # a prompt's leading blocks as read, in order, up to the first miss
+
+
 class KVOffload:
     def __init__(self, tiers: KVTiers, kv_cache: KVCache, policy: OffloadPolicy = OffloadPolicy.EVICT) -> None:
         self.tiers = tiers
         self.kv_cache = kv_cache
         self.hits: Counter[str] = Counter()  # blocks read back, by tier name
         self.already_held = 0  # blocks offered that a tier held already: not copied out or written again
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="kv-tiers-reader")
         if policy is OffloadPolicy.WRITE_THROUGH:
             kv_cache.allocator.on_cached = self.offer
         else:
@@ -55,26 +68,44 @@ class KVOffload:
         """Each tier's counts in this process so far (copies: the writer thread updates them)."""
         return {tier.name: dataclasses.replace(tier.stats) for tier in self.tiers.tiers}
 
-    def fill(self, token_ids: abc.Sequence[int], hashes: abc.Sequence[bytes]) -> dict[str, int]:
-        """Read the leading blocks of a prompt that the tiers hold and the pool does not into pool blocks,
-        stopping at the first one missing everywhere; `hashes`: the prompt's full blocks' chain, of which the
-        block holding its last token is left out (that token is always computed). Returns the tokens read, by
-        tier (and counts the blocks in `hits`)."""
+    def start_read(self, token_ids: abc.Sequence[int], hashes: abc.Sequence[bytes]) -> TierRead | None:
+        """Start reading the leading blocks of a prompt that the tiers hold and the pool does not, up to the first
+        one missing everywhere; None when the tiers do not hold the first block the pool lacks (one stat per
+        tier: nothing to wait for). `hashes`: the prompt's full blocks' chain, of which the block holding its
+        last token is left out (that token is always computed)."""
         allocator, size = self.kv_cache.allocator, self.kv_cache.spec.block_size
         usable = list(hashes[: (len(token_ids) - 1) // size])
         start = len(allocator.match(token_ids, usable))
+        if start == len(usable) or not self.tiers.holds(usable[start]):
+            return None
         parent = usable[start - 1] if start else allocator.root
-        read: Counter[str] = Counter()
-        for i, hit in enumerate(self.tiers.lookup(usable[start:]), start):
-            expected = CachedBlock(usable[i], parent, tuple(token_ids[i * size : (i + 1) * size]))
-            if (hit.block.parent, hit.block.token_ids) != (expected.parent, expected.tokens):
+        expected = [CachedBlock(usable[i], usable[i - 1] if i > start else parent,
+                                tuple(token_ids[i * size : (i + 1) * size])) for i in range(start, len(usable))]
+        return self._reader.submit(self._read, expected)
+
+    def _read(self, expected: list[CachedBlock]) -> list[LoadedBlock]:
+        """On the reader thread: the blocks of `expected` the tiers hold, in order, each checked against it."""
+        loaded = []
+        for want, hit in zip(expected, self.tiers.lookup([block.block_hash for block in expected]), strict=False):
+            if (hit.block.parent, hit.block.token_ids) != (want.parent, want.tokens):
                 break
-            if not self._load(expected, hit.block.payload):
+            loaded.append(LoadedBlock(want, hit.block.payload, hit.tier))
+        return loaded
+
+    def land(self, read: TierRead) -> dict[str, int]:
+        """Copy a finished read into pool blocks, registered as cached (a block the pool registered meanwhile is
+        kept as it is); stops where a block does not fit. Returns the tokens read, by tier (and counts the blocks
+        in `hits`)."""
+        size = self.kv_cache.spec.block_size
+        read_tokens: Counter[str] = Counter()
+        for block in read.result():
+            if self.kv_cache.allocator.holds(block.cached.block_hash):
+                continue
+            if not self._load(block.cached, block.payload):
                 break
-            self.hits[hit.tier] += 1
-            read[hit.tier] += size
-            parent = usable[i]
-        return dict(read)
+            self.hits[block.tier] += 1
+            read_tokens[block.tier] += size
+        return dict(read_tokens)
 
     def _load(self, cached: CachedBlock, payload: bytes) -> bool:
         """`payload` into a fresh pool block registered as `cached`; False when it does not fit the layout or no

@@ -4,6 +4,7 @@
 import dataclasses
 import hashlib
 import time
+from concurrent.futures import wait
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +18,7 @@ from fleetctl.engine.core.decode_compile import compile_refusal, use_fleet_induc
 from fleetctl.engine.core.devices import available_memory, kv_budget, resolve_dtype, torch_device, total_memory
 from fleetctl.engine.core.kernel_warmup import needs_kernel_warm_up, warm_up_kernels
 from fleetctl.engine.core.kv_cache import KVCache, KVCacheSpec
-from fleetctl.engine.core.kv_offload import KVOffload, open_tiers
+from fleetctl.engine.core.kv_offload import KVOffload, TierRead, open_tiers
 from fleetctl.engine.core.kv_tiers.file_tier import TierStats
 from fleetctl.engine.core.kv_window import KVWindow
 from fleetctl.engine.core.model_runner import ModelRunner, StepStats
@@ -36,6 +37,9 @@ from fleetctl.kernels import ops
 from fleetctl.kernels.batch_invariant import TILE as QUERY_TILE
 from fleetctl.kernels.triton_support import Launch
 
+# with nothing else to step, how long `schedule` waits for a KV tier read before returning (a worker's loop
+# answers its messages in between)
+TIER_READ_WAIT_S = 0.02
 DIGEST_BLOCKS = 4096  # cap on a prefix digest: 64 KiB of hashes, 65,536 tokens of prefixes
 SWITCHED_EAGER = "switched from prefill in place: its weights are laid out for eager steps (a restart compiles)"
 
@@ -115,6 +119,7 @@ class LLMEngine:
         self.max_model_len = min(requested_len, self.kv_cache.allocator.num_blocks * spec.block_size)
         self._seqs: dict[str, Sequence] = {}
         self._streams: dict[str, TextStream] = {}
+        self._tier_reads: dict[str, tuple[Sequence, TierRead]] = {}  # prefixes coming off a KV tier, oldest first
         self.last_step: StepStats | None = None
         self.warmed_launches: set[Launch] = set()  # the kernel variants warm_up launched
         self.load_seconds = time.perf_counter() - start
@@ -209,8 +214,11 @@ class LLMEngine:
             output_token_ids=list(output_token_ids or []), seed=seed, session=session,
         )
         self._register(seq)
-        if self.offload is not None:  # what the tiers hold of its prefix goes into the pool, as cached blocks
-            seq.tier_tokens = self.offload.fill(seq.token_ids, self.kv_cache.allocator.block_hashes(seq))
+        if self.offload is not None:  # what the tiers hold of its prefix is read into the pool, as cached blocks
+            read = self.offload.start_read(seq.token_ids, self.kv_cache.allocator.block_hashes(seq))
+            if read is not None:
+                seq.awaiting_tiers = True
+                self._tier_reads[seq.request_id] = (seq, read)
         self.scheduler.add(seq)
         return seq
 
@@ -270,6 +278,7 @@ class LLMEngine:
         """Forget a request (finished elsewhere, handed off, or aborted) and free its blocks."""
         seq = self._seqs.pop(request_id, None)
         self._streams.pop(request_id, None)
+        self._tier_reads.pop(request_id, None)  # a read in flight ends unused
         if seq is None:  # an adopt that failed half-way leaves its sequence admitted but not registered
             seq = next((s for s in self.scheduler.running if s.request_id == request_id), None)
         if seq is not None:
@@ -315,10 +324,25 @@ class LLMEngine:
         return self.run(scheduled) if scheduled is not None else []
 
     def schedule(self) -> ScheduledStep | None:
+        self._land_tier_reads()
         scheduled = self.scheduler.schedule()
+        if scheduled is None and self._tier_reads:  # nothing else to run: wait a little for the oldest read
+            wait([next(iter(self._tier_reads.values()))[1]], timeout=TIER_READ_WAIT_S)
+            self._land_tier_reads()
+            scheduled = self.scheduler.schedule()
         if scheduled is None:
             self.last_step = None
         return scheduled
+
+    def _land_tier_reads(self) -> None:
+        """Copy the KV tier reads that finished into the pool and let their sequences be admitted."""
+        if self.offload is None:
+            return
+        for request_id, (seq, read) in list(self._tier_reads.items()):
+            if read.done():
+                del self._tier_reads[request_id]
+                seq.tier_tokens = self.offload.land(read)
+                seq.awaiting_tiers = False
 
     def run(self, scheduled: ScheduledStep) -> list[RequestOutput]:
         """Run a scheduled step, or some of its sequences again: a step that raised changed no sequence

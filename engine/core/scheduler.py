@@ -16,7 +16,8 @@ admitted; it sits in `prefilling` between chunks, and samples its first token on
 chunk). While a prompt is part-way through and sequences are decoding, prefill and decode steps
 alternate, so one long prompt does not stall a mixed worker's decodes for its whole prefill.
 Two waiting sequences that start with the same uncached blocks are not prefilled in one step: the second
-waits a step and reuses what the first computed.
+waits a step and reuses what the first computed. A sequence whose prefix is being read off a KV tier
+(`awaiting_tiers`) waits, and those queued behind it go ahead.
 
 With a KV window (every layer windowed, kv_window), a sequence's leading blocks that no later step reads are
 freed each time it is scheduled or admitted: its table keeps their places as DROPPED_BLOCK entries.
@@ -159,6 +160,9 @@ class Scheduler:
         deferred: list[Sequence] = []
         while budget and self.waiting and len(self.running) + len(self.prefilling) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.awaiting_tiers:  # its prefix is still coming off a KV tier: those behind it go first
+                deferred.append(self.waiting.popleft())
+                continue
             hits = self._cached_prefix(seq)
             if self._computed_by_batch(seq, hits, computing):
                 deferred.append(self.waiting.popleft())

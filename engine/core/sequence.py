@@ -85,6 +85,7 @@ class Sequence:
     session: str = ""  # the agent session it is a turn of: its blocks are retained in the pool after it ends
     # prompt tokens read back from a KV tier (kv_offload) at admission, by tier; reported with its first step
     tier_tokens: dict[str, int] = field(default_factory=dict)
+    awaiting_tiers: bool = False  # waiting for its prefix's blocks to come off a KV tier: not admitted before
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     last_token_time: float | None = None

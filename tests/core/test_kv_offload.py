@@ -2,8 +2,10 @@
 (and what that evicts, on disk); a prompt whose prefix left the pool is read back from whichever tier holds it;
 and in deterministic mode every logit of it is bit-identical to computing it, from host, from disk and after a
 corrupted record (a miss: computed again). Write-through puts each block in the tiers as soon as it is full: a
-fresh engine (a restarted worker) finds the whole cache of the one before it."""
+fresh engine (a restarted worker) finds the whole cache of the one before it. A read runs beside the steps: a
+sequence decoding on the engine goes on while a slow tier reads another prompt's prefix."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from test_batch_invariance import recorded_logits
 
 from fleetctl.engine.core.config import EngineConfig, EngineSettings, OffloadPolicy
 from fleetctl.engine.core.llm_engine import LLMEngine
-from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.engine.core.sequence import SamplingParams, SequenceStatus
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 PROMPT = [(7 * i) % 300 + 3 for i in range(90)]  # 5 full blocks of 16 and 10 tokens more
@@ -33,7 +35,8 @@ def run(engine: LLMEngine, prompt: list[int]) -> tuple[torch.Tensor, int, dict[s
     cache (where blocks read back from a tier are), and of those what each tier served, as its step reported."""
     with recorded_logits() as rows:
         seq = engine.add_request(prompt, GREEDY)
-        engine.step()
+        while seq.status is SequenceStatus.WAITING:  # its prefix may be coming off a tier still
+            engine.step()
         assert engine.last_step is not None
         hit = engine.last_step.cached_tokens[0]
         tiers = engine.last_step.tier_tokens.get(seq.request_id, {})
@@ -113,3 +116,31 @@ def test_write_through_leaves_the_cache_to_the_next_engine(tiny_model_dir: Path,
     else:
         assert hit == 0 and tiers == {}  # evict: only what a pool reclaims reaches the tiers
     assert torch.equal(again, computed)
+
+
+def test_a_slow_tier_read_does_not_stall_the_sequences_decoding(tiny_model_dir: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    computed, _, _ = run(make_engine(tiny_model_dir, tmp_path / "none", 0, 0, prefix_cache=False), PROMPT)
+    engine = make_engine(tiny_model_dir, tmp_path, 16 << 20, 0)
+    run(engine, PROMPT)
+    evict_prompt(engine)
+    decoding = engine.add_request([5, 6, 7, 8, 9], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+    while not decoding.output_token_ids:
+        engine.step()
+    monkeypatch.setenv("FLEET_FAULTS", "tier-read=stall:0.2")  # each of PROMPT's 5 blocks: a second in all
+
+    started = time.perf_counter()
+    with recorded_logits() as rows:
+        waiting = engine.add_request(PROMPT, GREEDY)
+        assert time.perf_counter() - started < 0.2  # the read runs beside the engine
+        decoded_while_reading = 0
+        while waiting.status is SequenceStatus.WAITING:
+            assert waiting.awaiting_tiers
+            before = len(decoding.output_token_ids)
+            engine.step()
+            decoded_while_reading += len(decoding.output_token_ids) - before
+        assert engine.last_step is not None and engine.last_step.cached_tokens == (80,)
+        while engine.has_unfinished():
+            engine.step()
+    assert decoded_while_reading >= 8  # the other sequence went on decoding while the prefix was read (in a 2nd)
+    assert torch.equal(torch.stack([rows[key] for key in sorted(rows, key=lambda key: key[1])]), computed)

@@ -91,6 +91,7 @@ class FileTier:
         path = self.path(digest)
         started = time.perf_counter()
         try:
+            fault_point("tier-read", self.name)  # stall: a slow disk
             data = path.read_bytes()
             block = decode(data, digest)
         except FileNotFoundError:

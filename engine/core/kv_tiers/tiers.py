@@ -55,6 +55,10 @@ class KVTiers:
                 return TierHit(block, tier.name)
         return None
 
+    def holds(self, digest: bytes) -> bool:
+        """Whether a tier holds the block `digest` names (a stat each; the record is checked only when read)."""
+        return any(digest in tier for tier in self.tiers)
+
     def touch(self, digest: bytes) -> bool:
         """Whether a tier holds the block `digest` names (refreshing its LRU place there): a block offered again —
         a restored checkpoint's, one read back and reclaimed again — need not be copied out of the pool."""
