@@ -32,6 +32,8 @@ def bench(
     slo_ttft: float = typer.Option(2.0, "--slo-ttft", min=0.0, help="TTFT objective, seconds."),
     slo_tpot: float = typer.Option(0.2, "--slo-tpot", min=0.0, help="Time-per-output-token objective, seconds."),
     seed: int = typer.Option(0, "--seed"),
+    tool_time: float = typer.Option(0.0, "--tool-time", min=0.0, help="Agent sessions: the mean seconds of a "
+                                    "tool call, waited between a turn's end and the next turn (0: none)."),
     compare_layouts: bool = typer.Option(False, "--compare-layouts", help="Start the fleets itself: colocated on "
                                          "--devices, then the split `plan` picks from that run; their goodput ratio."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="With --compare-layouts: the model to serve."),
@@ -65,7 +67,7 @@ def bench(
     target = fleet_url(url)
     context = _context_of(target) if trace == TraceKind.AGENT and not compare_layouts else None
     try:
-        name, requests_ = load_trace(trace, requests, rate, seed, context)
+        name, requests_ = load_trace(trace, requests, rate, seed, context, tool_time)
     except TraceFileError as exc:
         raise fail(str(exc)) from None
     if compare_layouts:

@@ -6,12 +6,15 @@ whole conversation, which a prefix cache serves.
 Synthetic agent sessions (ReAct-style): one system prompt with tool descriptions shared by every
 session (~1.5k tokens on an 8k-context model), a task, then per turn a tool result of 50-300 tokens
 and an answer (reasoning + action) of 30-150 tokens, 4-12 turns; sizes scale with the model's context
-so that a whole session fits it. Sessions start with Poisson arrivals at the given rate.
+so that a whole session fits it. Sessions start with Poisson arrivals at the given rate. With a tool time,
+each later turn waits for its tool call after the previous one ended: exponential, of that mean (drawn apart
+from the sessions' sizes, so the same seed gives the same conversations with or without it).
 
 Session trace files: one JSON object per line, `{"session_id": str | int, "turn": int, "prompt": str}`
 or `"prompt_tokens": int` instead of `prompt` (that many words, drawn from the session and turn),
 `"output_tokens": int`, `"arrival_s": float` (seconds from the start; a turn is sent at that time or
-when its previous turn ended, whichever is later). `prompt` is what the turn appends to the
+when its previous turn ended, whichever is later), `"pause_s": float` (seconds a turn waits after its
+previous turn ended: a tool call; 0 by default). `prompt` is what the turn appends to the
 conversation. A line with `session_id` marks the file as a session trace (Mooncake lines have none)."""
 
 import json
@@ -37,10 +40,12 @@ def system_prompt(words: int) -> str:
     return f"System: {prompt_text(rng, words // 2)}\n{tools}\n"
 
 
-def agent_sessions(count: int, rate: float, seed: int = 0, context: int = REFERENCE_CONTEXT) -> list[TraceRequest]:
+def agent_sessions(count: int, rate: float, seed: int = 0, context: int = REFERENCE_CONTEXT,
+                   tool_s: float = 0.0) -> list[TraceRequest]:
     """Sessions until `count` turns in all (the last one cut short if needed), starting at `rate` per second
-    (rate <= 0: all at once)."""
+    (rate <= 0: all at once), each later turn after a tool call of `tool_s` seconds on average (0: none)."""
     rng = random.Random(seed)
+    tools = random.Random(f"tools-{seed}")
     scale = min(1.0, context / REFERENCE_CONTEXT)
 
     def draw(bounds: tuple[int, int]) -> int:
@@ -60,7 +65,9 @@ def agent_sessions(count: int, rate: float, seed: int = 0, context: int = REFERE
             if turn and used + words + answer > context * FILL:
                 break
             text = first if turn == 0 else f"\nObservation: {prompt_text(rng, words)}\nThought:"
-            turns.append(TraceRequest(text, words, answer, clock, session_id=f"s{session}", turn=turn))
+            pause = tools.expovariate(1 / tool_s) if turn and tool_s > 0 else 0.0
+            turns.append(TraceRequest(text, words, answer, clock, session_id=f"s{session}", turn=turn,
+                                      pause_s=pause))
             used += (words if turn else 0) + answer
         session += 1
         if rate > 0:
@@ -95,6 +102,9 @@ def _turn(obj: dict, where: str) -> TraceRequest:
     arrival = obj.get("arrival_s", 0.0)
     if isinstance(arrival, bool) or not isinstance(arrival, int | float) or arrival < 0:
         raise TraceFileError(f"{where}: 'arrival_s' must be a number >= 0, got {arrival!r}")
+    pause = obj.get("pause_s", 0.0)
+    if isinstance(pause, bool) or not isinstance(pause, int | float) or pause < 0:
+        raise TraceFileError(f"{where}: 'pause_s' must be a number >= 0, got {pause!r}")
     if ("prompt" in obj) == ("prompt_tokens" in obj):
         raise TraceFileError(f"{where}: give exactly one of 'prompt' and 'prompt_tokens'")
     if "prompt" in obj:
@@ -105,7 +115,8 @@ def _turn(obj: dict, where: str) -> TraceRequest:
     else:
         words = _count(obj, "prompt_tokens", where, 1)
         prompt = ("\n" if turn else "") + prompt_text(random.Random(f"{session}-{turn}"), words)
-    return TraceRequest(prompt, words, output, float(arrival), session_id=str(session), turn=turn)
+    return TraceRequest(prompt, words, output, float(arrival), session_id=str(session), turn=turn,
+                        pause_s=float(pause))
 
 
 def read_session_trace(path: Path | str) -> list[TraceRequest]:

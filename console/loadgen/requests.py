@@ -31,4 +31,5 @@ class TraceRequest:
     # a turn of a session: sent once the session's previous turn ended, `prompt` appended to its prompt and answer
     session_id: str | None = None
     turn: int = 0
+    pause_s: float = 0.0  # a session's turn: sent this long after its previous turn ended (the agent's tool call)
     prompt_token_ids: tuple[int, ...] = ()  # sent instead of `prompt` when given (bench --input-len: exact length)

@@ -135,7 +135,8 @@ def _metric_sums(text: str) -> dict[str, float]:
 async def send_trace(http: httpx.AsyncClient, model: str, trace: list[TraceRequest], cap: int = 0,
                      stage: str = "requests", progress: Progress | None = None, paced: bool = True) -> list[Outcome]:
     """Every request at its arrival time (or at once), at most `cap` in flight (0: no cap). A session's turns
-    go in order, each sent once the previous one ended (and not before its own arrival), its prompt appended
+    go in order, each sent once the previous one ended and its `pause_s` passed (and not before its own arrival),
+    its prompt appended
     to that turn's prompt and answer; a turn that fails ends its session (the turns left count as errors)."""
     gate = asyncio.Semaphore(cap) if cap else None
     done = 0
@@ -164,6 +165,8 @@ async def send_trace(http: httpx.AsyncClient, model: str, trace: list[TraceReque
             if outcomes and outcomes[-1].error:
                 outcomes.append(finished(Outcome(error="an earlier turn of its session failed", turn=req.turn)))
                 continue
+            if outcomes and req.pause_s:
+                await asyncio.sleep(req.pause_s)  # the tool the previous turn called runs
             out = await one(replace(req, prompt=history + req.prompt))
             history += req.prompt + out.text
             outcomes.append(out)

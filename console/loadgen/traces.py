@@ -31,13 +31,13 @@ def trace_from_file(path: Path | str) -> list[TraceRequest]:
             for i, r in enumerate(read_mooncake(path))]
 
 
-def load_trace(name: str, count: int, rate: float, seed: int = 0,
-               context: int | None = None) -> tuple[str, list[TraceRequest]]:
+def load_trace(name: str, count: int, rate: float, seed: int = 0, context: int | None = None,
+               tool_s: float = 0.0) -> tuple[str, list[TraceRequest]]:
     """(name, requests) for `--trace`: a synthetic kind (`count` requests at `rate`; agent sessions sized
-    for a model of `context` tokens, start at `rate`), or else the path of a trace file, replayed whole: a
-    session trace or a Mooncake trace (raises TraceFileError)."""
+    for a model of `context` tokens, start at `rate`, their tool calls `tool_s` s on average), or else the path
+    of a trace file, replayed whole: a session trace or a Mooncake trace (raises TraceFileError)."""
     if name == TraceKind.AGENT:
-        return name, agent_sessions(count, rate, seed, context or REFERENCE_CONTEXT)
+        return name, agent_sessions(count, rate, seed, context or REFERENCE_CONTEXT, tool_s)
     if name in TraceKind.__members__.values():
         return name, make_trace(TraceKind(name), count, rate, seed)
     if not Path(name).is_file():

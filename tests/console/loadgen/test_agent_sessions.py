@@ -3,6 +3,7 @@ ones), and bench sending a session's turns in order with the conversation so far
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -56,16 +57,27 @@ def test_agent_sessions_scale_to_a_small_context() -> None:
     assert all(t.arrival_s == 0.0 for t in turns)
 
 
+def test_tool_time_pauses_later_turns_and_keeps_the_conversations() -> None:
+    plain = agent_sessions(200, rate=2.0, seed=3)
+    paused = agent_sessions(200, rate=2.0, seed=3, tool_s=4.0)
+    assert [(t.prompt, t.max_tokens, t.arrival_s) for t in paused] == [(t.prompt, t.max_tokens, t.arrival_s)
+                                                                      for t in plain]
+    assert all(t.pause_s == 0.0 for t in plain) and all(t.pause_s == 0.0 for t in paused if t.turn == 0)
+    pauses = [t.pause_s for t in paused if t.turn > 0]
+    assert all(p > 0 for p in pauses) and 3.0 < sum(pauses) / len(pauses) < 5.0
+
+
 def test_session_trace_files_are_read_and_told_from_mooncake(tmp_path: Path) -> None:
     path = tmp_path / "sessions.jsonl"
     lines = [{"session_id": "a", "turn": 0, "prompt": "hello there", "output_tokens": 5, "arrival_s": 0},
              {"session_id": 7, "turn": 0, "prompt_tokens": 12, "output_tokens": 3, "arrival_s": 0.5},
-             {"session_id": "a", "turn": 1, "prompt_tokens": 4, "output_tokens": 2, "arrival_s": 0.1}]
+             {"session_id": "a", "turn": 1, "prompt_tokens": 4, "output_tokens": 2, "arrival_s": 0.1, "pause_s": 2}]
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
     name, turns = load_trace(str(path), 99, 1.0)
     assert name == "sessions.jsonl"
     assert [(t.session_id, t.turn, t.prompt_words, t.max_tokens, t.arrival_s) for t in turns] == [
         ("a", 0, 2, 5, 0.0), ("a", 1, 4, 2, 0.1), ("7", 0, 12, 3, 0.5)]
+    assert [t.pause_s for t in turns] == [0.0, 2.0, 0.0]
     assert turns[0].prompt == "hello there" and len(turns[2].prompt.split()) == 12
     assert turns[1].prompt.startswith("\n")  # a drawn continuation starts on its own line
     mooncake = tmp_path / "mooncake.jsonl"
@@ -80,6 +92,7 @@ def test_session_trace_files_are_read_and_told_from_mooncake(tmp_path: Path) -> 
     ({"session_id": "a", "turn": 0, "prompt": "x", "output_tokens": 0}, "'output_tokens' must be an integer >= 1"),
     ({"session_id": "a", "turn": 1, "prompt": "x", "output_tokens": 2}, r"session 'a' has turns \[1\]"),
     ({"session_id": "a", "turn": 0, "prompt": "x", "output_tokens": 2, "arrival_s": "soon"}, "'arrival_s' must be"),
+    ({"session_id": "a", "turn": 0, "prompt": "x", "output_tokens": 2, "pause_s": -1}, "'pause_s' must be"),
 ])
 def test_a_bad_session_line_is_one_error_naming_the_place(tmp_path: Path, line: dict, message: str) -> None:
     path = tmp_path / "bad.jsonl"
@@ -119,3 +132,21 @@ def test_bench_sends_a_sessions_turns_in_order_with_the_conversation_so_far() ->
     assert len(outcomes) == 6 and sum(1 for o in outcomes if o.error) == 2
     latencies = turn_latencies(outcomes)
     assert set(latencies) == {"ttft_first_turn_s", "ttft_later_turns_s"}
+
+
+def test_a_turn_waits_for_its_tool_call_after_the_previous_turn_ended() -> None:
+    sent: list[float] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(time.perf_counter())
+        body = f"data: {json.dumps({'choices': [{'text': ' ok'}]})}\n\ndata: [DONE]\n\n"
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+    trace = [TraceRequest("S.", 1, 2, 0.0, "s", 0), TraceRequest(" tool.", 1, 2, 0.0, "s", 1, pause_s=0.3)]
+
+    async def run() -> list:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer), base_url="http://fleet") as http:
+            return await send_trace(http, "m", trace)
+
+    outcomes = asyncio.run(run())
+    assert not any(o.error for o in outcomes) and sent[1] - sent[0] >= 0.3
