@@ -5,7 +5,7 @@ conversation) against two fresh disaggregated fleets started here one after the 
 
     python scripts/bench_agent_cache.py [--model smollm2-135m] [--requests 48] [--rate 0.2]
                                         [--devices cpu:0,cpu:1] [--max-model-len 0] [--local-prefill-tokens N]
-                                        [--local-sweep 0,64,256,1024] [--json]
+                                        [--local-sweep 0,64,256,1024] [--tool-time S] [--json]
 
 Per fleet: the prefix hit ratio (tokens; from the store), TTFT p50/p99 of first turns and of later turns
 (at the client), throughput, local prefills, and the decode share of model time from `classify` over
@@ -16,6 +16,9 @@ with the cache on, later turns' TTFT >= 3x better than with it off.
 `--local-sweep N,N,…` runs, instead, the same trace with the cache on once per `--local-prefill-tokens` value
 (conditional disaggregation) and prints each run's later-turn TTFT, throughput, local prefills and decode
 share: where more local prefill stops helping is the crossover `serve`'s default comes from.
+
+`--tool-time S` makes each later turn wait for a tool call of S s on average after the previous one ended: the
+pause in which other sessions' turns churn a small pool, so that a session comes back to a recompute.
 
 `--tiers` runs, instead, the same trace with the cache on and the KV pool held to `--kv-blocks` (about a third of
 the sessions' KV; the fleet's context is at most the pool's tokens) five times: no tiers, a host-memory tier
@@ -70,7 +73,8 @@ def run_fleet(model: Path, layout: list[str], store: Path, trace_args: tuple, ca
     flags = [] if cache else ["--no-prefix-cache"]
     with local_fleet(model, *layout, "--store", str(store), *flags, *extra) as url:
         context = FleetClient(url).get("/v1/models")["data"][0]["max_model_len"]
-        name, trace = load_trace("agent", *trace_args, context=context)
+        count, rate, seed, tool_s = trace_args
+        name, trace = load_trace("agent", count, rate, seed, context, tool_s)
         result = asyncio.run(run_bench(url, trace, name, slo_ttft=10.0, slo_tpot=1.0))
         status = FleetClient(url).status()
         metrics = httpx.get(f"{url}/metrics", timeout=60).text
@@ -109,6 +113,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=48, help="turns in all")
     parser.add_argument("--rate", type=float, default=0.2, help="sessions starting per second")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tool-time", type=float, default=0.0,
+                        help="mean seconds of a tool call between a session's turns (bench --tool-time)")
     parser.add_argument("--devices", default="cpu:0,cpu:1")
     parser.add_argument("--decode", type=int, default=1, help="decode workers (the rest of --devices: one prefill)")
     parser.add_argument("--dtype", default="auto")
@@ -126,19 +132,18 @@ def main() -> None:
         layout += ["--max-model-len", str(args.max_model_len)]
     if args.local_prefill_tokens is not None:
         layout += ["--local-prefill-tokens", str(args.local_prefill_tokens)]
+    trace_args = (args.requests, args.rate, args.seed, args.tool_time)
     if args.local_sweep:
-        sweep(model, layout, (args.requests, args.rate, args.seed), [int(n) for n in args.local_sweep.split(",")])
+        sweep(model, layout, trace_args, [int(n) for n in args.local_sweep.split(",")])
         return
     if args.tiers:
-        tiers(model, [*layout, "--kv-blocks", str(args.kv_blocks)], (args.requests, args.rate, args.seed),
-              args.host_mib)
+        tiers(model, [*layout, "--kv-blocks", str(args.kv_blocks)], trace_args, args.host_mib)
         return
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for cache in (True, False):
             key = "cache_on" if cache else "cache_off"
-            results[key] = run_fleet(model, layout, Path(tmp) / f"{key}.db", (args.requests, args.rate, args.seed),
-                                     cache)
+            results[key] = run_fleet(model, layout, Path(tmp) / f"{key}.db", trace_args, cache)
             if not args.json:
                 print(key, json.dumps(results[key]), flush=True)
     on, off = results["cache_on"], results["cache_off"]
