@@ -185,7 +185,7 @@ class _Calls:
 
     @staticmethod
     def history(params: Params) -> _Call[FleetHistory]:
-        from fleetctl.engine.server.schemas import FleetHistory
+        from fleetctl.engine.server.history_schemas import FleetHistory
 
         return _Call("GET", "/fleet/history", FleetHistory, params=params)
 

@@ -16,10 +16,10 @@ from fleetctl.engine.fleet.logs import FLEET, KEEP_LINES
 from fleetctl.engine.fleet.ops.checkpoint_catalog import catalog
 from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.server.errors import APIError
+from fleetctl.engine.server.history_schemas import FleetHistory
 from fleetctl.engine.server.plan_routes import plan_router
 from fleetctl.engine.server.schemas import (
     CheckpointList,
-    FleetHistory,
     FleetLogLines,
     FleetStatus,
     LogLineInfo,

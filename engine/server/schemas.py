@@ -3,8 +3,9 @@ as well as bodies and the CLI and the console parse the same types. Torch-free. 
 and stages are the fleet's own (`engine/fleet/ops/results.py`, `ops/stages.py`), used here as they are;
 `describe` says any operation, done or not, in one sentence for people.
 
-Response models built from the fleet's and the store's dicts allow extra fields: a field added there is
-passed on, never dropped (fields are added, never renamed)."""
+Response models built from the fleet's and the store's dicts allow extra fields (`OpenModel`): a field added
+there is passed on, never dropped (fields are added, never renamed). `/fleet/history`'s are in
+history_schemas.py."""
 
 from typing import Any
 
@@ -33,6 +34,7 @@ from fleetctl.engine.fleet.ops.results import (
     WorkerStop,
 )
 from fleetctl.engine.fleet.ops.stages import STAGES, progress
+from fleetctl.engine.server.open_model import OpenModel
 from fleetctl.store.records import DeviceRecord
 
 __all__ = [
@@ -43,11 +45,7 @@ __all__ = [
 ]
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class WorkerInfo(_Open):
+class WorkerInfo(OpenModel):
     id: str
     role: str
     device: str
@@ -68,24 +66,25 @@ class WorkerInfo(_Open):
     was: str | None = None  # its id before it switched role in place (`fleetctl switch`)
 
 
-class PoolInfo(_Open):
+class PoolInfo(OpenModel):
     workers: int
     busy: float
     mfu: float
     mbu: float
     queue: int
     prefix_hit_ratio: float
-    tier_tokens: dict[str, int] = {}  # prompt tokens each KV tier read back for its workers (part of the cached)
+    # prompt tokens each KV tier read back for its workers (part of the cached)
+    tier_tokens: dict[str, int] = Field(default_factory=dict)
 
 
-class TierInfo(_Open):
+class TierInfo(OpenModel):
     """One KV tier under the pools (node-wide): what it holds against its bound, as last measured."""
 
     used_bytes: int
     capacity_bytes: int
 
 
-class StoreInfo(_Open):
+class StoreInfo(OpenModel):
     """The metrics store the fleet writes: failing while its file refuses writes (a full disk, an I/O error), the
     rows kept meanwhile; requests never wait on it."""
 
@@ -97,7 +96,7 @@ class StoreInfo(_Open):
     kept_rows: int = 0
 
 
-class SplitRegretInfo(_Open):
+class SplitRegretInfo(OpenModel):
     """The current layout's goodput as a share of the best layout's, replayed over the last 5 minutes every
     interval (fleet/ops/split_regret.py): the newest replay, and the series of its ratios, oldest first."""
 
@@ -108,7 +107,7 @@ class SplitRegretInfo(_Open):
     series: list[float]
 
 
-class FleetStatus(_Open):
+class FleetStatus(OpenModel):
     model: str
     url: str
     pid: int
@@ -117,15 +116,16 @@ class FleetStatus(_Open):
     pools: dict[str, PoolInfo]  # by role
     local_prefills: int
     store: StoreInfo | None = None  # None: the fleet keeps no store
-    kv_tiers: dict[str, TierInfo] = {}  # by tier (host, disk), once a worker reported one; {}: the fleet has none
+    # by tier (host, disk), once a worker reported one; {}: the fleet has none
+    kv_tiers: dict[str, TierInfo] = Field(default_factory=dict)
     split_regret: SplitRegretInfo | None = None  # None: no store, or no window replayed yet
 
 
-class WorkerList(_Open):
+class WorkerList(OpenModel):
     workers: list[WorkerInfo]
 
 
-class LogLineInfo(_Open):
+class LogLineInfo(OpenModel):
     seq: int  # increasing across sources: ask `since` the last one seen for only newer lines
     time: float  # time.time() when the controller read it
     source: str  # "fleet" (the controller) or a worker id
@@ -133,12 +133,12 @@ class LogLineInfo(_Open):
     text: str
 
 
-class FleetLogLines(_Open):
+class FleetLogLines(OpenModel):
     lines: list[LogLineInfo]  # oldest first
     next: int  # the `since` that asks for lines after these
 
 
-class SessionInfo(_Open):
+class SessionInfo(OpenModel):
     id: str
     stage: str
     prompt_tokens: int
@@ -146,12 +146,12 @@ class SessionInfo(_Open):
     age_s: float
 
 
-class WorkerSessions(_Open):
+class WorkerSessions(OpenModel):
     worker: str
     sessions: list[SessionInfo]
 
 
-class CheckpointEntry(_Open):
+class CheckpointEntry(OpenModel):
     checkpoint: str
     name: str
     used_at: str | None
@@ -164,7 +164,7 @@ class CheckpointEntry(_Open):
     bytes: int | None = None
 
 
-class CheckpointList(_Open):
+class CheckpointList(OpenModel):
     checkpoints: list[CheckpointEntry]
 
 
@@ -218,7 +218,7 @@ def describe(op: OperationInfo) -> str:
     return op.result.describe()
 
 
-class RequestRecord(_Open):
+class RequestRecord(OpenModel):
     """A finished request's timing breakdown (`TrackedRequest.record`)."""
 
     request_id: str
@@ -246,64 +246,12 @@ class RequestRecord(_Open):
     stage: str = "done"  # a live one's: queued, prefill, handoff, decode (its times so far, up to now)
 
 
-class RecentRequests(_Open):
+class RecentRequests(OpenModel):
     requests: list[RequestRecord]  # finished, newest last
     live: list[RequestRecord] = Field(default_factory=list)  # not finished yet, oldest first
 
 
-class HistoryPoint(_Open):
-    ts: float
-    busy: float
-    mfu: float
-    mbu: float
-    tokens_per_s: float
-
-
-class LatencyPoint(_Open):
-    """One bucket's successful requests (by arrival): their TTFT and TPOT percentiles, None where none arrived."""
-
-    ts: float
-    ttft_p50: float | None
-    ttft_p99: float | None
-    tpot_p50: float | None
-    tpot_p99: float | None
-
-
-class Percentiles(_Open):
-    p50: float | None
-    p99: float | None
-
-
-class Traffic(_Open):
-    requests: int
-    requests_per_s: float
-    ttft_s: Percentiles
-    tpot_s: Percentiles
-    prefill_share: float
-    decode_share: float
-    handoff_bytes_per_s: float
-    handoff_share_of_e2e: float
-
-
-class EventRecord(_Open):
-    ts: float
-    kind: str
-    worker: str | None
-    details: dict[str, Any]
-
-
-class FleetHistory(_Open):
-    now: float
-    window_s: float
-    bucket_s: float
-    pools: dict[str, list[HistoryPoint]]  # by role
-    workers: dict[str, list[HistoryPoint]]  # by worker id
-    traffic: Traffic
-    latency: list[LatencyPoint] = []  # per bucket (empty from a fleet that predates it)
-    events: list[EventRecord]  # newest last
-
-
-class SplitInfo(_Open):
+class SplitInfo(OpenModel):
     prefill: int
     decode: int
     mixed: int
@@ -320,12 +268,12 @@ class PlanCandidate(SplitInfo):
     e2e_mean_s: float
 
 
-class PlanSlo(_Open):
+class PlanSlo(OpenModel):
     ttft_s: float
     tpot_s: float
 
 
-class FleetPlan(_Open):
+class FleetPlan(OpenModel):
     """`plan --json`: `recommended`, `current`, `candidates`, `reason`, and more."""
 
     recommended: SplitInfo
@@ -345,14 +293,14 @@ class FleetPlan(_Open):
     elastic: bool = False  # the candidates use any number of `devices`
 
 
-class ClassificationBucket(_Open):
+class ClassificationBucket(OpenModel):
     prompt_tokens: str  # a length bucket's label, e.g. "128-512"
     output_tokens: str
     requests: int
     prefill_share: float
 
 
-class FleetClassification(_Open):
+class FleetClassification(OpenModel):
     """`classify --json` (`store.classify.Classification`): the window's model time by phase."""
 
     window_s: float
@@ -366,10 +314,11 @@ class FleetClassification(_Open):
     prefill_computed_tokens: int
     prefix_hit_ratio: float
     local_prefills: int
-    tier_tokens: dict[str, int] = {}  # of the cached tokens, what each KV tier served (none: absent)
+    # of the cached tokens, what each KV tier served (none: absent)
+    tier_tokens: dict[str, int] = Field(default_factory=dict)
 
 
-class DevicePeak(_Open):
+class DevicePeak(OpenModel):
     identity: str
     dtype: str
     kind: str
@@ -386,7 +335,7 @@ class DevicePeak(_Open):
                    how=record.how_measured.value, measured_at=record.measured_at)
 
 
-class DeviceWorker(_Open):
+class DeviceWorker(OpenModel):
     """A live worker on a device, in the weight format it serves (`devices` asked of a fleet)."""
 
     id: str
@@ -396,10 +345,10 @@ class DeviceWorker(_Open):
     weights: str  # bfloat16, int8, int4-g64, int4-gguf; "" while it starts
 
 
-class DevicePeaks(_Open):
+class DevicePeaks(OpenModel):
     """`devices --json`: the store's peaks per device identity and dtype (the MFU and MBU denominators), and, from
     a fleet, its workers on those devices with their weight formats."""
 
     devices: list[DevicePeak]
     not_recalibrated: list[str]  # identities `devices --recalibrate` left as they were (always empty from a fleet)
-    workers: list[DeviceWorker] = []  # empty from a store file
+    workers: list[DeviceWorker] = Field(default_factory=list)  # empty from a store file
