@@ -20,13 +20,13 @@ share: where more local prefill stops helping is the crossover `serve`'s default
 `--tool-time S` makes each later turn wait for a tool call of S s on average after the previous one ended: the
 pause in which other sessions' turns churn a small pool, so that a session comes back to a recompute.
 
-`--tiers` runs, instead, the same trace with the cache on and the KV pool held to `--kv-blocks` (about a third of
-the sessions' KV; the fleet's context is at most the pool's tokens) five times: no tiers, a host-memory tier
-(`--kv-offload-memory`), a small host tier over a disk tier (`--kv-offload-gb`), the host tier with sessions
-retained in the pools (`--session-ttl`: the trace names each turn's session), and the host tier written through
-(`--kv-offload-policy write-through`: a block a decode worker computes is there for the prefill worker at once),
-each tier in a fresh folder of its own; it prints each run's
-later-turn TTFT p50/p99, hit ratio (pool and tiers together), throughput, decode share and the tokens each tier
+`--tiers` runs, instead, the same trace with the cache on and the KV pool held to `--kv-blocks` (about a third
+of the sessions' KV; the fleet's context is at most the pool's tokens) five times (`--runs` picks some): no
+tiers, a host-memory tier (`--kv-offload-memory`), a small host tier over a disk tier (`--kv-offload-gb`), the
+host tier with sessions retained in the pools (`--session-ttl`: the trace names each turn's session), and the
+host tier written through (`--kv-offload-policy write-through`: a block a decode worker computes is there for
+the prefill worker at once), each tier in a fresh folder of its own; it prints each run's later-turn TTFT
+p50/p99, hit ratio (pool and tiers together), throughput, decode share and the tokens each tier
 served, and the ratios to the run without.
 
 `--local-prefill-tokens` is passed to both fleets (conditional disaggregation; with the cache off nothing is
@@ -124,6 +124,7 @@ def main() -> None:
     parser.add_argument("--tiers", action="store_true", help="no tiers vs host vs host + disk, the pool held small")
     parser.add_argument("--kv-blocks", type=int, default=64, help="each worker's KV pool with --tiers")
     parser.add_argument("--host-mib", type=int, default=256, help="the host tier with --tiers (alone)")
+    parser.add_argument("--runs", default=",".join(TIER_RUNS), help="with --tiers: which runs (none first)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     model = resolve_model(args.model)
@@ -137,7 +138,10 @@ def main() -> None:
         sweep(model, layout, trace_args, [int(n) for n in args.local_sweep.split(",")])
         return
     if args.tiers:
-        tiers(model, [*layout, "--kv-blocks", str(args.kv_blocks)], trace_args, args.host_mib)
+        names = args.runs.split(",")
+        if names[0] != "none" or not set(names) <= set(TIER_RUNS):
+            parser.error(f"--runs: none first, then any of {', '.join(TIER_RUNS[1:])}")
+        tiers(model, [*layout, "--kv-blocks", str(args.kv_blocks)], trace_args, args.host_mib, names)
         return
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -165,8 +169,12 @@ def main() -> None:
     print(f"decode share of model time: cache on {on['decode_share']:.1%} (goal >= 90%), off {off['decode_share']:.1%}")
 
 
-def tiers(model: Path, layout: list[str], trace_args: tuple, host_mib: int) -> None:
-    """The cache on with a small pool: without tiers, over a host tier, over a small host tier and a disk one."""
+TIER_RUNS = ("none", "host", "host+disk", "host+sessions", "write-through")
+
+
+def tiers(model: Path, layout: list[str], trace_args: tuple, host_mib: int, names: list[str]) -> None:
+    """The cache on with a small pool (the runs of `names`): without tiers, over a host tier, over a small host
+    tier and a disk one, with sessions retained, written through."""
     print(f"{'tiers':>13} {'later TTFT p50':>15} {'p99':>8} {'tokens/s':>9} {'hit ratio':>10} {'decode share':>13} "
           f"{'errors':>7}  tier hits (tokens)")
     runs = {}
@@ -180,13 +188,15 @@ def tiers(model: Path, layout: list[str], trace_args: tuple, host_mib: int) -> N
                                    "--session-ttl", "600")),
                 ("write-through", ("--kv-offload-memory", str(host_mib), "--kv-offload-host-dir", f"{shm}/through",
                                    "--kv-offload-policy", "write-through"))):
+            if name not in names:
+                continue
             run = runs[name] = run_fleet(model, layout, Path(tmp) / f"{name}.db", trace_args, True, extra)
             later = run["ttft_later_turns_s"]
             print(f"{name:>13} {later['p50']:>13.3f} s {later['p99']:>6.3f} s {run['throughput_tokens_per_s']:>9.2f} "
                   f"{run['prefix_hit_ratio']:>10.1%} {run['decode_share']:>13.1%} {run['errors']:>7}  "
                   f"{run['tier_hit_tokens'] or '-'}", flush=True)
     none = runs["none"]["ttft_later_turns_s"]
-    for name in ("host", "host+disk", "host+sessions", "write-through"):
+    for name in (name for name in TIER_RUNS[1:] if name in runs):
         later = runs[name]["ttft_later_turns_s"]
         print(f"{name}: later-turn TTFT p50 {none['p50'] / later['p50']:.2f}x better, p99 "
               f"{none['p99'] / later['p99']:.2f}x, than without tiers")
