@@ -26,8 +26,8 @@ tiers, a host-memory tier (`--kv-offload-memory`), a small host tier over a disk
 host tier with sessions retained in the pools (`--session-ttl`: the trace names each turn's session), and the
 host tier written through (`--kv-offload-policy write-through`: a block a decode worker computes is there for
 the prefill worker at once), each tier in a fresh folder of its own; it prints each run's later-turn TTFT
-p50/p99, hit ratio (pool and tiers together), throughput, decode share and the tokens each tier
-served, and the ratios to the run without.
+p50/p90/p99, hit ratio (pool and tiers together), prompt tokens computed, throughput, decode share and the
+tokens each tier served, and the ratios to the run without.
 
 `--local-prefill-tokens` is passed to both fleets (conditional disaggregation; with the cache off nothing is
 cached, so nothing is prefilled locally). `--max-model-len` caps the context the sessions are sized to (0: the
@@ -175,8 +175,8 @@ TIER_RUNS = ("none", "host", "host+disk", "host+sessions", "write-through")
 def tiers(model: Path, layout: list[str], trace_args: tuple, host_mib: int, names: list[str]) -> None:
     """The cache on with a small pool (the runs of `names`): without tiers, over a host tier, over a small host
     tier and a disk one, with sessions retained, written through."""
-    print(f"{'tiers':>13} {'later TTFT p50':>15} {'p99':>8} {'tokens/s':>9} {'hit ratio':>10} {'decode share':>13} "
-          f"{'errors':>7}  tier hits (tokens)")
+    print(f"{'tiers':>13} {'later TTFT p50':>15} {'p90':>8} {'p99':>8} {'tokens/s':>9} {'hit ratio':>10} "
+          f"{'computed':>9} {'decode share':>13} {'errors':>7}  tier hits (tokens)")
     runs = {}
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
         for name, extra in (
@@ -192,8 +192,9 @@ def tiers(model: Path, layout: list[str], trace_args: tuple, host_mib: int, name
                 continue
             run = runs[name] = run_fleet(model, layout, Path(tmp) / f"{name}.db", trace_args, True, extra)
             later = run["ttft_later_turns_s"]
-            print(f"{name:>13} {later['p50']:>13.3f} s {later['p99']:>6.3f} s {run['throughput_tokens_per_s']:>9.2f} "
-                  f"{run['prefix_hit_ratio']:>10.1%} {run['decode_share']:>13.1%} {run['errors']:>7}  "
+            print(f"{name:>13} {later['p50']:>13.3f} s {later['p90']:>6.3f} s {later['p99']:>6.3f} s "
+                  f"{run['throughput_tokens_per_s']:>9.2f} {run['prefix_hit_ratio']:>10.1%} "
+                  f"{run['prefill_computed_tokens']:>9} {run['decode_share']:>13.1%} {run['errors']:>7}  "
                   f"{run['tier_hit_tokens'] or '-'}", flush=True)
     none = runs["none"]["ttft_later_turns_s"]
     for name in (name for name in TIER_RUNS[1:] if name in runs):
