@@ -16,11 +16,11 @@ import httpx
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from fleetctl.engine.server.history_schemas import FleetHistory
     from fleetctl.engine.server.schemas import (
         CheckpointList,
         DevicePeaks,
         FleetClassification,
-        FleetHistory,
         FleetLogLines,
         FleetPlan,
         FleetStatus,

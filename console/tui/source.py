@@ -12,9 +12,9 @@ from typing import Protocol
 from fleetctl.console.client import AsyncFleetClient, FleetClientError, FleetRefused
 from fleetctl.console.tui.host import HostProbe
 from fleetctl.console.tui.reading import HISTORY_BUCKET_S, HISTORY_WINDOW_S, FleetReading
+from fleetctl.engine.server.history_schemas import FleetHistory
 from fleetctl.engine.server.schemas import (
     CheckpointList,
-    FleetHistory,
     FleetLogLines,
     FleetPlan,
     OperationInfo,

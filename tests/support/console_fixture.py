@@ -14,9 +14,9 @@ from fleetctl.console.client import FleetRefused
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.engine.fleet.ops.record import OpKind, OpState
 from fleetctl.engine.fleet.ops.stages import STAGES, CheckpointMigrateStage, LiveMigrateStage, progress
+from fleetctl.engine.server.history_schemas import FleetHistory
 from fleetctl.engine.server.schemas import (
     CheckpointList,
-    FleetHistory,
     FleetLogLines,
     FleetPlan,
     FleetStatus,
