@@ -10,6 +10,7 @@ A block's address is its hash chain digest, which names the model, dtype, numeri
 and token ids are checked against the prompt's before a block is used, as a pool hit is."""
 
 import dataclasses
+import sys
 from collections import Counter, abc
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -94,11 +95,16 @@ class KVOffload:
 
     def land(self, read: TierRead) -> dict[str, int]:
         """Copy a finished read into pool blocks, registered as cached (a block the pool registered meanwhile is
-        kept as it is); stops where a block does not fit. Returns the tokens read, by tier (and counts the blocks
-        in `hits`)."""
+        kept as it is); stops where a block does not fit; a read that raised lands nothing. Returns the tokens
+        read, by tier (and counts the blocks in `hits`)."""
         size = self.kv_cache.spec.block_size
+        try:
+            blocks = read.result()
+        except Exception as exc:  # a read that fails is a miss, as a bad record is: the prompt is computed
+            print(f"fleetctl: a KV tier read failed ({exc}): the prompt is computed", file=sys.stderr, flush=True)
+            return {}
         read_tokens: Counter[str] = Counter()
-        for block in read.result():
+        for block in blocks:
             if self.kv_cache.allocator.holds(block.cached.block_hash):
                 continue
             if not self._load(block.cached, block.payload):

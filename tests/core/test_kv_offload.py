@@ -101,6 +101,19 @@ def test_a_corrupted_record_is_computed_again(tiny_model_dir: Path, tmp_path: Pa
     assert torch.equal(again, computed)
 
 
+def test_a_read_that_fails_is_a_miss_and_the_prompt_is_computed(tiny_model_dir: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capfd: pytest.CaptureFixture[str]) -> None:
+    computed, _, _ = run(make_engine(tiny_model_dir, tmp_path / "none", 0, 0, prefix_cache=False), PROMPT)
+    engine = make_engine(tiny_model_dir, tmp_path, 16 << 20, 0)
+    run(engine, PROMPT)
+    evict_prompt(engine)
+    monkeypatch.setenv("FLEET_FAULTS", "tier-read=raise:disk gone")
+    again, hit, tiers = run(engine, PROMPT)
+    assert hit == 0 and tiers == {} and torch.equal(again, computed)
+    assert "a KV tier read failed (disk gone): the prompt is computed" in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("policy", list(OffloadPolicy))
 def test_write_through_leaves_the_cache_to_the_next_engine(tiny_model_dir: Path, tmp_path: Path,
                                                            policy: OffloadPolicy) -> None:
