@@ -48,7 +48,8 @@ def generate(
     as one batch and print one after another, each under its prompt."""
     with user_errors():
         from fleetctl.engine.core.config import EngineConfig, EngineSettings
-        from fleetctl.engine.core.llm_engine import LLMEngine, result_of
+        from fleetctl.engine.core.llm_engine import LLMEngine
+        from fleetctl.engine.core.output import result_of
         from fleetctl.engine.core.sequence import SamplingParams
 
         prompts = read_prompts(prompts)

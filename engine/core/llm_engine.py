@@ -5,7 +5,6 @@ import dataclasses
 import hashlib
 import time
 from concurrent.futures import wait
-from dataclasses import dataclass
 
 import torch
 
@@ -22,7 +21,7 @@ from fleetctl.engine.core.kv_offload import KVOffload, TierRead, open_tiers
 from fleetctl.engine.core.kv_tiers.file_tier import TierStats
 from fleetctl.engine.core.kv_window import KVWindow
 from fleetctl.engine.core.model_runner import ModelRunner, StepStats
-from fleetctl.engine.core.output import RequestOutput, TextStream, token_finish_reason
+from fleetctl.engine.core.output import GenerationResult, RequestOutput, TextStream, result_of, token_finish_reason
 from fleetctl.engine.core.prompt import PromptError, check_prompt
 from fleetctl.engine.core.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from fleetctl.engine.core.sequence import FinishReason, SamplingParams, Sequence
@@ -46,17 +45,6 @@ SWITCHED_EAGER = "switched from prefill in place: its weights are laid out for e
 
 class EngineBusy(RuntimeError):
     """The engine holds sequences, and what was asked of it needs it empty."""
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    request_id: str
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    prompt_tokens: int
-    ttft_s: float
-    decode_tokens_per_s: float
 
 
 class LLMEngine:
@@ -382,20 +370,6 @@ class LLMEngine:
         while self.has_unfinished():
             self.step()
         return [result_of(s, streams[s.request_id]) for s in seqs]
-
-
-def result_of(seq: Sequence, stream: TextStream | None) -> GenerationResult:
-    first, last = seq.first_token_time or seq.arrival_time, seq.last_token_time or seq.arrival_time
-    decoded = len(seq.output_token_ids) - 1
-    return GenerationResult(
-        request_id=seq.request_id,
-        text=stream.text if stream else "",
-        token_ids=list(seq.output_token_ids),
-        finish_reason=seq.finish_reason.value if seq.finish_reason else "abort",
-        prompt_tokens=len(seq.prompt_token_ids),
-        ttft_s=first - seq.arrival_time,
-        decode_tokens_per_s=decoded / (last - first) if decoded > 0 and last > first else 0.0,
-    )
 
 
 def _take_tier_tokens(seqs: list[Sequence]) -> dict[str, dict[str, int]]:

@@ -1,4 +1,5 @@
-"""What a request's client sees: token-level finish conditions, and the streamed text."""
+"""What a request's client sees: token-level finish conditions, the streamed text, and a finished
+request's result (`generate`)."""
 
 from dataclasses import dataclass
 
@@ -79,3 +80,28 @@ class TextStream:
         # a stop string completed by the newest token starts at or after the text already sent
         hits = [i for s in self._stop if (i := self.text.find(s, self._sent)) >= 0]
         return min(hits) if hits else None
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    ttft_s: float
+    decode_tokens_per_s: float
+
+
+def result_of(seq: Sequence, stream: TextStream | None) -> GenerationResult:
+    first, last = seq.first_token_time or seq.arrival_time, seq.last_token_time or seq.arrival_time
+    decoded = len(seq.output_token_ids) - 1
+    return GenerationResult(
+        request_id=seq.request_id,
+        text=stream.text if stream else "",
+        token_ids=list(seq.output_token_ids),
+        finish_reason=seq.finish_reason.value if seq.finish_reason else "abort",
+        prompt_tokens=len(seq.prompt_token_ids),
+        ttft_s=first - seq.arrival_time,
+        decode_tokens_per_s=decoded / (last - first) if decoded > 0 and last > first else 0.0,
+    )
