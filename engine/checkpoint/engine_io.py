@@ -73,7 +73,8 @@ def write_engine_checkpoint(
 ) -> tuple[Path, int, int]:
     """Snapshot `engine` and write it in a forked child; `on_writer(pid)` runs once the child exists.
     Returns (path, sessions, bytes on disk). A failed or killed writer leaves nothing listed."""
-    if engine.device.type == "cpu":  # the child gathers the used blocks from its copy-on-write view
+    # the child gathers the used blocks from its copy-on-write view (one pool tensor: no windowed layers apart)
+    if engine.device.type == "cpu" and engine.kv_cache.allocator.window is None:
         records, blocks = snapshot_records(engine)
         payload = payload_of_blocks(engine.kv_cache.tensor, blocks)
     else:

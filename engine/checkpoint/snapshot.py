@@ -14,8 +14,7 @@ def snapshot(engine: LLMEngine) -> tuple[list[SessionRecord], torch.Tensor]:
     holding only the blocks those sessions use, each once (sessions sharing a cached prefix share its
     blocks); each record's block_table indexes into it."""
     records, used_blocks = snapshot_records(engine)
-    index = torch.tensor(used_blocks, dtype=torch.int64, device=engine.device)
-    return records, engine.kv_cache.tensor.index_select(2, index).cpu()
+    return records, engine.kv_cache.read_blocks(used_blocks).cpu()
 
 
 def snapshot_records(engine: LLMEngine) -> tuple[list[SessionRecord], list[int]]:

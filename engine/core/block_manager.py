@@ -22,6 +22,11 @@ Below the pool, a node-wide tier store (`kv_tiers`, wired by `kv_offload`) may k
 `on_reclaim` is told of each cached block just before it is reclaimed (its K/V still intact), `on_cached` of
 each block as it is registered (full and written: write-through), and `register_loaded` takes a block for K/V
 read back from a tier, registered and cached as if computed here.
+
+For a model whose windowed layers keep their K/V apart (window_slots), the manager also owns those layers'
+slots: `hold_window` gives a sequence's blocks slots as its window reaches them, `release_window` (and `free`'s
+`windowed`) gives them back as the window passes; a registered block keeps its slot spare until slots run
+short or the block is reclaimed.
 """
 
 import time
@@ -32,6 +37,7 @@ from dataclasses import dataclass
 from fleetctl.engine.core.block_allocator import BLOCK_SIZE, BlockAllocator, OutOfBlocks
 from fleetctl.engine.core.block_hash import PrefixDigest, chain_hashes
 from fleetctl.engine.core.sequence import Sequence
+from fleetctl.engine.core.window_slots import WindowSlots
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,7 @@ class CachedBlock:
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int = BLOCK_SIZE, root: bytes | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, window_slots: int = 0) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.root = root  # the salt's root digest (block_hash.KVSalt); None: prefix caching off
@@ -58,6 +64,8 @@ class BlockManager:
         self.clock = clock  # monotonic seconds (retention); a test may set a fake one
         self.on_reclaim: Callable[[int, CachedBlock], None] | None = None  # a cached block about to be reused
         self.on_cached: Callable[[int, CachedBlock], None] | None = None  # a block just registered
+        # the windowed layers' slots, when they keep their K/V apart (window_slots)
+        self.window = WindowSlots(window_slots) if window_slots else None
 
     @property
     def num_free(self) -> int:
@@ -95,12 +103,16 @@ class BlockManager:
         fresh = [self._fresh() for _ in range(count)]
         return [*reuse, *fresh]
 
-    def free(self, blocks: abc.Sequence[int], retain_s: float = 0.0) -> None:
+    def free(self, blocks: abc.Sequence[int], retain_s: float = 0.0, windowed: abc.Sequence[int] = ()) -> None:
         """Drop one reference on each block; an unreferenced block is cached if registered — and kept from
         reclaim for `retain_s` seconds while other cached blocks can go — else freed (into the free list in the
-        given order, as without caching)."""
+        given order, as without caching). `windowed`: those of them whose window slot the caller holds, released
+        too (a cached block keeps its slot)."""
         if unheld := [block for block in blocks if block not in self._refs]:
             raise ValueError(f"KV blocks {unheld} freed twice or never allocated")
+        if self.window is not None:
+            for block in windowed:
+                self.window.release(block, keep=block in self._cached)
         plain: list[int] = []
         for block in reversed(blocks):
             refs = self._refs[block]
@@ -115,6 +127,31 @@ class BlockManager:
             else:
                 plain.append(block)
         self._free_list.free(plain[::-1])
+
+    def window_room(self, taking: abc.Sequence[int] = ()) -> int:
+        """Window slots `hold_window` can hand out now: free ones and spare ones (but `taking`'s, the cached
+        blocks an allocation is about to hold)."""
+        return 0 if self.window is None else self.window.num_free + self.window.spare(taking)
+
+    def hold_window(self, blocks: abc.Sequence[int]) -> list[int]:
+        """Hold a window slot for each of `blocks` (for the caller), giving one to each block without: a free
+        slot, else the least recently released spare one. Returns the slots."""
+        assert self.window is not None
+        window = self.window
+        slots = {block: window.hold(block) for block in window.slotted(blocks)}
+        for block in blocks:
+            if block not in slots:
+                if not window.num_free:
+                    window.reclaim_spare()
+                slots[block] = window.hold(block)
+        return [slots[block] for block in blocks]
+
+    def release_window(self, blocks: abc.Sequence[int]) -> None:
+        """The caller's window has passed `blocks`: release its hold on their slots (a registered block's stays
+        spare, another's goes back)."""
+        assert self.window is not None
+        for block in blocks:
+            self.window.release(block, keep=block in self._cached)
 
     def block_hashes(self, seq: Sequence) -> list[bytes]:
         """`seq`'s hash chain over all its full blocks, extended in place as the sequence grows."""
@@ -178,6 +215,8 @@ class BlockManager:
         self._by_hash[cached.block_hash] = block
         self._cached[block] = cached
         self._evictable[block] = None
+        if self.window is not None and self.window.num_free:
+            self.window.give(block)
         return block
 
     def digest(self, limit: int) -> PrefixDigest:
@@ -200,6 +239,8 @@ class BlockManager:
             del self._by_hash[cached.block_hash]
             if self.on_reclaim is not None:
                 self.on_reclaim(block, cached)
+            if self.window is not None:
+                self.window.drop(block)
         self._refs[block] = 1
         return block
 

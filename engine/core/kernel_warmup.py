@@ -10,8 +10,11 @@ sequence), and every block table points there only, so no real block is read or 
 With the torch references (a CPU worker, FLEET_KERNELS=torch) there is nothing to compile: skipped.
 """
 
+from dataclasses import replace
+
 import torch
 
+from fleetctl.engine.core.kv_cache import KVCache
 from fleetctl.engine.model.decoder import AttentionBatch, DecoderModel
 from fleetctl.kernels import ops
 from fleetctl.kernels.attention_launch import decode_representatives, prefill_representatives
@@ -23,33 +26,38 @@ def needs_kernel_warm_up(device: torch.device) -> bool:
     return ops.backend(device) != "torch"
 
 
-def warm_up_kernels(model: DecoderModel, kv_cache: torch.Tensor, scratch_block: int, max_seqs: int, max_width: int,
-                    prefill: bool, decode: bool) -> set[Launch]:
+def warm_up_kernels(model: DecoderModel, kv_cache: KVCache, max_seqs: int, max_width: int, prefill: bool,
+                    decode: bool) -> set[Launch]:
     """Launch each kernel variant of eager prefill and/or decode steps of up to `max_seqs` sequences whose
-    block tables are up to `max_width` wide. kv_cache: [L, 2, blocks, block_size, Hkv, d]; only
-    `scratch_block` is written. Returns the launches, by specialisation."""
-    if not needs_kernel_warm_up(kv_cache.device):
+    block tables are up to `max_width` wide. Only the pool's scratch block (and window slot) is written.
+    Returns the launches, by specialisation."""
+    spec, device = kv_cache.spec, kv_cache.tensor.device
+    if not needs_kernel_warm_up(device):
         return set()
-    _, _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+    assert kv_cache.scratch_block is not None
     shapes = [(True, seqs, width) for seqs, width in prefill_representatives(max_seqs, max_width)] if prefill else []
     if decode:
         shapes += [(False, seqs, width) for seqs, width in decode_representatives(
-            max_seqs, max_width, block_size, num_kv_heads, head_dim, kv_cache.dtype, kv_cache.device)]
+            max_seqs, max_width, spec.block_size, spec.num_kv_heads, spec.head_dim, spec.dtype, device)]
     with recording_launches() as launched, torch.inference_mode():  # the runner's mode for eager steps
         for is_prefill, seqs, width in shapes:
-            model.forward(*_scratch_step(is_prefill, seqs, width, scratch_block * block_size, scratch_block,
-                                         kv_cache.device), kv_cache)
+            ids, positions, batch = _scratch_step(is_prefill, seqs, width, kv_cache.scratch_block, spec.block_size,
+                                                  device)
+            if kv_cache.scratch_slot is not None:  # the windowed layers kept apart: their scratch slot
+                scratch = _scratch_step(is_prefill, seqs, width, kv_cache.scratch_slot, spec.block_size, device)[2]
+                batch = replace(batch, window_slots=scratch.slots, window_tables=scratch.block_tables)
+            model.forward(ids, positions, batch, kv_cache.layers)
     return launched
 
 
-def _scratch_step(is_prefill: bool, seqs: int, width: int, scratch_slot: int, scratch_block: int,
+def _scratch_step(is_prefill: bool, seqs: int, width: int, scratch_block: int, block_size: int,
                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:
-    """`seqs` sequences of one token each at the scratch slot, their tables `width` scratch blocks wide:
-    input_ids, positions [seqs] and the batch, with the dtypes the runner uses."""
+    """`seqs` sequences of one token each at the scratch block's first slot, their tables `width` scratch blocks
+    wide: input_ids, positions [seqs] and the batch, with the dtypes the runner uses."""
     zeros = torch.zeros(seqs, dtype=torch.int64, device=device)
     batch = AttentionBatch(
         is_prefill=is_prefill,
-        slots=torch.full((seqs,), scratch_slot, dtype=torch.int64, device=device),
+        slots=torch.full((seqs,), scratch_block * block_size, dtype=torch.int64, device=device),
         block_tables=torch.full((seqs, width), scratch_block, dtype=torch.int32, device=device),
         context_lens=torch.ones(seqs, dtype=torch.int32, device=device),
         cu_seqlens_q=torch.arange(seqs + 1, dtype=torch.int32, device=device),

@@ -1,4 +1,4 @@
-"""The worker's paged KV pool: its shape, its tensor, and the block manager that owns its blocks."""
+"""The worker's paged KV pool: its shape, its tensors, and the block manager that owns its blocks."""
 
 from dataclasses import dataclass
 
@@ -6,6 +6,7 @@ import torch
 
 from fleetctl.engine.core.block_allocator import BLOCK_SIZE
 from fleetctl.engine.core.block_manager import BlockManager
+from fleetctl.engine.core.window_slots import NO_SLOT
 from fleetctl.engine.model.config import ModelConfig
 
 
@@ -16,15 +17,29 @@ class KVCacheSpec:
     head_dim: int
     dtype: torch.dtype
     block_size: int = BLOCK_SIZE
+    # layers whose K/V lives in a pool of their own (window_slots): windowed layers beside global ones
+    windowed_layers: tuple[int, ...] = ()
 
     @classmethod
     def for_model(cls, config: ModelConfig, dtype: torch.dtype) -> "KVCacheSpec":
-        return cls(config.num_layers, config.num_kv_heads, config.head_dim, dtype)
+        return cls(config.num_layers, config.num_kv_heads, config.head_dim, dtype,
+                   windowed_layers=config.windowed_layers)
+
+    @property
+    def layer_bytes_per_block(self) -> int:
+        """One layer's K and V for one block."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.block_size * self.num_kv_heads * self.head_dim * elem
 
     @property
     def bytes_per_block(self) -> int:
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim * elem
+        """Every layer's K/V for one block (what a block costs when no layer keeps its K/V apart)."""
+        return self.num_layers * self.layer_bytes_per_block
+
+    @property
+    def global_layers(self) -> tuple[int, ...]:
+        """The layers whose K/V a block holds (all of them, but those kept apart)."""
+        return tuple(i for i in range(self.num_layers) if i not in self.windowed_layers)
 
 
 class KVCache:
@@ -33,23 +48,84 @@ class KVCache:
     block more than the manager hands out, `scratch_block`, which the compiled decode step's padding rows
     write to.
 
+    With windowed layers kept apart (`spec.windowed_layers`, `window_slots` slots), `tensor` holds the global
+    layers only and `window_tensor` [windowed layers, 2, slots (+ scratch), block_size, kv_heads, head_dim] the
+    others, indexed by a block's window slot. What leaves or enters the pool (handoffs, moves, checkpoints, KV
+    tiers) goes through `read_blocks` / `write_blocks` in the all-layers layout either way.
+
     Zero-initialised: masked attention multiplies unused slots by exactly 0, which must not meet NaN.
     """
 
     def __init__(
         self, spec: KVCacheSpec, num_blocks: int, device: torch.device, prefix_root: bytes | None = None,
-        scratch: bool = False,
+        scratch: bool = False, window_slots: int = 0,
     ) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
+        if bool(spec.windowed_layers) != bool(window_slots):
+            raise ValueError("windowed layers kept apart need window slots, and only they")
         self.spec = spec
         self.scratch_block = num_blocks if scratch else None
-        self.tensor = torch.zeros(
-            spec.num_layers, 2, num_blocks + scratch, spec.block_size, spec.num_kv_heads, spec.head_dim,
-            dtype=spec.dtype, device=device,
-        )
-        self.allocator = BlockManager(num_blocks, spec.block_size, prefix_root)
+        self.scratch_slot = window_slots if scratch and window_slots else None
+        shape = (spec.block_size, spec.num_kv_heads, spec.head_dim)
+        self.tensor = torch.zeros(len(spec.global_layers), 2, num_blocks + scratch, *shape, dtype=spec.dtype,
+                                  device=device)
+        self.window_tensor = torch.zeros(len(spec.windowed_layers), 2, window_slots + (scratch and window_slots > 0),
+                                         *shape, dtype=spec.dtype, device=device)
+        self.allocator = BlockManager(num_blocks, spec.block_size, prefix_root, window_slots=window_slots)
+        # each model layer's [2, blocks or slots, block_size, kv_heads, head_dim], in layer order
+        places = {layer: self.tensor[i] for i, layer in enumerate(spec.global_layers)}
+        places.update({layer: self.window_tensor[i] for i, layer in enumerate(spec.windowed_layers)})
+        self.layers = [places[layer] for layer in range(spec.num_layers)]
 
     @property
     def usage(self) -> float:
         return self.allocator.num_used / self.allocator.num_blocks
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size() + \
+            self.window_tensor.numel() * self.window_tensor.element_size()
+
+    def read_blocks(self, blocks: list[int]) -> torch.Tensor:
+        """`blocks`' K/V, every layer: [layers, 2, len(blocks), block_size, kv_heads, head_dim]. A windowed layer
+        kept apart reads zeros for a block without a window slot (no query's window reaches it)."""
+        index = torch.tensor(blocks, dtype=torch.int64, device=self.tensor.device)
+        if not self.spec.windowed_layers:
+            return self.tensor.index_select(2, index)
+        spec = self.spec
+        kv = torch.zeros(spec.num_layers, 2, len(blocks), spec.block_size, spec.num_kv_heads, spec.head_dim,
+                         dtype=spec.dtype, device=self.tensor.device)
+        kv[list(spec.global_layers)] = self.tensor.index_select(2, index)
+        rows, slots = self._slotted(blocks)
+        if rows:
+            window = self.window_tensor.index_select(2, torch.tensor(slots, device=self.tensor.device))
+            kv[torch.tensor(spec.windowed_layers)[:, None], :, torch.tensor(rows)] = window.transpose(1, 2)
+        return kv
+
+    def write_blocks(self, blocks: list[int], kv: torch.Tensor) -> None:
+        """kv [layers, 2, len(blocks), block_size, kv_heads, head_dim] into `blocks` (a windowed layer kept
+        apart: only into those with a window slot)."""
+        device = self.tensor.device
+        kv = kv.to(device, non_blocking=True)
+        index = torch.tensor(blocks, dtype=torch.int64, device=device)
+        if not self.spec.windowed_layers:
+            self.tensor.index_copy_(2, index, kv)
+            return
+        self.tensor.index_copy_(2, index, kv[list(self.spec.global_layers)])
+        rows, slots = self._slotted(blocks)
+        if rows:
+            windowed = kv[list(self.spec.windowed_layers)][:, :, rows]
+            self.window_tensor.index_copy_(2, torch.tensor(slots, device=device), windowed)
+
+    def has_window(self, block: int) -> bool:
+        """Whether `block` holds every layer's K/V (false only for one whose window slot is gone)."""
+        window = self.allocator.window
+        return window is None or window.slot(block) != NO_SLOT
+
+    def _slotted(self, blocks: list[int]) -> tuple[list[int], list[int]]:
+        """The places in `blocks` of those with a window slot, and their slots."""
+        window = self.allocator.window
+        assert window is not None
+        pairs = [(row, window.slot(block)) for row, block in enumerate(blocks) if window.slot(block) != NO_SLOT]
+        return [row for row, _ in pairs], [slot for _, slot in pairs]

@@ -7,7 +7,11 @@ block read back is bit-identical to the one written: deterministic mode's token 
 
 A block's address is its hash chain digest, which names the model, dtype, numerics, KV layout and block size
 (`block_hash.KVSalt`): an engine only ever finds blocks written under its own salt. The record's parent digest
-and token ids are checked against the prompt's before a block is used, as a pool hit is."""
+and token ids are checked against the prompt's before a block is used, as a pool hit is.
+
+With windowed layers kept apart (window_slots), a block whose window slot is gone holds only the global
+layers' K/V: it is not offered (a record holds every layer), and a block read back gets a slot only if one is
+free (else it serves only queries whose window starts after it)."""
 
 import dataclasses
 import sys
@@ -58,11 +62,13 @@ class KVOffload:
     def offer(self, block: int, cached: CachedBlock) -> None:
         """`block` leaves the pool (or, write-through, is registered there): its K/V go to the tiers (copied
         now, written later), unless a tier holds it already."""
+        if not self.kv_cache.has_window(block):
+            return
         if self.tiers.touch(cached.block_hash):
             self.already_held += 1
             return
-        kv = self.kv_cache.tensor[:, :, block].contiguous()  # [layers, 2, block_size, kv_heads, head_dim]
-        payload = kv.view(torch.uint8).cpu().numpy().tobytes()
+        kv = self.kv_cache.read_blocks([block])[:, :, 0]  # [layers, 2, block_size, kv_heads, head_dim]
+        payload = kv.contiguous().view(torch.uint8).cpu().numpy().tobytes()
         self.tiers.offer(TierBlock(cached.block_hash, cached.parent, cached.tokens, payload))
 
     def io(self) -> dict[str, TierStats]:
@@ -116,12 +122,13 @@ class KVOffload:
     def _load(self, cached: CachedBlock, payload: bytes) -> bool:
         """`payload` into a fresh pool block registered as `cached`; False when it does not fit the layout or no
         block can be had."""
-        target = self.kv_cache.tensor[:, :, 0]
-        if len(payload) != target.numel() * target.element_size():
+        spec = self.kv_cache.spec
+        if len(payload) != spec.bytes_per_block:
             return False
         block = self.kv_cache.allocator.register_loaded(cached)
         if block is None:
             return False
-        kv = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(target.dtype).view(target.shape)
-        self.kv_cache.tensor[:, :, block].copy_(kv)
+        shape = (spec.num_layers, 2, 1, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        self.kv_cache.write_blocks([block], torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+                                   .view(spec.dtype).view(shape))
         return True

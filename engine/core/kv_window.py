@@ -10,7 +10,8 @@ tile, which keeps at most one block more (one those tiles read only to mask out)
 reads a block that was freed. The kernels get block 0 for a dropped entry; none reads it.
 
 A model with a global layer (Gemma 3's 1 in 6, Qwen2's layers below max_window_layers) reads every key, so
-nothing is dropped: its windowed layers would need a pool of their own (not built)."""
+no block is dropped: its windowed layers keep their K/V in a pool of their own (`apart`), whose slots the same
+rule gives back (window_holds)."""
 
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ class KVWindow:
     tokens: int  # the widest layer window: every key a query sees lies this close behind it
     block_size: int
     query_tile: int = 1  # queries computed in aligned tiles of this many positions (deterministic attention)
+    apart: bool = False  # only some layers are windowed: theirs is a pool apart, passed blocks give slots back
 
     def __post_init__(self) -> None:
         if self.tokens < 1 or self.block_size < 1 or self.query_tile < 1:
@@ -35,4 +37,5 @@ class KVWindow:
     @property
     def label(self) -> str:
         """What a checkpoint's compat pins: KV saved under one window and tile is loaded only under the same."""
-        return f"{self.tokens} tokens, query tile {self.query_tile}"
+        apart = ", windowed layers apart" if self.apart else ""
+        return f"{self.tokens} tokens, query tile {self.query_tile}{apart}"

@@ -79,10 +79,15 @@ class LLMEngine:
         self.model = DecoderModel(self.model_config, weights, deterministic=settings.deterministic,
                                   long_rope=self.model_config.long_rope(requested_len))
         spec = KVCacheSpec.for_model(self.model_config, self.dtype)
+        window = self.model_config.widest_window
+        # leading blocks (or, windowed layers apart, their window slots) the scheduler gives back as sequences grow
+        self.kv_window = None if window is None else KVWindow(
+            window, spec.block_size, QUERY_TILE if settings.deterministic else 1, apart=bool(spec.windowed_layers))
         root = self._salt(spec).root() if settings.prefix_cache else None
         # a scratch block for the compiled step's padding rows, or for the kernels' warm-up
         scratch = self.eager_reason is None or needs_kernel_warm_up(self.device)
-        self.kv_cache = KVCache(spec, self._pool_blocks(spec), self.device, root, scratch=scratch)
+        blocks, window_slots = self._pool_size(spec)
+        self.kv_cache = KVCache(spec, blocks, self.device, root, scratch=scratch, window_slots=window_slots)
         tiers = open_tiers(settings.kv_offload_memory_bytes, settings.kv_offload_host_dir, settings.kv_offload_dir,
                            settings.kv_offload_disk_bytes) if root is not None else None
         # the node-wide tiers below the pool (prefix caching on): what it evicts is kept there, read back here
@@ -92,10 +97,6 @@ class LLMEngine:
         if self.eager_reason is None and self.kv_cache.scratch_block is not None:
             use_fleet_inductor_cache()
             self.decoder = CompiledDecoder(self.model, self.kv_cache.scratch_block, settings.max_num_seqs)
-        window = self.model_config.kv_window
-        # every layer windowed: the scheduler drops each sequence's blocks the windows have passed
-        self.kv_window = None if window is None else KVWindow(window, spec.block_size,
-                                                              QUERY_TILE if settings.deterministic else 1)
         self.scheduler = Scheduler(
             SchedulerConfig(spec.block_size, settings.max_num_seqs, settings.max_num_batched_tokens, self.kv_window,
                             settings.session_ttl_s),
@@ -117,11 +118,10 @@ class LLMEngine:
         ready): every Triton kernel variant of an eager step (prefill, and decode unless compiled), and the
         compiled decode step's batch buckets. Returns the seconds taken."""
         start = time.perf_counter()
-        scratch = self.kv_cache.scratch_block
-        if scratch is not None:
+        if self.kv_cache.scratch_block is not None:
             settings = self.config.settings
             self.warmed_launches = warm_up_kernels(
-                self.model, self.kv_cache.tensor, scratch, min(settings.max_num_seqs, settings.max_num_batched_tokens),
+                self.model, self.kv_cache, min(settings.max_num_seqs, settings.max_num_batched_tokens),
                 blocks_for(self.max_model_len, self.kv_cache.spec.block_size), prefill=True,
                 decode=self.decoder is None and not self.config.prefill_only)
         if self.decoder is not None:
@@ -152,14 +152,28 @@ class LLMEngine:
         self.warm_up()
         return time.perf_counter() - start
 
-    def _pool_blocks(self, spec: KVCacheSpec) -> int:
+    def _pool_size(self, spec: KVCacheSpec) -> tuple[int, int]:
+        """(blocks, window slots) of the pool: `num_kv_blocks`, else what the memory budget holds. With windowed
+        layers kept apart, the slots are what every sequence's window and a step's chunk need (no more than
+        the blocks), and the global layers' blocks take the rest of the budget."""
         settings = self.config.settings
+        budget = settings.num_kv_blocks * spec.bytes_per_block
+        if not budget:
+            gpu_total = total_memory(self.device) if self.device.type == "cuda" else None
+            budget = kv_budget(available_memory(self.device), gpu_total, self.config.memory_share,
+                               settings.kv_memory_bytes)
+        even = max(1, budget // spec.bytes_per_block)  # blocks holding every layer
+        if self.kv_window is None or not self.kv_window.apart:
+            return even, 0
+        window = self.kv_window
+        per_sequence = blocks_for(window.tokens + window.query_tile, spec.block_size) + 1
+        wanted = settings.max_num_seqs * per_sequence + blocks_for(settings.max_num_batched_tokens, spec.block_size)
+        slots = min(even, wanted)
         if settings.num_kv_blocks:
-            return settings.num_kv_blocks
-        gpu_total = total_memory(self.device) if self.device.type == "cuda" else None
-        budget = kv_budget(available_memory(self.device), gpu_total, self.config.memory_share,
-                           settings.kv_memory_bytes)
-        return max(1, budget // spec.bytes_per_block)
+            return settings.num_kv_blocks, slots
+        global_bytes = len(spec.global_layers) * spec.layer_bytes_per_block
+        windowed_bytes = len(spec.windowed_layers) * spec.layer_bytes_per_block
+        return max(1, (budget - slots * windowed_bytes) // global_bytes), slots
 
     def _salt(self, spec: KVCacheSpec) -> KVSalt:
         model_dir = self.config.model_dir
@@ -238,9 +252,7 @@ class LLMEngine:
             raise PromptError(f"request id {seq.request_id!r} is already running")
         copy_from = self.scheduler.admit_prefilled(seq, first_block)  # cached or dropped before it: no copy
         end = first_block + kv.shape[2]
-        blocks = torch.tensor(seq.block_table[copy_from:end], dtype=torch.int64, device=self.device)
-        copied = kv[:, :, copy_from - first_block :]
-        self.kv_cache.tensor.index_copy_(2, blocks, copied.to(self.device, non_blocking=True))
+        self.kv_cache.write_blocks(seq.block_table[copy_from:end], kv[:, :, copy_from - first_block :])
         self.kv_cache.allocator.cache_full_blocks(seq, copy_from * self.kv_cache.spec.block_size)
         if parked:
             self.scheduler.park(seq)
@@ -259,8 +271,7 @@ class LLMEngine:
         block's index and kv [layers, 2, n_blocks, block_size, Hkv, d]."""
         seq = self.scheduler.parked[request_id]
         used = blocks_for(seq.num_cached_tokens, self.kv_cache.spec.block_size)
-        blocks = torch.tensor(seq.block_table[seq.num_dropped_blocks : used], device=self.device)
-        return seq.num_dropped_blocks, self.kv_cache.tensor.index_select(2, blocks)
+        return seq.num_dropped_blocks, self.kv_cache.read_blocks(seq.block_table[seq.num_dropped_blocks : used])
 
     def release(self, request_id: str) -> None:
         """Forget a request (finished elsewhere, handed off, or aborted) and free its blocks."""

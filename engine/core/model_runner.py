@@ -54,8 +54,10 @@ class ModelRunner:
         seqs = step.seqs
         is_prefill = step.phase is Phase.PREFILL
         input_ids, positions, batch = self._prepare(step)
-        forward = self.decoder.forward if compiled and self.decoder else self.model.forward
-        hidden = forward(input_ids, positions, batch, self.kv_cache.tensor)
+        if compiled and self.decoder:  # (a model with windowed layers kept apart decodes eagerly)
+            hidden = self.decoder.forward(input_ids, positions, batch, self.kv_cache.tensor)
+        else:
+            hidden = self.model.forward(input_ids, positions, batch, self.kv_cache.layers)
         if is_prefill:
             hidden = hidden[batch.cu_seqlens_q[1:].long() - 1]
         sampling = [i for i in range(len(seqs)) if step.completes(i)]
@@ -89,6 +91,8 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
+        window_slots: list[int] = []
+        apart = self.kv_cache.allocator.window is not None  # windowed layers keep their K/V apart
         cu_seqlens = [0]
         context_lens = []
         bs = self.block_size
@@ -99,11 +103,14 @@ class ModelRunner:
             positions += span
             table = seq.block_table
             slots += [table[p // bs] * bs + p % bs for p in span]
+            if apart:
+                window_slots += [seq.window_table[p // bs] * bs + p % bs for p in span]
             cu_seqlens.append(len(ids))
             context_lens.append(start + chunk)
         width = max(len(s.block_table) for s in step.seqs)
         tables = [s.block_table + [0] * (width - len(s.block_table)) for s in step.seqs]
         device = self.model.device
+        window_tables = [s.window_table + [0] * (width - len(s.window_table)) for s in step.seqs] if apart else None
         batch = AttentionBatch(
             is_prefill=step.phase is Phase.PREFILL,
             slots=torch.tensor(slots, dtype=torch.int64, device=device),
@@ -111,6 +118,10 @@ class ModelRunner:
             block_tables=torch.tensor(tables, dtype=torch.int32, device=device).clamp_(min=0),
             context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
             cu_seqlens_q=torch.tensor(cu_seqlens, dtype=torch.int32, device=device),
+            # a block without a window slot (NO_SLOT, -1) goes in as slot 0: the layer's window starts after it
+            window_slots=torch.tensor(window_slots, dtype=torch.int64, device=device) if apart else None,
+            window_tables=torch.tensor(window_tables, dtype=torch.int32, device=device).clamp_(min=0)
+            if window_tables is not None else None,
         )
         return (
             torch.tensor(ids, dtype=torch.int64, device=device),

@@ -20,7 +20,10 @@ waits a step and reuses what the first computed. A sequence whose prefix is bein
 (`awaiting_tiers`) waits, and those queued behind it go ahead.
 
 With a KV window (every layer windowed, kv_window), a sequence's leading blocks that no later step reads are
-freed each time it is scheduled or admitted: its table keeps their places as DROPPED_BLOCK entries.
+freed each time it is scheduled or admitted: its table keeps their places as DROPPED_BLOCK entries. When only
+some layers are windowed (the window `apart`), blocks stay and their window slots go instead (window_holds):
+each step's sequences hold slots for the blocks it writes, a prefill chunk cut short where slots run out and
+a decode preempting for a slot as for a block.
 """
 
 from collections import deque
@@ -31,6 +34,7 @@ from fleetctl.engine.core.block_allocator import OutOfBlocks, blocks_for
 from fleetctl.engine.core.block_manager import BlockManager
 from fleetctl.engine.core.kv_window import DROPPED_BLOCK, KVWindow
 from fleetctl.engine.core.sequence import Sequence, SequenceStatus
+from fleetctl.engine.core.window_holds import WindowHolds
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ class SchedulerConfig:
     block_size: int
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 4096
-    kv_window: KVWindow | None = None  # every layer windowed: leading blocks are dropped as sequences grow
+    kv_window: KVWindow | None = None  # leading blocks (or, apart, their window slots) go as sequences grow
     session_ttl_s: float = 0.0  # a session's sequence leaves its cached blocks retained this long (agents)
 
     def __post_init__(self) -> None:
@@ -76,6 +80,9 @@ class Scheduler:
         self.prefilling: list[Sequence] = []  # admitted, blocks held, prompt computed part-way (chunked)
         self.num_preemptions = 0
         self._decode_turn = False  # a chunk ran last: decodes go next
+        window = config.kv_window
+        # the windowed layers' slots each sequence holds, when their K/V lives apart
+        self.windows = WindowHolds(allocator, window) if window is not None and window.apart else None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -126,6 +133,8 @@ class Scheduler:
             raise OutOfBlocks(f"decode batch is full ({self.config.max_num_seqs} sequences)")
         seq.block_table = blocks
         seq.num_cached_tokens = seq.num_tokens - 1
+        if self.windows is not None:  # the slots the move wrote the windowed layers' K/V into are now its
+            seq.window_table = [self.windows.slots.slot(block) for block in blocks]
         self._drop_passed(seq)  # blocks the source had dropped arrive unwritten: they go first
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
@@ -143,6 +152,11 @@ class Scheduler:
         seq.num_dropped_blocks = first_block
         seq.num_cached_tokens = seq.num_tokens - 1
         self._drop_passed(seq)
+        if self.windows is not None:
+            if self.windows.reach(seq, seq.num_tokens) < seq.num_tokens:
+                self._release(seq)
+                raise OutOfBlocks("no window slots for its windowed layers' K/V")
+            self.windows.hold(seq, seq.num_tokens)
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
         return max(len(hits), seq.num_dropped_blocks)
@@ -156,7 +170,9 @@ class Scheduler:
             if budget == 0:
                 break
             self._drop_passed(seq)
-            budget -= self._take(step, seq, min(budget, seq.num_tokens - seq.num_cached_tokens), 0, computing)
+            chunk = self._window_reach(seq, min(budget, seq.num_tokens - seq.num_cached_tokens))
+            if chunk:
+                budget -= self._take(step, seq, chunk, 0, computing)
         deferred: list[Sequence] = []
         while budget and self.waiting and len(self.running) + len(self.prefilling) < self.config.max_num_seqs:
             seq = self.waiting[0]
@@ -169,7 +185,10 @@ class Scheduler:
                 continue
             needed = self._blocks(seq.num_tokens) - len(hits)
             cached = len(hits) * self.config.block_size
-            if not self.allocator.can_allocate(needed, hits):
+            chunk = min(budget, seq.num_tokens - cached)
+            if self.windows is not None:  # cut short where the window slots run out
+                chunk = self.windows.admission_reach(hits, cached + chunk) - cached
+            if chunk <= 0 or not self.allocator.can_allocate(needed, hits):
                 break
             self.waiting.popleft()
             seq.block_table = self.allocator.allocate(needed, hits)
@@ -177,7 +196,7 @@ class Scheduler:
             self._drop_passed(seq)  # cached blocks the window has passed already
             seq.status = SequenceStatus.RUNNING
             self.prefilling.append(seq)
-            budget -= self._take(step, seq, min(budget, seq.num_tokens - cached), cached, computing)
+            budget -= self._take(step, seq, chunk, cached, computing)
         self.waiting.extendleft(reversed(deferred))
         return step if step.seqs else None
 
@@ -189,6 +208,8 @@ class Scheduler:
         step.cache_hits.append(cache_hit)
         block = self.config.block_size
         start = seq.num_cached_tokens
+        if self.windows is not None:
+            self.windows.hold(seq, start + chunk)
         computing.update(self.allocator.block_hashes(seq)[start // block : (start + chunk) // block])
         if seq.num_cached_tokens + chunk >= seq.num_tokens:
             self.prefilling.remove(seq)
@@ -206,7 +227,15 @@ class Scheduler:
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks for the longest cached prefix of `seq`, leaving its last token's block to compute."""
         hits = self.allocator.match(seq.token_ids, self.allocator.block_hashes(seq))
-        return hits[: (seq.num_tokens - 1) // self.config.block_size]
+        hits = hits[: (seq.num_tokens - 1) // self.config.block_size]
+        return hits if self.windows is None else self.windows.usable_prefix(hits)
+
+    def _window_reach(self, seq: Sequence, chunk: int) -> int:
+        """`chunk`, or as much of it as the window slots to be had now allow (windowed layers apart)."""
+        if self.windows is None:
+            return chunk
+        start = seq.num_cached_tokens
+        return self.windows.reach(seq, start + chunk) - start
 
     def _schedule_decode(self) -> ScheduledStep | None:
         batch: list[Sequence] = []
@@ -214,8 +243,8 @@ class Scheduler:
             if seq not in self.running:  # preempted below to make room for an earlier one
                 continue
             self._drop_passed(seq)  # before it grows: the block it frees may be the one it needs
-            while self._blocks(seq.num_tokens) > len(seq.block_table):
-                if self.allocator.can_allocate(1):
+            while (grow := self._blocks(seq.num_tokens) > len(seq.block_table)) or not self._window_reach(seq, 1):
+                if grow and self.allocator.can_allocate(1):
                     seq.block_table += self.allocator.allocate(1)
                     continue
                 victim = self.prefilling[-1] if self.prefilling else self.running[-1]
@@ -223,6 +252,8 @@ class Scheduler:
                 if victim is seq:
                     break
             if seq in self.running:
+                if self.windows is not None:
+                    self.windows.hold(seq, seq.num_tokens)
                 batch.append(seq)
         return ScheduledStep(Phase.DECODE, batch, [1] * len(batch), [0] * len(batch)) if batch else None
 
@@ -236,8 +267,10 @@ class Scheduler:
     def _release(self, seq: Sequence) -> None:
         if seq.block_table:
             retain = self.config.session_ttl_s if seq.session else 0.0
-            self.allocator.free(seq.block_table[seq.num_dropped_blocks :], retain_s=retain)
+            windowed = self.windows.held_blocks(seq) if self.windows is not None else []
+            self.allocator.free(seq.block_table[seq.num_dropped_blocks :], retain_s=retain, windowed=windowed)
         seq.block_table = []
+        seq.window_table = []
         seq.num_dropped_blocks = 0
         seq.num_cached_tokens = 0
 
@@ -245,6 +278,9 @@ class Scheduler:
         """Free the leading blocks of `seq` that no step from its next token on reads (kv_window)."""
         window = self.config.kv_window
         if window is None:
+            return
+        if self.windows is not None:
+            self.windows.pass_by(seq)
             return
         passed, dropped = window.passed_blocks(seq.num_cached_tokens), seq.num_dropped_blocks
         if passed > dropped:

@@ -80,6 +80,9 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     # leading blocks freed once every layer's window passed them (kv_window); their entries are DROPPED_BLOCK
     num_dropped_blocks: int = 0
+    # the windowed layers' slot of each block whose window K/V it holds (window_holds: models whose windowed
+    # layers keep their K/V apart), NO_SLOT elsewhere; may be shorter than block_table (the rest: NO_SLOT)
+    window_table: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0  # tokens whose K/V sit in this sequence's blocks
     block_hashes: list[bytes] = field(default_factory=list)  # its full blocks' hash chain (prefix cache), so far
     session: str = ""  # the agent session it is a turn of: its blocks are retained in the pool after it ends

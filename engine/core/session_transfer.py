@@ -6,7 +6,9 @@ part off: the source schedules the sequence again, the destination frees what it
 Only positions below `num_cached_tokens` are read: their K/V is final (a block is written up to the
 sequence's last computed token and never again), so a block copied once stays valid while it decodes on.
 A preemption frees and recomputes a sequence's blocks, so any preemption during a move calls it off.
-Blocks a KV window dropped are not sent; the destination drops the places it reserved for them on `attach`."""
+Blocks a KV window dropped are not sent; the destination drops the places it reserved for them on `attach`.
+With windowed layers kept apart, the destination gives window slots to the blocks it writes that the
+sequence's window may still cover, held by the reservation until `attach` hands them to the sequence."""
 
 import torch
 
@@ -45,8 +47,7 @@ class SessionTransfer:
 
     def read(self, seq: Sequence, first: int, last: int) -> torch.Tensor:
         """Blocks first..last-1 of `seq`: [layers, 2, last - first, block_size, Hkv, d]."""
-        blocks = torch.tensor(seq.block_table[first:last], dtype=torch.int64, device=self.engine.device)
-        return self.engine.kv_cache.tensor.index_select(2, blocks)
+        return self.engine.kv_cache.read_blocks(seq.block_table[first:last])
 
     def stop(self, seq: Sequence) -> tuple[SessionState, int]:
         """Take `seq` out of the batch, its blocks kept; returns its state and how many blocks hold its K/V."""
@@ -69,10 +70,16 @@ class SessionTransfer:
             raise TransferRefused(f"needs {count} KV blocks, {allocator.num_free} free")
         return allocator.allocate(count)
 
-    def write(self, blocks: list[int], kv: torch.Tensor) -> None:
-        """kv: [layers, 2, len(blocks), block_size, Hkv, d]."""
-        index = torch.tensor(blocks, dtype=torch.int64, device=self.engine.device)
-        self.engine.kv_cache.tensor.index_copy_(2, index, kv.to(self.engine.device))
+    def write(self, reserved: list[int], first: int, kv: torch.Tensor) -> None:
+        """kv: [layers, 2, n, block_size, Hkv, d] into the sequence's blocks first..first+n-1, `reserved`'s."""
+        end = first + kv.shape[2]
+        allocator, window = self.engine.kv_cache.allocator, self.engine.kv_window
+        if allocator.window is not None and window is not None:
+            # the sequence has all these tokens by now: blocks before their window never need the windowed K/V
+            passed = window.passed_blocks(end * self.block_size)
+            allocator.release_window(allocator.window.slotted(reserved[:passed]))
+            allocator.hold_window([b for b in reserved[max(first, passed) : end] if allocator.window.slot(b) < 0])
+        self.engine.kv_cache.write_blocks(reserved[first:end], kv)
 
     def grow(self, reserved: list[int], count: int) -> list[int]:
         """`reserved` extended to `count` blocks (the sequence outgrew the reservation while it moved)."""
@@ -92,5 +99,7 @@ class SessionTransfer:
         return seq
 
     def free(self, blocks: list[int]) -> None:
+        """Free reserved blocks, and the window slots they hold."""
         if blocks:
-            self.engine.kv_cache.allocator.free(blocks)
+            allocator = self.engine.kv_cache.allocator
+            allocator.free(blocks, windowed=allocator.window.slotted(blocks) if allocator.window else [])

@@ -125,6 +125,21 @@ class ModelConfig:
         return max(w for w in windows if w is not None)
 
     @property
+    def widest_window(self) -> int | None:
+        """The widest sliding window of any layer (None: no layer has one)."""
+        windows = [w for w in self.traits.layer_windows if w is not None]
+        return max(windows) if windows else None
+
+    @property
+    def windowed_layers(self) -> tuple[int, ...]:
+        """The layers with a sliding window, when others attend to every key (Gemma 3's 5 in 6, Qwen2's from
+        max_window_layers on): their K/V lives in a pool of its own, bounded (core/kv_cache); else ()."""
+        windows = self.traits.layer_windows
+        if not windows or all(w is not None for w in windows):
+            return ()
+        return tuple(i for i, w in enumerate(windows) if w is not None)
+
+    @property
     def num_params(self) -> int:
         """Parameters that take part in each token's matmuls (embedding lookup excluded)."""
         attn = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)

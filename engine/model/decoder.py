@@ -74,6 +74,15 @@ class AttentionBatch:
     block_tables: torch.Tensor  # [B, max_blocks] int32
     context_lens: torch.Tensor  # [B] int32: cached + new tokens per sequence
     cu_seqlens_q: torch.Tensor  # [B + 1] int32: sequence i owns new-token rows [cu[i], cu[i+1])
+    # the windowed layers' own, when their K/V lives apart (core/window_slots): slots [T], tables [B, max_blocks]
+    window_slots: torch.Tensor | None = None
+    window_tables: torch.Tensor | None = None
+
+    def for_layer(self, windowed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slots, block tables) a layer writes and reads its K/V through."""
+        if windowed and self.window_tables is not None and self.window_slots is not None:
+            return self.window_slots, self.window_tables
+        return self.slots, self.block_tables
 
 
 class DecoderModel:
@@ -106,10 +115,11 @@ class DecoderModel:
         return self.weights.embed.dtype
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, kv_cache: torch.Tensor
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
+        kv_cache: torch.Tensor | list[torch.Tensor],
     ) -> torch.Tensor:
-        """input_ids, positions: [T]; kv_cache: [L, 2, blocks, block_size, Hkv, d].
-        Returns the final normed hidden states [T, D]."""
+        """input_ids, positions: [T]; kv_cache: each layer's [2, blocks, block_size, Hkv, d] (one tensor, or a
+        list when windowed layers keep theirs apart). Returns the final normed hidden states [T, D]."""
         cfg = self.config
         row = self.row_ops
         linear, eps = row.linear, cfg.rms_norm_eps
@@ -124,7 +134,8 @@ class DecoderModel:
         residual: torch.Tensor | None = None
         keys: dict[int | None, ops.DecodeKeys | None] = {}  # decode attention's gather, per window: the same per layer
         if not self.deterministic and not batch.is_prefill:
-            keys = {window: ops.decode_step_keys(batch.block_tables, batch.context_lens, kv_cache.shape[3], window)
+            keys = {window: ops.decode_step_keys(batch.for_layer(window is not None)[1], batch.context_lens,
+                                                 kv_cache[0].shape[2], window)
                     for window in set(self.layer_windows)}
         for index, (layer, kv_layer) in enumerate(zip(self.weights.layers, kv_cache, strict=True)):
             x, residual = row.rms_norm(hidden, layer.input_norm, eps, residual)
@@ -139,9 +150,10 @@ class DecoderModel:
                 q = row.rms_norm(q.reshape(-1, cfg.head_dim), layer.q_norm, eps)[0].view(q.shape)
                 k = row.rms_norm(k.reshape(-1, cfg.head_dim), layer.k_norm, eps)[0].view(k.shape)
             q, k = self._rotate(q, k, *ropes[self.layer_local_rope[index]])
-            ops.store_kv(k, v, kv_layer, batch.slots)
             window = self.layer_windows[index]
-            attn = self._attention(q, kv_layer, batch, window, keys.get(window))
+            slots, tables = batch.for_layer(window is not None)
+            ops.store_kv(k, v, kv_layer, slots)
+            attn = self._attention(q, kv_layer, tables, batch, window, keys.get(window))
             hidden = linear(attn.reshape(tokens, q_size), layer.o_proj)
             if layer.attn_out_norm is not None:
                 hidden = row.rms_norm(hidden, layer.attn_out_norm, eps)[0]
@@ -175,14 +187,13 @@ class DecoderModel:
         cap = self.config.traits.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    def _attention(self, q: torch.Tensor, kv_layer: torch.Tensor, batch: AttentionBatch, window: int | None,
-                   keys: ops.DecodeKeys | None) -> torch.Tensor:
+    def _attention(self, q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tensor, batch: AttentionBatch,
+                   window: int | None, keys: ops.DecodeKeys | None) -> torch.Tensor:
         if self.deterministic:
             return ops.invariant_attention(
-                q, kv_layer, batch.block_tables, batch.cu_seqlens_q, batch.context_lens, self.scale, window
+                q, kv_layer, tables, batch.cu_seqlens_q, batch.context_lens, self.scale, window
             )
         if batch.is_prefill:
-            return ops.prefill_attention(
-                q, kv_layer, batch.block_tables, batch.cu_seqlens_q, batch.context_lens, self.scale, window
-            )
-        return ops.decode_attention(q, kv_layer, batch.block_tables, batch.context_lens, self.scale, keys, window)
+            return ops.prefill_attention(q, kv_layer, tables, batch.cu_seqlens_q, batch.context_lens, self.scale,
+                                         window)
+        return ops.decode_attention(q, kv_layer, tables, batch.context_lens, self.scale, keys, window)

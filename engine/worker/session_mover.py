@@ -71,7 +71,7 @@ class SessionMover:
             count = kv.shape[2]
             if msg.first_block + count > len(reserved):
                 reserved = self.incoming[msg.move_id] = self.transfer.grow(reserved, msg.first_block + count)
-            self.transfer.write(reserved[msg.first_block : msg.first_block + count], kv)
+            self.transfer.write(reserved, msg.first_block, kv)
             nbytes, seconds = msg.handle.nbytes, seconds + time.perf_counter() - start
         fault_point("move-receive", msg.move_id)  # copied, not committed
         if msg.session is not None:

@@ -44,14 +44,14 @@ def test_a_session_moved_mid_decode_continues_token_identical(tiny_model_dir: Pa
     copied = 0
     for _ in range(2):  # pre-copy stages, the session decoding on between them
         full = out.final_blocks(out.running("s"))
-        into.write(reserved[copied:full], out.read(seq, copied, full))  # [layers, 2, n, block_size, Hkv, d]
+        into.write(reserved, copied, out.read(seq, copied, full))  # [layers, 2, n, block_size, Hkv, d]
         copied = full
         steps(source, 9)
     state, last = out.stop(seq)
     source.step()  # the stopped session takes no step
     assert len(seq.output_token_ids) == len(state.output_token_ids)
     reserved = into.grow(reserved, last)
-    into.write(reserved[copied:last], out.read(seq, copied, last))
+    into.write(reserved, copied, out.read(seq, copied, last))
     moved = into.attach(state, reserved)
     assert moved.session == "agent-7"  # its retention (--session-ttl) goes with it
     source.release("s")

@@ -27,7 +27,7 @@ def all_logits(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
     seq = engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0.0))
     input_ids, positions, batch = engine.runner._prepare(engine.scheduler.schedule())
     with torch.inference_mode():
-        logits = engine.model.logits(engine.model.forward(input_ids, positions, batch, engine.kv_cache.tensor))
+        logits = engine.model.logits(engine.model.forward(input_ids, positions, batch, engine.kv_cache.layers))
     engine.release(seq.request_id)
     return logits
 
