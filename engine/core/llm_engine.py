@@ -157,7 +157,7 @@ class LLMEngine:
         layers kept apart, the slots are what every sequence's window and a step's chunk need (no more than
         the blocks), and the global layers' blocks take the rest of the budget."""
         settings = self.config.settings
-        budget = settings.num_kv_blocks * spec.bytes_per_block
+        budget = (settings.num_kv_blocks or 0) * spec.bytes_per_block
         if not budget:
             gpu_total = total_memory(self.device) if self.device.type == "cuda" else None
             budget = kv_budget(available_memory(self.device), gpu_total, self.config.memory_share,
