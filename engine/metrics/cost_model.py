@@ -6,7 +6,8 @@ FLOPs, counting a multiply-add as 2:
   prefill, the new token in decode), so the lm_head is charged per sequence, not per token.
 - attention: QKᵀ and PV, each 2 · heads · head_dim per key attended, per new token, per layer. A new
   token at position p attends p + 1 keys (causal), so a sequence with c tokens after the step, q of
-  them new, attends q·(c − q) + q·(q + 1)/2 keys in all.
+  them new, attends q·(c − q) + q·(q + 1)/2 keys in all; in a layer with a sliding window w, a token at p
+  attends min(p + 1, w) keys.
 Norms, RoPE, SiLU, softmax and the embedding lookup are O(hidden) per token and are left out, as in
 the usual 2·N·D estimate.
 
@@ -15,7 +16,8 @@ Bytes:
   and scales as stored, `layer_bytes`); the embedding rows
   looked up are a few KB and are left out, except that with tied embeddings the lm_head read is
   that same matrix, counted once;
-- KV read: each sequence's whole context, once (paged attention streams each block once per step);
+- KV read: each sequence's whole context, once (paged attention streams each block once per step); a
+  windowed layer's, the keys its window spans over the step's new tokens (at most q + w − 1);
 - KV written: the new tokens' keys and values.
 - activations are left out: for decode they are a few KB per sequence against megabytes of weights;
   for a long prefill they are not negligible, but prefill is compute-bound and its MBU is not the
@@ -79,15 +81,18 @@ class CostModel:
             raise ValueError("each sequence needs 1 <= new tokens <= context length")
         c = self.config
         tokens = sum(new_tokens)
-        keys = sum(q * (ctx - q) + q * (q + 1) // 2 for q, ctx in zip(new_tokens, context_lens, strict=True))
+        steps = list(zip(new_tokens, context_lens, strict=True))
+        windows = c.traits.layer_windows or (None,) * c.num_layers
+        keys = sum(_keys_attended(q, ctx, window) for window in windows for q, ctx in steps)
+        read = sum(min(ctx, q + window - 1) if window else ctx for window in windows for q, ctx in steps)
         flops = (
             2 * self.layer_params * tokens
             + 2 * self.lm_head_params * len(new_tokens)
-            + 4 * c.num_layers * c.num_heads * c.head_dim * keys
+            + 4 * c.num_heads * c.head_dim * keys
         )
         nbytes = (
             self.weight_bytes_per_step
-            + sum(context_lens) * self.kv_bytes_per_token
+            + read * self.kv_bytes_per_token // c.num_layers
             + tokens * self.kv_bytes_per_token
         )
         return StepCost(flops, nbytes)
@@ -98,3 +103,14 @@ class CostModel:
     def prefill_step(self, prompt_lens: Sequence[int]) -> StepCost:
         """Prompts with nothing cached: every prompt token is new."""
         return self.step(prompt_lens, prompt_lens)
+
+
+def _keys_attended(new: int, context: int, window: int | None) -> int:
+    """Keys one layer's new tokens attend in all: the tokens at positions context - new … context - 1, each at
+    p attending min(p + 1, window) keys (every p + 1 without a window)."""
+    first, last = context - new + 1, context  # each new token's key count without a window
+    if window is None or last <= window:
+        return (first + last) * new // 2
+    if first >= window:
+        return window * new
+    return (first + window) * (window - first + 1) // 2 + window * (last - window)

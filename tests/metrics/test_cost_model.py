@@ -98,3 +98,21 @@ def test_counts_agree_with_an_independent_count_on_a_real_model(tiny_model_dir: 
     pool = engine.kv_cache.tensor  # [layers, 2, blocks, block_size, Hkv, d]
     per_token = pool[:, :, 0, 0].numel() * pool.element_size()
     assert per_token == cost.kv_bytes_per_token
+
+
+def test_a_windowed_layer_is_charged_the_keys_its_window_spans() -> None:
+    from dataclasses import replace
+
+    from fleetctl.engine.model.families.base import Traits
+
+    windows = (512, None) * 15  # half the layers windowed
+    windowed = CostModel(replace(SMOLLM2, traits=Traits(layer_windows=windows)), weight_bytes=2, kv_bytes=2)
+    per_layer_key, per_layer_token = ATTN_PER_KEY // 30, KV_PER_TOKEN // 30
+    decode = windowed.decode_step([10_000])
+    assert decode.flops == 2 * LAYERS + 2 * LM_HEAD + per_layer_key * 15 * (512 + 10_000)
+    assert decode.bytes == 2 * (LAYERS + LM_HEAD) + per_layer_token * 15 * (512 + 10_000) + KV_PER_TOKEN
+    # a prefill of 600 tokens: positions below the window attend p + 1 keys, the rest 512
+    prefill = windowed.prefill_step([600])
+    below, beyond = 512 * 513 // 2, 512 * (600 - 512)
+    assert prefill.flops == 2 * LAYERS * 600 + 2 * LM_HEAD + per_layer_key * 15 * (below + beyond + 600 * 601 // 2)
+    assert windowed.decode_step([100]) == BF16.decode_step([100])  # within the window: as if global
