@@ -26,7 +26,7 @@ read back from a tier, registered and cached as if computed here.
 For a model whose windowed layers keep their K/V apart (window_slots), the manager also owns those layers'
 slots: `hold_window` gives a sequence's blocks slots as its window reaches them, `release_window` (and `free`'s
 `windowed`) gives them back as the window passes; a registered block keeps its slot spare until slots run
-short or the block is reclaimed.
+short (offered to the tiers then, as if reclaimed) or the block is reclaimed.
 """
 
 import time
@@ -142,9 +142,19 @@ class BlockManager:
         for block in blocks:
             if block not in slots:
                 if not window.num_free:
-                    window.reclaim_spare()
+                    self._reclaim_spare_slot()
                 slots[block] = window.hold(block)
         return [slots[block] for block in blocks]
+
+    def _reclaim_spare_slot(self) -> None:
+        """Take back the least recently released spare slot: its block's windowed K/V leaves the pool, so the
+        block, whole still, is offered as a reclaimed one is (the tiers keep records of every layer)."""
+        assert self.window is not None
+        block = self.window.oldest_spare()
+        cached = self._cached.get(block)
+        if cached is not None and self.on_reclaim is not None:
+            self.on_reclaim(block, cached)
+        self.window.drop(block)
 
     def release_window(self, blocks: abc.Sequence[int]) -> None:
         """The caller's window has passed `blocks`: release its hold on their slots (a registered block's stays

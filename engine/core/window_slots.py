@@ -88,6 +88,6 @@ class WindowSlots:
         if slot is not None:
             self._slots.free([slot])
 
-    def reclaim_spare(self) -> None:
-        """Take back the least recently released spare slot (its block's windowed K/V is lost)."""
-        self.drop(next(iter(self._spare)))
+    def oldest_spare(self) -> int:
+        """The block whose spare slot was released least recently: the first to give it back."""
+        return next(iter(self._spare))

@@ -13,7 +13,7 @@ import torch
 from fleetctl.engine.checkpoint.snapshot import restore_with_kv, snapshot
 from fleetctl.engine.core.block_allocator import blocks_for
 from fleetctl.engine.core.block_manager import BlockManager
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.config import EngineConfig, EngineSettings, OffloadPolicy
 from fleetctl.engine.core.kv_cache import KVCache, KVCacheSpec
 from fleetctl.engine.core.kv_window import KVWindow
 from fleetctl.engine.core.llm_engine import LLMEngine
@@ -43,7 +43,8 @@ def test_a_slot_goes_back_with_its_last_holder_unless_its_block_is_cached() -> N
     assert slots.spare() == 1 and slots.num_held == 1 and slots.spare(excluding=[3]) == 0
     with pytest.raises(ValueError, match="still held"):
         slots.drop(4)
-    slots.reclaim_spare()
+    assert slots.oldest_spare() == 3
+    slots.drop(3)
     assert slots.slot(3) == NO_SLOT and slots.num_free == 1
 
 
@@ -185,3 +186,25 @@ def test_a_gemma3_checkpoint_restores_into_a_fresh_engine_and_decodes_on(
     assert moved is not None
     run_watching_slots(restored)
     assert moved.output_token_ids == expected
+
+
+@pytest.mark.parametrize("policy", list(OffloadPolicy))
+def test_gemma3_blocks_kept_in_a_kv_tier_serve_a_fresh_engine(
+        policy: OffloadPolicy, family_model_dirs: dict[str, Path], expected: list[int], tmp_path: Path) -> None:
+    # few window slots (2 windows and a 64-token chunk: 10), so slots are reclaimed long before blocks
+    tiers = {"prefix_cache": True, "kv_offload_memory_bytes": 1 << 24, "kv_offload_host_dir": tmp_path / "host",
+             "kv_offload_policy": policy, "max_num_seqs": 2, "max_num_batched_tokens": 64}
+    first = gemma_engine(family_model_dirs["gemma3"], **tiers)
+    assert first.kv_cache.allocator.window is not None and first.kv_cache.allocator.window.num_slots == 10
+    first.add_request(PROMPT, GREEDY)
+    run_watching_slots(first)
+    for prompt in ([(11 * i + n) % 300 + 3 for i in range(3 * WINDOW)] for n in range(20)):  # pressure: evict
+        first.add_request(prompt, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+        run_watching_slots(first)
+    assert first.offload is not None
+    first.offload.tiers.flush()
+    fresh = gemma_engine(family_model_dirs["gemma3"], **tiers)  # a restarted worker: an empty pool
+    seq = fresh.add_request(PROMPT, GREEDY)
+    run_watching_slots(fresh)
+    assert seq.output_token_ids == expected
+    assert fresh.offload is not None and fresh.offload.hits["host"] > 0  # blocks read back, every layer's K/V
