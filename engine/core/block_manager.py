@@ -150,6 +150,8 @@ class BlockManager:
         """Take back the least recently released spare slot: its block's windowed K/V leaves the pool, so the
         block, whole still, is offered as a reclaimed one is (the tiers keep records of every layer)."""
         assert self.window is not None
+        if not self.window.spare():
+            raise OutOfBlocks("no window slot free or spare")
         block = self.window.oldest_spare()
         cached = self._cached.get(block)
         if cached is not None and self.on_reclaim is not None:

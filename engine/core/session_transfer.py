@@ -78,7 +78,10 @@ class SessionTransfer:
             # the sequence has all these tokens by now: blocks before their window never need the windowed K/V
             passed = window.passed_blocks(end * self.block_size)
             allocator.release_window(allocator.window.slotted(reserved[:passed]))
-            allocator.hold_window([b for b in reserved[max(first, passed) : end] if allocator.window.slot(b) < 0])
+            unslotted = [block for block in reserved[max(first, passed) : end] if allocator.window.slot(block) < 0]
+            if len(unslotted) > allocator.window_room():
+                raise TransferRefused(f"needs {len(unslotted)} window slots, {allocator.window_room()} free")
+            allocator.hold_window(unslotted)
         self.engine.kv_cache.write_blocks(reserved[first:end], kv)
 
     def grow(self, reserved: list[int], count: int) -> list[int]:

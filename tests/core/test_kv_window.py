@@ -16,7 +16,7 @@ from fleetctl.engine.core.scheduler import Scheduler, SchedulerConfig
 from fleetctl.engine.core.sequence import SamplingParams, Sequence
 from fleetctl.kernels.batch_invariant import TILE
 from fleetctl.kernels.paged_attention import window_start
-from fleetctl.tests.support.family_models import WINDOW, load_reference
+from fleetctl.tests.support.family_models import WINDOW, reference_greedy
 
 BLOCK = 16
 GROWN = 4 * WINDOW  # the tests grow one sequence to 4x its window, and past it
@@ -100,13 +100,7 @@ def mistral_engine(model_dir: Path, prefill_only: bool = False, **settings: obje
 
 @pytest.fixture(scope="module")
 def expected(family_model_dirs: dict[str, Path]) -> list[int]:
-    import torch
-
-    with torch.no_grad():
-        out = load_reference(family_model_dirs["mistral"]).generate(
-            torch.tensor([PROMPT]), max_new_tokens=GREEDY.max_tokens, min_new_tokens=GREEDY.max_tokens,
-            do_sample=False, eos_token_id=None)
-    return out[0, len(PROMPT):].tolist()
+    return reference_greedy(family_model_dirs["mistral"], PROMPT, GREEDY.max_tokens)
 
 
 def run_watching_blocks(engine: LLMEngine, seq: Sequence) -> int:

@@ -20,7 +20,7 @@ from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.scheduler import Scheduler, SchedulerConfig
 from fleetctl.engine.core.sequence import SamplingParams, Sequence
 from fleetctl.engine.core.window_slots import NO_SLOT, WindowSlots
-from fleetctl.tests.support.family_models import WINDOW, load_reference
+from fleetctl.tests.support.family_models import WINDOW, reference_greedy
 
 BLOCK = 16
 GROWN = 4 * WINDOW
@@ -136,11 +136,7 @@ def gemma_engine(model_dir: Path, **settings: object) -> LLMEngine:
 
 @pytest.fixture(scope="module")
 def expected(family_model_dirs: dict[str, Path]) -> list[int]:
-    with torch.no_grad():
-        out = load_reference(family_model_dirs["gemma3"]).generate(
-            torch.tensor([PROMPT]), max_new_tokens=GREEDY.max_tokens, min_new_tokens=GREEDY.max_tokens,
-            do_sample=False, eos_token_id=None)
-    return out[0, len(PROMPT):].tolist()
+    return reference_greedy(family_model_dirs["gemma3"], PROMPT, GREEDY.max_tokens)
 
 
 def run_watching_slots(engine: LLMEngine) -> int:

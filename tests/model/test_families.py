@@ -10,7 +10,7 @@ import torch
 from fleetctl.engine.core.config import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.tests.support.family_models import FAMILY_CONFIGS, WINDOW, load_reference
+from fleetctl.tests.support.family_models import FAMILY_CONFIGS, WINDOW, load_reference, reference_greedy
 
 FAMILIES = list(FAMILY_CONFIGS)
 PROMPT = [(7 * i + 3) % 300 + 3 for i in range(2 * WINDOW + 13)]  # past the window: windowed layers drop keys
@@ -30,14 +30,6 @@ def all_logits(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
         logits = engine.model.logits(engine.model.forward(input_ids, positions, batch, engine.kv_cache.layers))
     engine.release(seq.request_id)
     return logits
-
-
-def reference_greedy(model_dir: Path, ids: list[int], steps: int) -> list[int]:
-    hf = load_reference(model_dir)
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
-                          eos_token_id=None)
-    return out[0, len(ids):].tolist()
 
 
 @pytest.mark.parametrize("family", FAMILIES)

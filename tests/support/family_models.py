@@ -76,3 +76,11 @@ def load_reference(model_dir: Path) -> "torch.nn.Module":
 
     return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                              attn_implementation="eager").eval()
+
+
+def reference_greedy(model_dir: Path, ids: list[int], steps: int) -> list[int]:
+    """The `steps` tokens transformers' greedy decode makes after `ids` (EOS ignored)."""
+    with torch.no_grad():
+        out = load_reference(model_dir).generate(torch.tensor([ids]), max_new_tokens=steps, min_new_tokens=steps,
+                                                 do_sample=False, eos_token_id=None)
+    return out[0, len(ids):].tolist()
