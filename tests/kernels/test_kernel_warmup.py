@@ -81,3 +81,27 @@ def test_representatives_cover_each_int_class() -> None:
     decode = decode_representatives(64, 40, 16, 2, 32, torch.float32, cpu)
     assert {int_class(width) for _, width in decode} == {"1", "i32", "x16"}  # off CUDA: no split-K
     assert len(decode) == 3
+
+
+def test_a_hybrid_pool_warms_up_in_its_scratch_block_and_slot_and_decodes_through_triton(
+        family_model_dirs: dict[str, Path], interpreted: None) -> None:
+    from fleetctl.tests.support.family_models import WINDOW, reference_greedy
+
+    model_dir = family_model_dirs["gemma3"]  # windowed layers beside a global one: their K/V lives apart
+    engine = eager_engine(model_dir)
+    pool = engine.kv_cache
+    assert pool.scratch_slot is not None and pool.scratch_slot == pool.allocator.window.num_slots
+    for tensor in (pool.tensor, pool.window_tensor):
+        tensor.normal_(generator=torch.Generator().manual_seed(0))
+    real, real_window = pool.tensor[:, :, :BLOCKS].clone(), pool.window_tensor[:, :, : pool.scratch_slot].clone()
+    engine.warm_up()
+    assert torch.equal(pool.tensor[:, :, :BLOCKS], real) and torch.equal(
+        pool.window_tensor[:, :, : pool.scratch_slot], real_window)  # only the scratch block and slot written
+    prompt = [(5 * i + 7) % 300 + 3 for i in range(WINDOW + 9)]
+    params = SamplingParams(max_tokens=2 * WINDOW, temperature=0.0, ignore_eos=True)
+    with recording_launches() as launched:
+        seq = engine.add_request(prompt, params)
+        while engine.has_unfinished():
+            engine.step()
+    assert launched <= engine.warmed_launches, f"not warmed up: {sorted(launched - engine.warmed_launches)}"
+    assert seq.output_token_ids == reference_greedy(model_dir, prompt, params.max_tokens)
