@@ -85,6 +85,7 @@ def test_representatives_cover_each_int_class() -> None:
 
 def test_a_hybrid_pool_warms_up_in_its_scratch_block_and_slot_and_decodes_through_triton(
         family_model_dirs: dict[str, Path], interpreted: None) -> None:
+    from fleetctl.engine.core.window_slots import NO_SLOT
     from fleetctl.tests.support.family_models import WINDOW, reference_greedy
 
     model_dir = family_model_dirs["gemma3"]  # windowed layers beside a global one: their K/V lives apart
@@ -98,9 +99,12 @@ def test_a_hybrid_pool_warms_up_in_its_scratch_block_and_slot_and_decodes_throug
     assert torch.equal(pool.tensor[:, :, :BLOCKS], real) and torch.equal(
         pool.window_tensor[:, :, : pool.scratch_slot], real_window)  # only the scratch block and slot written
     prompt = [(5 * i + 7) % 300 + 3 for i in range(WINDOW + 9)]
-    params = SamplingParams(max_tokens=2 * WINDOW, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)  # its window passes the first block
     with recording_launches() as launched:
         seq = engine.add_request(prompt, params)
+        while len(seq.output_token_ids) < params.max_tokens - 1:
+            engine.step()
+        assert seq.window_table[0] == NO_SLOT  # its first block's windowed K/V given back: tables with a gap
         while engine.has_unfinished():
             engine.step()
     assert launched <= engine.warmed_launches, f"not warmed up: {sorted(launched - engine.warmed_launches)}"
