@@ -204,3 +204,62 @@ def test_gemma3_blocks_kept_in_a_kv_tier_serve_a_fresh_engine(
     run_watching_slots(fresh)
     assert seq.output_token_ids == expected
     assert fresh.offload is not None and fresh.offload.hits["host"] > 0  # blocks read back, every layer's K/V
+
+
+def check_holds(scheduler: Scheduler, step_seqs: list[Sequence], chunks: list[int]) -> None:
+    """Every slot a sequence lists is its block's and counted once per holder; a step's sequences hold every
+    block from their window's start to the last one the step writes; nothing else is held."""
+    manager = scheduler.allocator
+    window = manager.window
+    assert window is not None
+    holders: dict[int, int] = {}
+    for seq in [*scheduler.running, *scheduler.prefilling, *scheduler.parked.values()]:
+        for block, slot in zip(seq.block_table, seq.window_table, strict=False):
+            if slot != NO_SLOT:
+                assert window.slot(block) == slot
+                holders[block] = holders.get(block, 0) + 1
+    assert holders == window._holders
+    for seq, chunk in zip(step_seqs, chunks, strict=True):
+        first = APART.passed_blocks(seq.num_cached_tokens)
+        written = blocks_for(seq.num_cached_tokens + chunk, BLOCK)
+        assert NO_SLOT not in seq.window_table[first:written]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_window_holds_stay_consistent_through_shared_prefixes_preemption_and_ends(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    manager = BlockManager(32, BLOCK, root=b"salt", window_slots=9)
+    scheduler = Scheduler(SchedulerConfig(BLOCK, max_num_seqs=4, max_num_batched_tokens=80, kv_window=APART),
+                          manager)
+    prefixes = [[(13 * i + p) % 300 + 3 for i in range(40)] for p in range(3)]  # shared system prompts
+    seqs = []
+    for _ in range(24):
+        prompt = rng.choice(prefixes)[: rng.randrange(20, 41)] + [rng.randrange(3, 300)
+                                                                  for _ in range(rng.randrange(1, 30))]
+        seqs.append(Sequence(prompt, SamplingParams(max_tokens=rng.randrange(1, 60))))
+    pending = list(seqs)
+    hits = 0
+    while pending or scheduler.has_unfinished():
+        if pending and rng.random() < 0.5:
+            scheduler.add(pending.pop(0))
+        step = scheduler.schedule()
+        if step is None:
+            continue
+        check_holds(scheduler, step.seqs, step.chunks)
+        hits += sum(step.cache_hits)
+        for i, seq in enumerate(step.seqs):
+            completes, written_from = step.completes(i), seq.num_cached_tokens
+            seq.num_cached_tokens += step.chunks[i]
+            manager.cache_full_blocks(seq, written_from)
+            if completes:
+                seq.append_token(rng.randrange(3, 300))
+                if len(seq.output_token_ids) >= seq.params.max_tokens:
+                    scheduler.finish(seq)
+    assert scheduler.num_preemptions > 0  # the pool was short: some sequence was preempted and recomputed
+    assert hits > 0  # and prompts reused cached blocks (those within their window with the slots kept spare)
+    window = manager.window
+    assert window is not None and window.num_held == 0 and not window._holders
+    assert all(block in manager._cached for block in window._spare)  # only cached blocks keep a slot
+    assert window.num_free + window.spare() == window.num_slots
