@@ -83,6 +83,7 @@ def test_representatives_cover_each_int_class() -> None:
     assert len(decode) == 3
 
 
+@pytest.mark.slow  # ~10 s or more through the interpreter: `make test` runs it, `make test-fast` does not
 def test_a_hybrid_pool_warms_up_in_its_scratch_block_and_slot_and_decodes_through_triton(
         family_model_dirs: dict[str, Path], interpreted: None) -> None:
     from fleetctl.engine.core.window_slots import NO_SLOT

@@ -111,6 +111,7 @@ def test_a_request_that_raises_is_dropped_alone(worker, monkeypatch: pytest.Monk
     running.until(lambda: len(running.tokens("ok-a")) == 2 * PARAMS.max_tokens)
 
 
+@pytest.mark.slow  # over ~10 s (a step stalled 1.5 s at a time): `make test` runs it, `make test-fast` does not
 def test_the_heartbeat_goes_silent_while_a_step_hangs(worker, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEET_FAULTS", "step@poison=stall:1.5")
     running = worker(step_timeout_s=0.3)
