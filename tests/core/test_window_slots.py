@@ -168,6 +168,20 @@ def test_gemma3_decodes_transformers_tokens_with_its_windowed_kv_bounded(
         assert again.output_token_ids == expected
 
 
+def test_a_gemma3_prompt_prefilled_in_chunks_gives_back_slots_between_them(
+        family_model_dirs: dict[str, Path]) -> None:
+    model_dir = family_model_dirs["gemma3"]
+    prompt = [(3 * i + 1) % 300 + 3 for i in range(4 * WINDOW)]
+    engine = gemma_engine(model_dir, max_num_batched_tokens=8)  # 12 chunks: the window passes blocks among them
+    seq = engine.add_request(prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    released_in_prefill = False
+    while not seq.output_token_ids:
+        engine.step()
+        released_in_prefill |= seq.window_table[0] == NO_SLOT
+    run_watching_slots(engine)
+    assert released_in_prefill and seq.output_token_ids == reference_greedy(model_dir, prompt, 8)
+
+
 def test_a_gemma3_checkpoint_restores_into_a_fresh_engine_and_decodes_on(
         family_model_dirs: dict[str, Path], expected: list[int]) -> None:
     model_dir = family_model_dirs["gemma3"]
