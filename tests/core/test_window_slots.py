@@ -3,7 +3,8 @@ slot is held while some window covers its block and kept spare only while the bl
 holds a bounded window per sequence, cuts a prefill chunk where slots run out and preempts a decode for a slot;
 the pool reads and writes every layer's K/V through the slots; and a real hybrid model (tiny Gemma 3) decodes
 what transformers does to 4x its window while its windowed K/V stays bounded and its blocks grow — with and
-without the prefix cache, in deterministic mode, and through a checkpoint."""
+without the prefix cache, in deterministic mode, prefilled in chunks, through a checkpoint and through a KV
+tier."""
 
 from pathlib import Path
 
