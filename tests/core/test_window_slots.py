@@ -4,7 +4,7 @@ holds a bounded window per sequence, cuts a prefill chunk where slots run out an
 the pool reads and writes every layer's K/V through the slots; and a real hybrid model (tiny Gemma 3) decodes
 what transformers does to 4x its window while its windowed K/V stays bounded and its blocks grow — with and
 without the prefix cache, in deterministic mode, prefilled in chunks, through a checkpoint and through a KV
-tier."""
+tier; so does Qwen2 windowed from `max_window_layers` on."""
 
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.scheduler import Scheduler, SchedulerConfig
 from fleetctl.engine.core.sequence import SamplingParams, Sequence
 from fleetctl.engine.core.window_slots import NO_SLOT, WindowSlots
-from fleetctl.tests.support.family_models import WINDOW, reference_greedy
+from fleetctl.tests.support.family_models import WINDOW, reference_greedy, write_family_model
 
 BLOCK = 16
 GROWN = 4 * WINDOW
@@ -130,7 +130,7 @@ def test_the_pool_reads_and_writes_every_layer_through_the_window_slots() -> Non
 GREEDY = SamplingParams(max_tokens=GROWN + 8, temperature=0.0, ignore_eos=True)
 
 
-def gemma_engine(model_dir: Path, **settings: object) -> LLMEngine:
+def hybrid_engine(model_dir: Path, **settings: object) -> LLMEngine:
     options: dict = {"dtype": "float32", "num_kv_blocks": 64} | settings
     return LLMEngine(EngineConfig(model_dir=model_dir, settings=EngineSettings(**options)))
 
@@ -155,7 +155,7 @@ def run_watching_slots(engine: LLMEngine) -> int:
                          ids=["plain", "prefix-cache", "deterministic"])
 def test_gemma3_decodes_transformers_tokens_with_its_windowed_kv_bounded(
         settings: dict, family_model_dirs: dict[str, Path], expected: list[int]) -> None:
-    engine = gemma_engine(family_model_dirs["gemma3"], **settings)
+    engine = hybrid_engine(family_model_dirs["gemma3"], **settings)
     assert engine.kv_window is not None and engine.kv_window.apart
     seq = engine.add_request(PROMPT, GREEDY)
     peak = run_watching_slots(engine)
@@ -173,7 +173,7 @@ def test_a_gemma3_prompt_prefilled_in_chunks_gives_back_slots_between_them(
         family_model_dirs: dict[str, Path]) -> None:
     model_dir = family_model_dirs["gemma3"]
     prompt = [(3 * i + 1) % 300 + 3 for i in range(4 * WINDOW)]
-    engine = gemma_engine(model_dir, max_num_batched_tokens=8)  # 12 chunks: the window passes blocks among them
+    engine = hybrid_engine(model_dir, max_num_batched_tokens=8)  # 12 chunks: the window passes blocks among them
     seq = engine.add_request(prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     released_in_prefill = False
     while not seq.output_token_ids:
@@ -183,15 +183,26 @@ def test_a_gemma3_prompt_prefilled_in_chunks_gives_back_slots_between_them(
     assert released_in_prefill and seq.output_token_ids == reference_greedy(model_dir, prompt, 8)
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
+def test_qwen2_windowed_from_max_window_layers_keeps_those_layers_apart(deterministic: bool, tmp_path: Path) -> None:
+    model_dir = write_family_model("qwen2", tmp_path, use_sliding_window=True, sliding_window=WINDOW,
+                                   max_window_layers=2)  # layers 0-1 global, 2-3 windowed
+    engine = hybrid_engine(model_dir, deterministic=deterministic, prefix_cache=True)
+    assert engine.kv_cache.spec.windowed_layers == (2, 3)
+    seq = engine.add_request(PROMPT, GREEDY)
+    assert run_watching_slots(engine) <= LIVE_BOUND + deterministic
+    assert seq.output_token_ids == reference_greedy(model_dir, PROMPT, GREEDY.max_tokens)
+
+
 def test_a_gemma3_checkpoint_restores_into_a_fresh_engine_and_decodes_on(
         family_model_dirs: dict[str, Path], expected: list[int]) -> None:
     model_dir = family_model_dirs["gemma3"]
-    source = gemma_engine(model_dir)
+    source = hybrid_engine(model_dir)
     seq = source.add_request(PROMPT, GREEDY)
     while len(seq.output_token_ids) < 2 * WINDOW:  # past its window: the prompt's windowed K/V is gone
         source.step()
     records, kv = snapshot(source)
-    restored = gemma_engine(model_dir)
+    restored = hybrid_engine(model_dir)
     restore_with_kv(restored, records, kv)
     moved = restored.sequence(seq.request_id)
     assert moved is not None
@@ -205,7 +216,7 @@ def test_gemma3_blocks_kept_in_a_kv_tier_serve_a_fresh_engine(
     # few window slots (2 windows and a 64-token chunk: 10), so slots are reclaimed long before blocks
     tiers = {"prefix_cache": True, "kv_offload_memory_bytes": 1 << 24, "kv_offload_host_dir": tmp_path / "host",
              "kv_offload_policy": policy, "max_num_seqs": 2, "max_num_batched_tokens": 64}
-    first = gemma_engine(family_model_dirs["gemma3"], **tiers)
+    first = hybrid_engine(family_model_dirs["gemma3"], **tiers)
     assert first.kv_cache.allocator.window is not None and first.kv_cache.allocator.window.num_slots == 10
     first.add_request(PROMPT, GREEDY)
     run_watching_slots(first)
@@ -214,7 +225,7 @@ def test_gemma3_blocks_kept_in_a_kv_tier_serve_a_fresh_engine(
         run_watching_slots(first)
     assert first.offload is not None
     first.offload.tiers.flush()
-    fresh = gemma_engine(family_model_dirs["gemma3"], **tiers)  # a restarted worker: an empty pool
+    fresh = hybrid_engine(family_model_dirs["gemma3"], **tiers)  # a restarted worker: an empty pool
     seq = fresh.add_request(PROMPT, GREEDY)
     run_watching_slots(fresh)
     assert seq.output_token_ids == expected

@@ -47,13 +47,15 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict]] = {
 }
 
 
-def write_family_model(family: str, out_dir: Path, seed: int = 0) -> Path:
-    """A tiny random `family` model (a key of FAMILY_CONFIGS) saved by transformers into `out_dir`."""
+def write_family_model(family: str, out_dir: Path, seed: int = 0, **overrides: object) -> Path:
+    """A tiny random `family` model (a key of FAMILY_CONFIGS, its config fields updated by `overrides`) saved by
+    transformers into `out_dir`."""
     import transformers
 
     model_type, fields = FAMILY_CONFIGS[family]
     tok = write_tokenizer(out_dir, max_length=_SHAPE["max_position_embeddings"])
-    config = transformers.AutoConfig.for_model(model_type, vocab_size=tok.get_vocab_size(), **{**_SHAPE, **fields})
+    config = transformers.AutoConfig.for_model(model_type, vocab_size=tok.get_vocab_size(),
+                                               **{**_SHAPE, **fields, **overrides})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     gen = torch.Generator().manual_seed(seed)
