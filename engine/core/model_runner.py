@@ -110,7 +110,6 @@ class ModelRunner:
         width = max(len(s.block_table) for s in step.seqs)
         tables = [s.block_table + [0] * (width - len(s.block_table)) for s in step.seqs]
         device = self.model.device
-        window_tables = [s.window_table + [0] * (width - len(s.window_table)) for s in step.seqs] if apart else None
         batch = AttentionBatch(
             is_prefill=step.phase is Phase.PREFILL,
             slots=torch.tensor(slots, dtype=torch.int64, device=device),
@@ -118,11 +117,11 @@ class ModelRunner:
             block_tables=torch.tensor(tables, dtype=torch.int32, device=device).clamp_(min=0),
             context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
             cu_seqlens_q=torch.tensor(cu_seqlens, dtype=torch.int32, device=device),
-            # a block without a window slot (NO_SLOT, -1) goes in as slot 0: the layer's window starts after it
-            window_slots=torch.tensor(window_slots, dtype=torch.int64, device=device) if apart else None,
-            window_tables=torch.tensor(window_tables, dtype=torch.int32, device=device).clamp_(min=0)
-            if window_tables is not None else None,
         )
+        if apart:  # a block without a window slot (NO_SLOT, -1) goes in as slot 0: the layer's window starts after it
+            window_tables = [s.window_table + [0] * (width - len(s.window_table)) for s in step.seqs]
+            batch.window_slots = torch.tensor(window_slots, dtype=torch.int64, device=device)
+            batch.window_tables = torch.tensor(window_tables, dtype=torch.int32, device=device).clamp_(min=0)
         return (
             torch.tensor(ids, dtype=torch.int64, device=device),
             torch.tensor(positions, dtype=torch.int64, device=device),

@@ -12,7 +12,7 @@ sequence's window may still cover, held by the reservation until `attach` hands 
 
 import torch
 
-from fleetctl.engine.core.block_allocator import blocks_for
+from fleetctl.engine.core.block_allocator import OutOfBlocks, blocks_for
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import Sequence, SequenceStatus, SessionState
 
@@ -73,15 +73,12 @@ class SessionTransfer:
     def write(self, reserved: list[int], first: int, kv: torch.Tensor) -> None:
         """kv: [layers, 2, n, block_size, Hkv, d] into the sequence's blocks first..first+n-1, `reserved`'s."""
         end = first + kv.shape[2]
-        allocator, window = self.engine.kv_cache.allocator, self.engine.kv_window
-        if allocator.window is not None and window is not None:
-            # the sequence has all these tokens by now: blocks before their window never need the windowed K/V
-            passed = window.passed_blocks(end * self.block_size)
-            allocator.release_window(allocator.window.slotted(reserved[:passed]))
-            unslotted = [block for block in reserved[max(first, passed) : end] if allocator.window.slot(block) < 0]
-            if len(unslotted) > allocator.window_room():
-                raise TransferRefused(f"needs {len(unslotted)} window slots, {allocator.window_room()} free")
-            allocator.hold_window(unslotted)
+        windows = self.engine.scheduler.windows
+        if windows is not None:
+            try:
+                windows.hold_received(reserved, end)
+            except OutOfBlocks as exc:
+                raise TransferRefused(str(exc)) from None
         self.engine.kv_cache.write_blocks(reserved[first:end], kv)
 
     def grow(self, reserved: list[int], count: int) -> list[int]:

@@ -8,7 +8,7 @@ slot pool still runs a chunk at a time. `seq.window_table` lists the slots by bl
 and past what it holds), which the runner turns into the windowed layers' block tables.
 """
 
-from fleetctl.engine.core.block_allocator import blocks_for
+from fleetctl.engine.core.block_allocator import OutOfBlocks, blocks_for
 from fleetctl.engine.core.block_manager import BlockManager
 from fleetctl.engine.core.kv_window import KVWindow
 from fleetctl.engine.core.sequence import Sequence
@@ -75,6 +75,17 @@ class WindowHolds:
         last = blocks_for(end, self.block_size)
         if first < last:
             table[first:last] = self.allocator.hold_window(seq.block_table[first:last])
+
+    def hold_received(self, reserved: list[int], end: int) -> None:
+        """A live move's destination has written blocks up to `end` - 1 of `reserved` (the sequence's table, not yet
+        a sequence's): hold slots for those the sequence's window may still cover and give back the rest, held for
+        the reservation until `attach` hands them on. Raises OutOfBlocks when the slots cannot be had."""
+        passed = self.window.passed_blocks(end * self.block_size)  # it has all these tokens: no earlier window
+        self.allocator.release_window(self.slots.slotted(reserved[:passed]))
+        unslotted = [block for block in reserved[passed:end] if self.slots.slot(block) == NO_SLOT]
+        if len(unslotted) > self.allocator.window_room():
+            raise OutOfBlocks(f"needs {len(unslotted)} window slots, {self.allocator.window_room()} to be had")
+        self.allocator.hold_window(unslotted)
 
     def held_blocks(self, seq: Sequence) -> list[int]:
         """The blocks whose slots `seq` holds (to release with them)."""
