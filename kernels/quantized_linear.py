@@ -26,7 +26,7 @@ from enum import StrEnum
 
 import torch
 
-INT4_GROUP_SIZES = (32, 64, 128)  # as engine/core/config says (kernels import nothing of the engine)
+INT4_GROUP_SIZES = (32, 64, 128)  # as engine/core/engine_settings says (kernels import nothing of the engine)
 SPLIT_GROUP = 32  # int8-split's group: a llama.cpp block
 _CUDA_INNER_K_TILES = 8  # tinygemm's tiling of K; needs K divisible by 16 · 8
 

@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 from fleetctl.console.cli.models import resolve_model
-from fleetctl.engine.core.config import CompileMode, EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import CompileMode, EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.decoder import ModelWeights
+from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.model.prepared import load_cpu_weights
 from fleetctl.kernels.packed_linear import linear
 
@@ -66,7 +66,7 @@ def engine_decode_tokens_per_s(engine: LLMEngine, batch: int, new_tokens: int, r
 WARM_UP = """
 import sys, time
 from pathlib import Path
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 settings = EngineSettings(dtype=sys.argv[2], compile="on", max_num_seqs=int(sys.argv[3]), num_kv_blocks=64)
 print(LLMEngine(EngineConfig(Path(sys.argv[1]), settings=settings)).warm_up())

@@ -10,7 +10,7 @@ import time
 import torch
 
 from fleetctl.console.cli.models import resolve_model
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from fleetctl.engine.core.block_allocator import BLOCK_SIZE, blocks_for
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.tests.support.tiny_model import write_tokenizer

@@ -24,7 +24,7 @@ import torch
 from fleetctl.console.cli.models import resolve_model
 from fleetctl.console.loadgen.requests import WORDS
 from fleetctl.domain import Phase
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 

@@ -19,10 +19,10 @@ import torch
 from bench_decode import best_of, engine_decode_tokens_per_s
 
 from fleetctl.console.cli.models import resolve_model
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.model.store import SOURCE_GGUF
+from fleetctl.engine.model.model_store import SOURCE_GGUF
 
 PREFILL_LENGTHS = (500, 2000)
 LLAMA_CPP = Path(__file__).with_name("llama_cpp_decode.py")

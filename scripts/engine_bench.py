@@ -42,7 +42,7 @@ def decode_rates(model_dir: Path, device: str, dtype: str, batches: list[int], s
     """This process's backend: each batch's decode tokens/s (its median step's) over `steps` steps, after its
     prefill and warm-up steps."""
     from fleetctl.engine.core.block_allocator import BLOCK_SIZE
-    from fleetctl.engine.core.config import EngineConfig, EngineSettings
+    from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
     from fleetctl.engine.core.llm_engine import LLMEngine
     from fleetctl.engine.core.sequence import SamplingParams
     from fleetctl.kernels import ops

@@ -33,7 +33,7 @@ from fleetctl.domain import WorkerRole
 from fleetctl.engine.checkpoint import format as checkpoint_format
 from fleetctl.engine.checkpoint.engine_io import current_compat, write_engine_checkpoint
 from fleetctl.engine.checkpoint.snapshot import payload_of_blocks, snapshot_records
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams, Sequence, SequenceStatus
 

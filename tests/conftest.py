@@ -54,7 +54,7 @@ def smollm2_shaped_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The default model, pulled once into the persistent model store (kept between runs)."""
-    from fleetctl.engine.model.store import ModelStore
+    from fleetctl.engine.model.model_store import ModelStore
 
     return ModelStore(root=PERSISTENT_MODELS).pull("smollm2-135m")
 
@@ -62,7 +62,7 @@ def smollm2_dir() -> Path:
 @pytest.fixture(scope="session")
 def gemma3_dir() -> Path:
     """Gemma 3 270M (Gemma Terms of Use), pulled once into the persistent model store (kept between runs)."""
-    from fleetctl.engine.model.store import ModelStore
+    from fleetctl.engine.model.model_store import ModelStore
 
     return ModelStore(root=PERSISTENT_MODELS).pull("gemma3-270m")
 

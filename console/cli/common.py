@@ -18,7 +18,7 @@ import typer
 
 from fleetctl.console.client import FleetClient, FleetClientError, FleetUnreachable
 from fleetctl.domain import Quantization
-from fleetctl.engine.core.config import INT4_GROUP_SIZES
+from fleetctl.engine.core.engine_settings import INT4_GROUP_SIZES
 
 if TYPE_CHECKING:
     from fleetctl.engine.server.schemas import OperationInfo
@@ -87,12 +87,12 @@ def fail(message: str, code: int = EXIT_FAILURE) -> typer.Exit:
 
 def _user_errors() -> tuple[type[Exception], ...]:
     # imported here so `fleetctl --help` does not pay for torch
-    from fleetctl.engine.core.config import EngineSettingsError
     from fleetctl.engine.core.device_names import DeviceError
+    from fleetctl.engine.core.engine_settings import EngineSettingsError
     from fleetctl.engine.core.prompt import PromptError
     from fleetctl.engine.core.sequence import SamplingError
-    from fleetctl.engine.model.config import ModelConfigError
-    from fleetctl.engine.model.store import ModelStoreError
+    from fleetctl.engine.model.model_config import ModelConfigError
+    from fleetctl.engine.model.model_store import ModelStoreError
     from fleetctl.engine.model.tokenizer import TokenizerError
     from fleetctl.engine.model.weight_errors import WeightLoadError
 

@@ -49,7 +49,7 @@ def devices(
 def _peaks_in_file(store: str, recalibrate: bool) -> DevicePeaks:
     from fleetctl.engine.server.schemas import DevicePeak, DevicePeaks
     from fleetctl.store.db import read_store
-    from fleetctl.store.devices import all_devices
+    from fleetctl.store.device_peak_cache import all_devices
 
     path = existing_store(store, "workers measure their devices when a fleet starts")
     records = read_store(path, all_devices)

@@ -8,7 +8,7 @@ import typer
 from fleetctl.console.cli.common import QUANT_GROUP_OPTION, QUANTIZATION_OPTION, fail, user_errors
 from fleetctl.console.cli.models import resolve_model
 from fleetctl.domain import Quantization
-from fleetctl.engine.core.config import CompileMode, DType
+from fleetctl.engine.core.engine_settings import CompileMode, DType
 from fleetctl.engine.model.registry import DEFAULT_MODEL
 
 
@@ -47,7 +47,7 @@ def generate(
     """Generate text for PROMPT(s) on an embedded engine: one prompt streams as it is written; several run
     as one batch and print one after another, each under its prompt."""
     with user_errors():
-        from fleetctl.engine.core.config import EngineConfig, EngineSettings
+        from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
         from fleetctl.engine.core.llm_engine import LLMEngine
         from fleetctl.engine.core.output import result_of
         from fleetctl.engine.core.sequence import SamplingParams

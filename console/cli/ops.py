@@ -17,7 +17,7 @@ from fleetctl.console.cli.common import (
 )
 from fleetctl.console.client import FleetClient
 from fleetctl.domain import WorkerRole
-from fleetctl.engine.fleet.config import Supervision
+from fleetctl.engine.fleet.fleet_config import Supervision
 
 if TYPE_CHECKING:
     from fleetctl.engine.server.schemas import OperationInfo

@@ -19,8 +19,8 @@ from fleetctl.console.cli.common import (
 )
 from fleetctl.console.cli.models import resolve_model
 from fleetctl.domain import Quantization, WorkerRole
-from fleetctl.engine.core.config import CompileMode, DType, EngineSettings, OffloadPolicy
-from fleetctl.engine.fleet.config import DEFAULT_LOCAL_PREFILL_TOKENS, FleetConfig, FleetConfigError, Supervision
+from fleetctl.engine.core.engine_settings import CompileMode, DType, EngineSettings, OffloadPolicy
+from fleetctl.engine.fleet.fleet_config import DEFAULT_LOCAL_PREFILL_TOKENS, FleetConfig, FleetConfigError, Supervision
 from fleetctl.engine.fleet.shutdown_budget import DEFAULT_GRACE_S, SERVER_CLOSE_S, STOP_RESERVE_S, WORKER_EXIT_S
 from fleetctl.engine.model.registry import DEFAULT_MODEL
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings

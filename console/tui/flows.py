@@ -13,7 +13,7 @@ from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog, Op
 from fleetctl.console.tui.source import FleetSource
 from fleetctl.domain import DeviceKind, WorkerRole, WorkerState
 from fleetctl.engine.core.device_names import DeviceName, parse_device_name
-from fleetctl.engine.fleet.config import Supervision
+from fleetctl.engine.fleet.fleet_config import Supervision
 from fleetctl.engine.server.schemas import OperationInfo, WorkerInfo
 
 ScreenResult = TypeVar("ScreenResult")

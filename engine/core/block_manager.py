@@ -18,7 +18,7 @@ block is only reachable through all the blocks before it. A block released with 
 session's, `free(retain_s=…)`) is reclaimed only once its retention has run out, or when no other cached
 block is left to reclaim.
 
-Below the pool, a node-wide tier store (`kv_tiers`, wired by `kv_offload`) may keep what the pool lets go:
+Below the pool, the node-wide KV tiers (`kv_tiers`, wired by `kv_offload`) may keep what the pool lets go:
 `on_reclaim` is told of each cached block just before it is reclaimed (its K/V still intact), `on_cached` of
 each block as it is registered (full and written: write-through), and `register_loaded` takes a block for K/V
 read back from a tier, registered and cached as if computed here.

@@ -6,9 +6,9 @@ import shutil
 
 import torch
 
-from fleetctl.engine.core.config import CompileMode, EngineConfig
+from fleetctl.engine.core.engine_settings import CompileMode, EngineConfig
 from fleetctl.engine.model.compiled_decode import llama_shaped
-from fleetctl.engine.model.config import ModelConfig
+from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.paths import fleet_home
 
 

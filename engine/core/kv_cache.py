@@ -7,7 +7,7 @@ import torch
 from fleetctl.engine.core.block_allocator import BLOCK_SIZE
 from fleetctl.engine.core.block_manager import BlockManager
 from fleetctl.engine.core.window_slots import NO_SLOT
-from fleetctl.engine.model.config import ModelConfig
+from fleetctl.engine.model.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The seam between one engine's KV pool and the node-wide tier store (`kv_tiers`): a cached block the pool
+"""The seam between one engine's KV pool and the node-wide KV tiers (`kv_tiers`): a cached block the pool
 reclaims goes to the tiers (its K/V copied out as bytes, written in the background) — or, write-through, each
 block as soon as the pool registers it — and a prompt's leading
 blocks the pool lacks but a tier holds are read back into pool blocks before the prompt is scheduled, so the
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from fleetctl.engine.core.block_manager import CachedBlock
-from fleetctl.engine.core.config import OffloadPolicy
+from fleetctl.engine.core.engine_settings import OffloadPolicy
 from fleetctl.engine.core.kv_cache import KVCache
 from fleetctl.engine.core.kv_tiers.block_file import TierBlock
 from fleetctl.engine.core.kv_tiers.file_tier import FileTier, TierStats, tier_roots

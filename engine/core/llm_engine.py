@@ -12,9 +12,8 @@ import fleetctl
 from fleetctl.domain import Phase, Quantization
 from fleetctl.engine.core.block_allocator import KV_LAYOUT_VERSION, blocks_for
 from fleetctl.engine.core.block_hash import KVSalt, Numerics, PrefixDigest
-from fleetctl.engine.core.config import EngineConfig
 from fleetctl.engine.core.decode_compile import compile_refusal, use_fleet_inductor_cache
-from fleetctl.engine.core.devices import available_memory, kv_budget, resolve_dtype, torch_device, total_memory
+from fleetctl.engine.core.engine_settings import EngineConfig
 from fleetctl.engine.core.kernel_warmup import needs_kernel_warm_up, warm_up_kernels
 from fleetctl.engine.core.kv_cache import KVCache, KVCacheSpec
 from fleetctl.engine.core.kv_offload import KVOffload, TierRead, open_tiers
@@ -25,10 +24,11 @@ from fleetctl.engine.core.output import GenerationResult, RequestOutput, TextStr
 from fleetctl.engine.core.prompt import PromptError, check_prompt
 from fleetctl.engine.core.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from fleetctl.engine.core.sequence import FinishReason, SamplingParams, Sequence
+from fleetctl.engine.core.torch_devices import available_memory, kv_budget, resolve_dtype, torch_device, total_memory
 from fleetctl.engine.model.compiled_decode import CompiledDecoder
-from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.decoder import DecoderModel
 from fleetctl.engine.model.loader import load_weights
+from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.model.prepared import load_cpu_weights, weights_key
 from fleetctl.engine.model.quantize import quantize_weights, resolve_quantization, weight_source
 from fleetctl.engine.model.tokenizer import Tokenizer

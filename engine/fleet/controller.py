@@ -21,9 +21,9 @@ from fleetctl.engine.core.output import TextStream
 from fleetctl.engine.core.prompt import check_prompt
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.admission import Admission
-from fleetctl.engine.fleet.config import FleetConfig, worker_specs
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.errors import FleetStartFailed
+from fleetctl.engine.fleet.fleet_config import FleetConfig, worker_specs
 from fleetctl.engine.fleet.handoff import HandoffRouting
 from fleetctl.engine.fleet.logs import FleetLogs, LogLine, sweep_dead_log_folders
 from fleetctl.engine.fleet.ops.autoplan import Autoplanner
@@ -53,7 +53,7 @@ from fleetctl.engine.fleet.watchdog import Watchdog
 from fleetctl.engine.fleet.worker_inbox import WorkerInbox
 from fleetctl.engine.fleet.worker_link import WorkerLink
 from fleetctl.engine.fleet.worker_view import WorkerView
-from fleetctl.engine.model.config import ModelConfig
+from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.model.tokenizer import Tokenizer
 from fleetctl.engine.paths import fleet_home
 from fleetctl.engine.worker import protocol as m

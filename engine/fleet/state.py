@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from fleetctl.domain import EventKind, WorkerRole, WorkerState
-from fleetctl.engine.fleet.config import FleetConfig
+from fleetctl.engine.fleet.fleet_config import FleetConfig
 from fleetctl.engine.fleet.logs import FleetLogs
 from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.request import TrackedRequest

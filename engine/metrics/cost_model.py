@@ -27,7 +27,7 @@ Bytes:
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fleetctl.engine.model.config import ModelConfig
+from fleetctl.engine.model.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

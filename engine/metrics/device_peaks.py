@@ -22,7 +22,7 @@ from fleetctl.engine.metrics.calibration import MAX_WORKING_SET, calibrate, mach
 from fleetctl.engine.metrics.gpu_sampler import driver_version
 from fleetctl.engine.metrics.gpu_specs import find_gpu_spec
 from fleetctl.store.db import open_db
-from fleetctl.store.devices import cached_device, save_device
+from fleetctl.store.device_peak_cache import cached_device, save_device
 from fleetctl.store.records import DeviceRecord
 
 

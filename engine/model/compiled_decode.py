@@ -14,9 +14,9 @@ dynamic dimensions of the graph, so a growing context does not recompile. Sampli
 import torch
 import torch.nn.functional as F
 
-from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.decoder import AttentionBatch, DecoderModel
 from fleetctl.engine.model.families.base import Traits
+from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.kernels.rotary import rotary_ref
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fleetctl.engine.model.config import ModelConfig
+from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.model.rope import rope_tables
 from fleetctl.kernels import ops
 from fleetctl.kernels.packed_linear import pack

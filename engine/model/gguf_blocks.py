@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from fleetctl.engine.model.gguf_convert import GGUFConvertError, unpermute_rotary
-from fleetctl.engine.model.store import SOURCE_GGUF
+from fleetctl.engine.model.model_store import SOURCE_GGUF
 
 BLOCK = 32  # inputs per int4 group: a Q4_0/Q4_1 block, a Q4_K sub-block
 

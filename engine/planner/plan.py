@@ -18,9 +18,9 @@ from pathlib import Path
 
 from fleetctl.domain import WorkerRole
 from fleetctl.engine.planner.costs import DeviceCosts, fit_costs, measured_kinds
-from fleetctl.engine.planner.devices import DeviceSpecError, PlanDevices, parse_devices
 from fleetctl.engine.planner.durations import DurationError, format_window
 from fleetctl.engine.planner.fit import FitError
+from fleetctl.engine.planner.plan_devices import DeviceSpecError, PlanDevices, parse_devices
 from fleetctl.engine.planner.simulator import EngineLimits, SimRequest, Timing, simulate
 from fleetctl.engine.planner.slo import Slo
 from fleetctl.engine.planner.split import Layout, Split, SplitError, splits_of, splits_up_to

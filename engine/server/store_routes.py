@@ -13,7 +13,7 @@ from fleetctl.engine.server.errors import APIError
 from fleetctl.engine.server.schemas import DevicePeak, DevicePeaks, DeviceWorker, FleetClassification
 from fleetctl.store.classify import classify
 from fleetctl.store.db import read_store
-from fleetctl.store.devices import all_devices
+from fleetctl.store.device_peak_cache import all_devices
 
 
 def fleet_store(fleet: Fleet, missing: str) -> Path:

@@ -45,7 +45,7 @@ def run_worker(spec: WorkerSpec, conn: Connection, transport: object | None = No
     try:
         import torch
 
-        from fleetctl.engine.core.devices import make_current
+        from fleetctl.engine.core.torch_devices import make_current
         from fleetctl.engine.worker.loop import Worker
 
         make_current(spec.engine_config().device)  # before any CUDA work: kernels launch on the current device

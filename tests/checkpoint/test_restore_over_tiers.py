@@ -5,7 +5,7 @@ store — none copied out of its pool or written again — and its sessions go o
 from pathlib import Path
 
 from fleetctl.engine.checkpoint.snapshot import restore_with_kv, snapshot
-from fleetctl.engine.core.config import EngineConfig, EngineSettings, OffloadPolicy
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings, OffloadPolicy
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from fleetctl.engine.checkpoint.snapshot import cold_start, restore_with_kv, snapshot
 from fleetctl.engine.core.block_allocator import blocks_for
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.tests.support.family_models import WINDOW

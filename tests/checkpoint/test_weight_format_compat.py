@@ -9,7 +9,7 @@ import pytest
 from fleetctl.domain import Quantization, WorkerRole
 from fleetctl.engine.checkpoint.engine_io import current_compat, restore_engine, write_engine_checkpoint
 from fleetctl.engine.checkpoint.format import RestoreMode, read_checkpoint
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 

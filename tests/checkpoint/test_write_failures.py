@@ -14,7 +14,7 @@ from support.volumes import tmpfs
 from fleetctl.domain import WorkerRole
 from fleetctl.engine.checkpoint.engine_io import current_compat, write_engine_checkpoint
 from fleetctl.engine.checkpoint.format import CheckpointError, list_checkpoints
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 

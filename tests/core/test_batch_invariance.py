@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from fleetctl.domain import Quantization
 from fleetctl.engine.core import model_runner
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams, Sequence
 from fleetctl.kernels.batch_invariant import ROW_TILE, per_row_tile

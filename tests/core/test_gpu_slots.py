@@ -4,7 +4,6 @@ pool by its share of the GPU's memory."""
 import pytest
 
 from fleetctl.domain import DeviceKind
-from fleetctl.engine.core.config import DEFAULT_CPU_KV_BYTES, GPU_KV_FRACTION
 from fleetctl.engine.core.device_names import (
     DeviceError,
     DeviceName,
@@ -13,7 +12,8 @@ from fleetctl.engine.core.device_names import (
     memory_share,
     parse_device_name,
 )
-from fleetctl.engine.core.devices import kv_budget
+from fleetctl.engine.core.engine_settings import DEFAULT_CPU_KV_BYTES, GPU_KV_FRACTION
+from fleetctl.engine.core.torch_devices import kv_budget
 
 
 def test_a_slot_names_its_gpu_and_computes_on_the_gpu_itself() -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_batch_invariance import recorded_logits
 
-from fleetctl.engine.core.config import EngineConfig, EngineSettings, OffloadPolicy
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings, OffloadPolicy
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams, SequenceStatus
 

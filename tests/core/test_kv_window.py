@@ -9,7 +9,7 @@ import pytest
 
 from fleetctl.engine.core.block_allocator import blocks_for
 from fleetctl.engine.core.block_manager import BlockManager
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.kv_window import DROPPED_BLOCK, KVWindow
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.scheduler import Scheduler, SchedulerConfig

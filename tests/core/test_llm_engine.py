@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.prompt import PromptError
 from fleetctl.engine.core.sequence import SamplingError, SamplingParams

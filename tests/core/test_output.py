@@ -7,7 +7,7 @@ import pytest
 
 from fleetctl.engine.core.output import TextStream, token_finish_reason
 from fleetctl.engine.core.sequence import FinishReason, SamplingParams, Sequence
-from fleetctl.engine.model.config import ModelConfig
+from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.model.tokenizer import Tokenizer
 
 

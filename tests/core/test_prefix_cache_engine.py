@@ -15,7 +15,7 @@ from test_batch_invariance import recorded_logits
 
 from fleetctl.domain import Phase
 from fleetctl.engine.core.block_hash import chain_hashes
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.metrics.cost_model import CostModel

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.engine.core.config import CompileMode, EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import CompileMode, EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import EngineBusy, LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 

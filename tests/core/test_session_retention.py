@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.engine.core.block_manager import BlockManager, CachedBlock
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 

@@ -14,7 +14,7 @@ import torch
 from fleetctl.engine.checkpoint.snapshot import restore_with_kv, snapshot
 from fleetctl.engine.core.block_allocator import blocks_for
 from fleetctl.engine.core.block_manager import BlockManager
-from fleetctl.engine.core.config import EngineConfig, EngineSettings, OffloadPolicy
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings, OffloadPolicy
 from fleetctl.engine.core.kv_cache import KVCache, KVCacheSpec
 from fleetctl.engine.core.kv_window import KVWindow
 from fleetctl.engine.core.llm_engine import LLMEngine

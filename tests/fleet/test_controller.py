@@ -12,9 +12,9 @@ from support.fake_workers import NUM_BLOCKS, FakeLauncher, expected_tokens, run_
 
 from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.fleet.config import Supervision
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import FleetBusy, NoWorkers
+from fleetctl.engine.fleet.fleet_config import Supervision
 from fleetctl.engine.worker import protocol as m
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11], [12, 13]]

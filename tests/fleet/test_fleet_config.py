@@ -8,8 +8,8 @@ import pytest
 
 from fleetctl.domain import Quantization, WorkerRole
 from fleetctl.engine.core import auto_dtype, device_names
-from fleetctl.engine.core.config import DType, EngineSettings
-from fleetctl.engine.fleet.config import FleetConfig, FleetConfigError, worker_specs
+from fleetctl.engine.core.engine_settings import DType, EngineSettings
+from fleetctl.engine.fleet.fleet_config import FleetConfig, FleetConfigError, worker_specs
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 
 

@@ -7,9 +7,9 @@ import pytest
 from support.fake_workers import FakeLauncher, run_fleet
 from support.fleet_checks import finished
 
-from fleetctl.engine.fleet.config import FleetConfig, FleetConfigError, worker_specs
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import OperationRefused
+from fleetctl.engine.fleet.fleet_config import FleetConfig, FleetConfigError, worker_specs
 from fleetctl.engine.fleet.ops.record import OpState
 
 
@@ -26,11 +26,11 @@ def test_one_gpu_hosts_a_prefill_and_a_decode_worker(four_gpus: list[str], tmp_p
 
 def test_with_no_devices_named_workers_are_dealt_round_the_gpus_as_slots(four_gpus: list[str], tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("fleetctl.engine.fleet.config.gpu_count", lambda: 1)  # the one-GPU lab box
+    monkeypatch.setattr("fleetctl.engine.fleet.fleet_config.gpu_count", lambda: 1)  # the one-GPU lab box
     one_gpu = worker_specs(FleetConfig(tmp_path, prefill=1, decode=1, shm_dir=tmp_path))
     assert [(s.worker_id, s.device, s.memory_share) for s in one_gpu] == [
         ("prefill-0", "cuda:0#0", 0.5), ("decode-0", "cuda:0#1", 0.5)]
-    monkeypatch.setattr("fleetctl.engine.fleet.config.gpu_count", lambda: 4)
+    monkeypatch.setattr("fleetctl.engine.fleet.fleet_config.gpu_count", lambda: 4)
     six = worker_specs(FleetConfig(tmp_path, prefill=3, decode=3, shm_dir=tmp_path))
     assert [s.device for s in six] == ["cuda:0#0", "cuda:1#0", "cuda:2", "cuda:3", "cuda:0#1", "cuda:1#1"]
 

@@ -7,8 +7,8 @@ import pytest
 
 from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.dispatch import Dispatcher
+from fleetctl.engine.fleet.fleet_config import FleetConfig
 from fleetctl.engine.fleet.handoff import HandoffRouting
 from fleetctl.engine.fleet.request import RequestStage, TrackedRequest
 from fleetctl.engine.fleet.state import FleetState

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.fleet_harness import fleetctl, serve, wait_until
 
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 

@@ -16,9 +16,9 @@ from support.fleet_checks import all_complete, ends, nothing_leaked, prompts, sh
 
 from fleetctl.domain import EventKind, WorkerRole, WorkerState
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.fleet.config import Supervision
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import NoWorkers
+from fleetctl.engine.fleet.fleet_config import Supervision
 from fleetctl.engine.fleet.ops.record import OpKind
 from fleetctl.engine.worker import protocol as m
 

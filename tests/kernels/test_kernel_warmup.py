@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fleetctl.engine.core.config import CompileMode, EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import CompileMode, EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.kernels import ops, triton_support

@@ -141,7 +141,7 @@ def test_prefill_attention(dtype: torch.dtype, shape: tuple[int, int, int], batc
 GENERATE = """
 import json, sys
 from pathlib import Path
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.kernels import ops

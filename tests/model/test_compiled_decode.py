@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fleetctl.engine.core.config import CompileMode, EngineConfig, EngineSettings
 from fleetctl.engine.core.decode_compile import compile_refusal
+from fleetctl.engine.core.engine_settings import CompileMode, EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.model.compiled_decode import bucket_for, buckets_up_to

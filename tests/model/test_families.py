@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.tests.support.family_models import FAMILY_CONFIGS, WINDOW, load_reference, reference_greedy

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.engine.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, ModelConfigError
 from fleetctl.engine.model.families.base import Activation
-from fleetctl.engine.model.store import ModelStore, ModelStoreError
+from fleetctl.engine.model.model_config import SUPPORTED_ARCHITECTURES, ModelConfig, ModelConfigError
+from fleetctl.engine.model.model_store import ModelStore, ModelStoreError
 
 SHAPE = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}

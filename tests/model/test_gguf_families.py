@@ -14,14 +14,14 @@ import transformers
 from safetensors.numpy import load_file
 
 from fleetctl.domain import Quantization
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.gguf_convert import _ARCH_LAYER_TENSORS, _GLOBAL_TENSORS, _LAYER_TENSORS, convert_gguf
 from fleetctl.engine.model.loader import load_weights
+from fleetctl.engine.model.model_config import ModelConfig
+from fleetctl.engine.model.model_store import ModelStore
 from fleetctl.engine.model.quantize import MATRICES
-from fleetctl.engine.model.store import ModelStore
 from fleetctl.tests.support.family_models import _SHAPE
 from fleetctl.tests.support.tiny_model import write_tokenizer
 from fleetctl.tests.support.tiny_wheel import add_gpt2_tokenizer, add_shape

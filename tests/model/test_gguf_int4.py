@@ -11,16 +11,16 @@ import pytest
 import torch
 
 from fleetctl.domain import Quantization
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.gguf_blocks import read_int4_blocks
 from fleetctl.engine.model.gguf_convert import unpermute_rotary
 from fleetctl.engine.model.loader import load_weights
+from fleetctl.engine.model.model_config import ModelConfig
+from fleetctl.engine.model.model_store import SOURCE_GGUF, ModelStore
 from fleetctl.engine.model.prepared import cache_path
 from fleetctl.engine.model.quantize import MATRICES, resolve_quantization, weight_source
-from fleetctl.engine.model.store import SOURCE_GGUF, ModelStore
 from fleetctl.tests.support.tiny_wheel import write_tiny_gguf
 
 BLOCK_TYPES = [gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1]

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from fleetctl.domain import Quantization
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.model.gguf_blocks import INT8_TYPES, read_int8_blocks
 from fleetctl.engine.model.gguf_convert import unpermute_rotary
+from fleetctl.engine.model.model_store import ModelStore
 from fleetctl.engine.model.prepared import cache_path
 from fleetctl.engine.model.quantize import MATRICES, SPLIT_TYPES, resolve_quantization, weight_source
-from fleetctl.engine.model.store import ModelStore
 from fleetctl.kernels.quantized_linear import QuantFormat, int8_split, round_int8_groups
 from fleetctl.tests.support.gguf_parts import check_parts
 from fleetctl.tests.support.tiny_wheel import write_tiny_gguf

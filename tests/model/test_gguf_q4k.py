@@ -13,17 +13,17 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from fleetctl.domain import Quantization
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.model import quantize
-from fleetctl.engine.model.config import ModelConfig
 from fleetctl.engine.model.gguf_blocks import INT4_TYPES, read_int4_blocks
 from fleetctl.engine.model.gguf_convert import _LAYER_TENSORS, unpermute_rotary
 from fleetctl.engine.model.loader import load_weights
+from fleetctl.engine.model.model_config import ModelConfig
+from fleetctl.engine.model.model_store import MANIFEST, SOURCE_GGUF, ModelStore
 from fleetctl.engine.model.prepared import cache_path
 from fleetctl.engine.model.quantize import resolve_quantization, weight_source
-from fleetctl.engine.model.store import MANIFEST, SOURCE_GGUF, ModelStore
 from fleetctl.kernels.quantized_linear import quantize_int4
 from fleetctl.tests.support.gguf_parts import check_parts
 from fleetctl.tests.support.tiny_model import write_tiny_llama

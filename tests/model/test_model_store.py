@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from fleetctl.engine.model import store as store_module
-from fleetctl.engine.model.registry import DEFAULT_MODEL, KNOWN_MODELS
-from fleetctl.engine.model.store import (
+from fleetctl.engine.model import model_store as store_module
+from fleetctl.engine.model.model_store import (
     MANIFEST,
     ModelStore,
     ModelStoreError,
@@ -25,6 +24,7 @@ from fleetctl.engine.model.store import (
     extract_member,
     sha256_file,
 )
+from fleetctl.engine.model.registry import DEFAULT_MODEL, KNOWN_MODELS
 from fleetctl.engine.paths import fleet_home
 
 SMOL = KNOWN_MODELS[DEFAULT_MODEL]

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from fleetctl.domain import Quantization
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.model.loader import load_weights
+from fleetctl.engine.model.model_store import SOURCE_GGUF
 from fleetctl.engine.model.quantize import MATRICES, quantize_weights
-from fleetctl.engine.model.store import SOURCE_GGUF
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,9 @@ from support.fleet_harness import fleetctl
 from fleetctl.engine.planner.autoplan_policy import AutoplanPolicy, Decision
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.engine.planner.costs import DeviceCosts
-from fleetctl.engine.planner.devices import parse_devices
 from fleetctl.engine.planner.fit import LinearFit
 from fleetctl.engine.planner.plan import Candidate, Plan
+from fleetctl.engine.planner.plan_devices import parse_devices
 from fleetctl.engine.planner.slo import Slo
 from fleetctl.engine.planner.split import Split
 

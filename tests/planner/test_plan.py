@@ -10,7 +10,6 @@ import pytest
 from support.synthetic_fleet import T0, TrueCosts, workload, write_store
 
 from fleetctl.engine.metrics.gpu_specs import find_gpu_spec
-from fleetctl.engine.planner.devices import DeviceSpecError, parse_devices
 from fleetctl.engine.planner.durations import DurationError, parse_latency, parse_window
 from fleetctl.engine.planner.plan import (
     ENOUGH_PCT,
@@ -23,6 +22,7 @@ from fleetctl.engine.planner.plan import (
     plan_from_store,
     rank,
 )
+from fleetctl.engine.planner.plan_devices import DeviceSpecError, parse_devices
 from fleetctl.engine.planner.simulator import SimRequest
 from fleetctl.engine.planner.slo import Slo
 from fleetctl.engine.planner.split import Split, SplitError, parse_split, splits_up_to

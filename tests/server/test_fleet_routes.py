@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 from support.fake_workers import FakeLauncher
 
-from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.fleet.fleet_config import FleetConfig
 from fleetctl.engine.server.app import create_app
 
 TOKEN = "test-admin-token"

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from support.fake_workers import FakeLauncher
 
-from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.fleet.fleet_config import FleetConfig
 from fleetctl.engine.server.app import create_app
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is a dev extra (pip install -e '.[dev]')")

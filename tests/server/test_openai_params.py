@@ -8,7 +8,7 @@ import openai
 import pytest
 from support.fleet_harness import serve
 
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 

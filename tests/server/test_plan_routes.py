@@ -10,8 +10,8 @@ from fastapi.testclient import TestClient
 from support.fake_workers import FakeLauncher
 from support.synthetic_fleet import workload, write_store
 
-from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.fleet.fleet_config import FleetConfig
 from fleetctl.engine.server.app import create_app
 
 TOKEN = "test-admin-token"

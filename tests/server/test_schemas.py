@@ -8,8 +8,8 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from support.fake_workers import FakeLauncher
 
-from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.fleet.fleet_config import FleetConfig
 from fleetctl.engine.fleet.ops.record import Operation, OpKind, OpState
 from fleetctl.engine.fleet.ops.stages import STAGES, progress
 from fleetctl.engine.server.app import create_app

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.fleet_harness import generate_json, serve, wait_until, worker_pids
 
-from fleetctl.engine.fleet.config import cpu_slot_cores
+from fleetctl.engine.fleet.fleet_config import cpu_slot_cores
 
 pytestmark = pytest.mark.fleet  # real worker processes and a real server
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from fleetctl.domain import Phase, WorkerRole
 from fleetctl.engine.core.sequence import FinishReason
-from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.fleet.fleet_config import FleetConfig
 from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.launcher import LaunchedWorker, LocalLauncher

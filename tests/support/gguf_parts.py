@@ -10,8 +10,8 @@ import torch
 
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.model.loader import load_weights
+from fleetctl.engine.model.model_store import SOURCE_GGUF
 from fleetctl.engine.model.quantize import MATRICES
-from fleetctl.engine.model.store import SOURCE_GGUF
 
 # the engine's fused matrices and their GGUF parts, in the order they are stacked
 PARTS = {"qkv": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",), "gate_up": ("ffn_gate", "ffn_up"),

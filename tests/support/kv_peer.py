@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from fleetctl.engine.core.config import EngineConfig, EngineSettings
-from fleetctl.engine.core.devices import make_current
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.engine.core.torch_devices import make_current
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.kv_transport import KVTransport
 

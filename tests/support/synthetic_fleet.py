@@ -10,7 +10,7 @@ from pathlib import Path
 from fleetctl.domain import DeviceKind, PeakSource, Phase, RequestOutcome, WorkerRole, WorkerState
 from fleetctl.store.aggregate import StepAggregator, StepRecord
 from fleetctl.store.db import open_db
-from fleetctl.store.devices import save_device
+from fleetctl.store.device_peak_cache import save_device
 from fleetctl.store.records import DeviceRecord, RequestRecord, WorkerRecord
 from fleetctl.store.writer import MetricsWriter, WriterConfig
 

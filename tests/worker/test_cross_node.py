@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fleetctl.engine.core.device_names import DeviceError
-from fleetctl.engine.fleet.config import pinned_cores
+from fleetctl.engine.fleet.fleet_config import pinned_cores
 from fleetctl.engine.worker.kv_transport import NO_GPU_CROSS_NODE, HandoffError, KVTransport
 from fleetctl.engine.worker.launcher import LocalLauncher
 from fleetctl.engine.worker.protocol import HandleKind, KVHandle

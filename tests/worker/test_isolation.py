@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.domain import WorkerRole
-from fleetctl.engine.core.config import DType, EngineSettings
+from fleetctl.engine.core.engine_settings import DType, EngineSettings
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.process import run_worker

@@ -1,4 +1,4 @@
-"""One tier of the node-wide KV block store: a folder of block records (`block_file`), one file per block named
+"""One of the node-wide KV tiers: a folder of block records (`block_file`), one file per block named
 by its digest, bounded in bytes, least recently used evicted first. The host-memory tier is such a folder under
 /dev/shm (shared by every worker process of the node), the disk tier one under `--kv-offload-dir`.
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetctl.engine.core.config import EngineSettings
+from fleetctl.engine.core.engine_settings import EngineSettings
 from fleetctl.engine.core.kv_tiers.file_tier import record_path, tier_roots
 
 TIER_TOKEN_COST = 0.1  # reading a token's KV back from a tier, as a share of computing it

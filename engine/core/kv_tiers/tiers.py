@@ -1,4 +1,4 @@
-"""The node-wide KV block store under the workers' pools: tiers (`FileTier`) from fastest to largest — host
+"""The KV tiers under the workers' pools, node-wide: tiers (`FileTier`) from fastest to largest — host
 memory, then disk — each bounded and LRU. A block goes in at the top; what the top evicts goes down a tier, and
 what the bottom evicts is gone. A lookup walks a prompt's block digests in order and stops at the first block no
 tier holds (a prefix is only useful whole); a block found below the top is copied up, so the next read of it
@@ -28,7 +28,7 @@ class TierHit:
 class KVTiers:
     def __init__(self, tiers: Sequence[FileTier], queue_blocks: int = QUEUE_BLOCKS) -> None:
         if not tiers:
-            raise ValueError("a KV block store needs at least one tier")
+            raise ValueError("the KV tiers need at least one tier")
         self.tiers = list(tiers)
         self.dropped = 0  # blocks offered while the writer was QUEUE_BLOCKS behind
         self._queue: queue.Queue[TierBlock | None] = queue.Queue(queue_blocks)

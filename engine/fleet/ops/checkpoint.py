@@ -1,5 +1,5 @@
 """`checkpoint`: stand a worker down with its complete state written to disk, its sessions held (their
-streams open) until a restore brings it back or the hold runs out (`holds.py`). Also the save a migration
+streams open) until a restore brings it back or the hold runs out (`checkpoint_holds.py`). Also the save a migration
 through a checkpoint makes (`migrate.py`), which leaves the source paused rather than gone. A checkpoint
 that is not written within `Supervision.checkpoint_timeout_s` is called off (its writer killed) and the
 worker serves on."""
@@ -12,7 +12,7 @@ from pathlib import Path
 from fleetctl.domain import EventKind, WorkerState
 from fleetctl.engine.checkpoint.format import checkpoint_name
 from fleetctl.engine.fleet.errors import OperationFailed, OperationRefused
-from fleetctl.engine.fleet.ops.holds import Holds
+from fleetctl.engine.fleet.ops.checkpoint_holds import Holds
 from fleetctl.engine.fleet.ops.record import Operation, OpKind
 from fleetctl.engine.fleet.ops.results import CheckpointResult
 from fleetctl.engine.fleet.ops.runner import Awaited, OperationRunner

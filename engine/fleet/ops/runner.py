@@ -14,8 +14,8 @@ from typing import Any, Protocol
 from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.checkpoint.format import CheckpointError
 from fleetctl.engine.core.device_names import DeviceError, check_device, gpu_clash, memory_share
-from fleetctl.engine.fleet.config import pinned_cores
 from fleetctl.engine.fleet.errors import FleetError, OperationCancelled, OperationFailed, OperationRefused
+from fleetctl.engine.fleet.fleet_config import pinned_cores
 from fleetctl.engine.fleet.ops.moves_in_flight import MovesInFlight
 from fleetctl.engine.fleet.ops.record import Operation, OpState
 from fleetctl.engine.fleet.ops.results import OperationResult

@@ -3,7 +3,7 @@ up to the first that none holds, from where a worker's pool stops; and which fol
 
 from pathlib import Path
 
-from fleetctl.engine.core.config import EngineSettings
+from fleetctl.engine.core.engine_settings import EngineSettings
 from fleetctl.engine.core.kv_tiers.file_tier import HOST_TIER_DIR, record_path
 from fleetctl.engine.core.kv_tiers.presence import TierPresence
 

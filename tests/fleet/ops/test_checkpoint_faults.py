@@ -14,9 +14,9 @@ from support.fleet_checks import ends, nothing_leaked, prompts, shm, until
 from fleetctl.domain import WorkerState
 from fleetctl.engine.checkpoint.format import used_at
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.fleet.config import Supervision
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import OperationRefused
+from fleetctl.engine.fleet.fleet_config import Supervision
 from fleetctl.engine.fleet.ops.checkpoint_catalog import catalog
 from fleetctl.engine.fleet.ops.record import Operation, OpState
 

@@ -14,9 +14,9 @@ from support.fleet_checks import all_complete, finished, prompts, shm, until
 
 from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.fleet.config import pinned_cores
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import OperationRefused
+from fleetctl.engine.fleet.fleet_config import pinned_cores
 from fleetctl.engine.fleet.ops.record import Operation, OpState
 from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.worker import protocol as m

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from fleetctl.domain import DeviceKind, Quantization, WorkerRole
 from fleetctl.engine.core.auto_dtype import auto_dtype
-from fleetctl.engine.core.config import DType, EngineSettings
 from fleetctl.engine.core.device_names import DeviceError, check_device, gpu_clash, gpu_count, gpu_slots, memory_share
+from fleetctl.engine.core.engine_settings import DType, EngineSettings
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.engine.worker.shm_files import SHM_DIR
 from fleetctl.engine.worker.spec import WorkerSpec

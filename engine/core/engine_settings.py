@@ -62,7 +62,7 @@ class EngineSettings:
     compile: CompileMode = CompileMode.OFF  # the decode step compiled once per batch bucket
     quantization: Quantization = Quantization.NONE  # the layers' weight format (engine/model/quantize)
     quant_group_size: int = 32  # inputs per int4 scale: 32, 64 or 128 (32 takes a GGUF's own 4-bit blocks)
-    # the node-wide KV block store under the pool (engine/core/kv_offload.py): a host-memory tier's bound and a
+    # the node-wide KV tiers under the pool (engine/core/kv_offload.py): a host-memory tier's bound and a
     # disk tier's folder and bound; 0 / None: no such tier
     kv_offload_memory_bytes: int = 0
     kv_offload_host_dir: Path | None = None  # the host tier's folder: None, /dev/shm/fleetctl-host-tier (node-wide)
