@@ -1,7 +1,7 @@
 """The one client of a running fleet's `/fleet/*` API: `FleetClient` for the CLI and the demo, `AsyncFleetClient`
 for the console. Both choose the URL and the admin token the same way, decode every failure in one place into
 a typed error (`FleetUnreachable`, `FleetRefused` with its HTTP status, `FleetAnswerInvalid` for an answer that
-is not the contract's), and return the contract's models (`engine/server/schemas.py`), parsed in one place
+is not the contract's), and return the contract's models (`engine/api/`), parsed in one place
 (`_parse`). The schemas (pydantic) are imported on the first call, so that `fleetctl --help` does not pay for
 them."""
 
@@ -16,20 +16,13 @@ import httpx
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from fleetctl.engine.server.history_schemas import FleetHistory
-    from fleetctl.engine.server.schemas import (
-        CheckpointList,
-        DevicePeaks,
-        FleetClassification,
-        FleetLogLines,
-        FleetPlan,
-        FleetStatus,
-        OperationInfo,
-        RebalancePreview,
-        RecentRequests,
-        WorkerList,
-        WorkerSessions,
-    )
+    from fleetctl.engine.api.checkpoints import CheckpointList
+    from fleetctl.engine.api.history import FleetHistory
+    from fleetctl.engine.api.operation_results import RebalancePreview
+    from fleetctl.engine.api.operations import OperationInfo
+    from fleetctl.engine.api.reports import DevicePeaks, FleetClassification, FleetPlan
+    from fleetctl.engine.api.requests import RecentRequests
+    from fleetctl.engine.api.status import FleetLogLines, FleetStatus, WorkerList, WorkerSessions
 
 DEFAULT_URL = "http://127.0.0.1:8700"
 Params = dict[str, str | float]
@@ -75,7 +68,7 @@ def fleet_url(url: str | None = None) -> str:
 
 def _auth_headers(token: str | None) -> dict[str, str]:
     """The admin token given, else $FLEET_ADMIN_TOKEN or the token file a local fleet wrote."""
-    from fleetctl.engine.server.admin_auth import read_admin_token
+    from fleetctl.engine.api.admin_token import read_admin_token
 
     chosen = token or read_admin_token()
     return {"Authorization": f"Bearer {chosen}"} if chosen else {}
@@ -124,80 +117,80 @@ class _Calls:
 
     @staticmethod
     def status() -> _Call[FleetStatus]:
-        from fleetctl.engine.server.schemas import FleetStatus
+        from fleetctl.engine.api.status import FleetStatus
 
         return _Call("GET", "/fleet/status", FleetStatus)
 
     @staticmethod
     def workers() -> _Call[WorkerList]:
-        from fleetctl.engine.server.schemas import WorkerList
+        from fleetctl.engine.api.status import WorkerList
 
         return _Call("GET", "/fleet/workers", WorkerList)
 
     @staticmethod
     def sessions(worker: str) -> _Call[WorkerSessions]:
-        from fleetctl.engine.server.schemas import WorkerSessions
+        from fleetctl.engine.api.status import WorkerSessions
 
         return _Call("GET", f"/fleet/workers/{worker}/sessions", WorkerSessions)
 
     @staticmethod
     def checkpoints() -> _Call[CheckpointList]:
-        from fleetctl.engine.server.schemas import CheckpointList
+        from fleetctl.engine.api.checkpoints import CheckpointList
 
         return _Call("GET", "/fleet/checkpoints", CheckpointList)
 
     @staticmethod
     def operation(op_id: str) -> _Call[OperationInfo]:
-        from fleetctl.engine.server.schemas import OperationInfo
+        from fleetctl.engine.api.operations import OperationInfo
 
         return _Call("GET", f"/fleet/operations/{op_id}", OperationInfo)
 
     @staticmethod
     def start(path: str, body: dict[str, object]) -> _Call[OperationInfo]:
-        from fleetctl.engine.server.schemas import OperationInfo
+        from fleetctl.engine.api.operations import OperationInfo
 
         return _Call("POST", path, OperationInfo, body=body)
 
     @staticmethod
     def plan(params: Params) -> _Call[FleetPlan]:
-        from fleetctl.engine.server.schemas import FleetPlan
+        from fleetctl.engine.api.reports import FleetPlan
 
         return _Call("GET", "/fleet/plan", FleetPlan, params=params)
 
     @staticmethod
     def classify(params: Params) -> _Call[FleetClassification]:
-        from fleetctl.engine.server.schemas import FleetClassification
+        from fleetctl.engine.api.reports import FleetClassification
 
         return _Call("GET", "/fleet/classify", FleetClassification, params=params)
 
     @staticmethod
     def devices() -> _Call[DevicePeaks]:
-        from fleetctl.engine.server.schemas import DevicePeaks
+        from fleetctl.engine.api.reports import DevicePeaks
 
         return _Call("GET", "/fleet/devices", DevicePeaks)
 
     @staticmethod
     def rebalance_preview(split: str, force: bool, via: str | None) -> _Call[RebalancePreview]:
-        from fleetctl.engine.server.schemas import RebalancePreview
+        from fleetctl.engine.api.operation_results import RebalancePreview
 
         return _Call("POST", "/fleet/rebalance", RebalancePreview, body={"split": split, "apply": False,
                                                                         "force": force, "via": via})
 
     @staticmethod
     def history(params: Params) -> _Call[FleetHistory]:
-        from fleetctl.engine.server.history_schemas import FleetHistory
+        from fleetctl.engine.api.history import FleetHistory
 
         return _Call("GET", "/fleet/history", FleetHistory, params=params)
 
     @staticmethod
     def requests(params: Params) -> _Call[RecentRequests]:
-        from fleetctl.engine.server.schemas import RecentRequests
+        from fleetctl.engine.api.requests import RecentRequests
 
         return _Call("GET", "/fleet/requests", RecentRequests, params=params)
 
     @staticmethod
     def logs(params: Params) -> _Call[FleetLogLines]:
-        from fleetctl.engine.server.schemas import FleetLogLines
+        from fleetctl.engine.api.status import FleetLogLines
 
         return _Call("GET", "/fleet/logs", FleetLogLines, params=params)
 

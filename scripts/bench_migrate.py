@@ -33,9 +33,9 @@ import httpx
 from fleetctl.console.cli.models import resolve_model
 from fleetctl.console.loadgen.local_fleet import local_fleet
 from fleetctl.console.loadgen.requests import WORDS
+from fleetctl.engine.api.admin_token import read_admin_token
 from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.model.tokenizer import Tokenizer
-from fleetctl.engine.server.admin_auth import read_admin_token
 
 
 class Streams:

@@ -56,7 +56,7 @@ class Consumer:
 def handoff_rates(sizes_mib: list[int]) -> list[dict]:
     import torch
 
-    from fleetctl.engine.core.device_names import parse_device_name
+    from fleetctl.engine.api.device_names import parse_device_name
     from fleetctl.engine.worker.kv_transport import KVTransport
 
     cluster = Cluster(initialize_head=True, head_node_args={

@@ -18,7 +18,7 @@ import httpx
 
 from fleetctl.console.cli.models import resolve_model
 from fleetctl.console.loadgen.local_fleet import local_fleet
-from fleetctl.engine.server.admin_auth import read_admin_token
+from fleetctl.engine.api.admin_token import read_admin_token
 
 
 class Sessions:

@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 
 from fleetctl.console.loadgen.local_fleet import FLEETCTL, local_fleet
-from fleetctl.engine.server.admin_auth import read_admin_token
+from fleetctl.engine.api.admin_token import read_admin_token
 from fleetctl.engine.worker.shm_files import SHM_DIR, buffers
 
 TARGET = "-t"  # request ids containing this are the ones the scenario's fault points aim at

@@ -35,3 +35,10 @@ def save_device(db: Database, record: DeviceRecord) -> None:
     if reason is not None:
         raise ValueError(f"device record for {record.identity}: {reason}")
     db["devices"].insert({name: getattr(record, name) for name in _COLUMNS}, replace=True)
+
+
+def peak_report(record: DeviceRecord) -> dict[str, object]:
+    """A cached peak as `devices --json` and `/fleet/devices` report it (the contract's `DevicePeak`)."""
+    return {"identity": record.identity, "dtype": record.dtype, "kind": record.kind.value, "name": record.name,
+            "peak_flops": record.peak_flops, "peak_bytes_per_s": record.peak_bytes_per_s,
+            "how": record.how_measured.value, "measured_at": record.measured_at}

@@ -70,13 +70,13 @@ def gemma3_dir() -> Path:
 @pytest.fixture
 def four_gpus(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """NVML reporting 4 GPUs (CUDA_VISIBLE_DEVICES unset); yields the calls made to it."""
-    from fleetctl.engine.core import device_names
+    from fleetctl.engine.core import local_devices
 
     calls: list[str] = []
-    monkeypatch.setattr(device_names.pynvml, "nvmlInit", lambda: calls.append("init"))
-    monkeypatch.setattr(device_names.pynvml, "nvmlDeviceGetCount", lambda: calls.append("count") or 4)
-    monkeypatch.setattr(device_names.pynvml, "nvmlShutdown", lambda: calls.append("shutdown"))
+    monkeypatch.setattr(local_devices.pynvml, "nvmlInit", lambda: calls.append("init"))
+    monkeypatch.setattr(local_devices.pynvml, "nvmlDeviceGetCount", lambda: calls.append("count") or 4)
+    monkeypatch.setattr(local_devices.pynvml, "nvmlShutdown", lambda: calls.append("shutdown"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    device_names.gpu_count.cache_clear()
+    local_devices.gpu_count.cache_clear()
     yield calls
-    device_names.gpu_count.cache_clear()
+    local_devices.gpu_count.cache_clear()

@@ -1,7 +1,9 @@
 """The import graph: layers import downwards only (server → fleet → planner → worker → checkpoint → core →
 metrics → model → kernels; `store` and `paths` from anywhere, the store importing none of them; the
-domain's vocabulary, `fleetctl.domain`, from anywhere, the store included); inside the console too (cli →
-demo / loadgen / tui → client, the demo drawing on the load generator); no module imports itself through
+domain's vocabulary, `fleetctl.domain`, from anywhere, the store included); the wire contract, `engine.api`, from
+any layer of the engine and the console, itself importing only the vocabulary and `paths`; inside the console too
+(cli → demo / loadgen / tui → client, the demo drawing on the load generator), and outside its composition root
+(`console/cli/`) the console reaches the engine only through `engine.api`; no module imports itself through
 others; and the controller and server import no torch. Lazy imports inside functions count as imports."""
 
 import ast
@@ -26,6 +28,10 @@ LAYERS = (
     "fleetctl.kernels",
 )
 ANYONE_MAY_USE = ("fleetctl.store", "fleetctl.engine.paths", "fleetctl.themes")
+API = "fleetctl.engine.api"  # the wire contract: any engine layer and the console may use it
+API_IMPORTS = ("fleetctl.engine.api", "fleetctl.engine.paths")  # besides the vocabulary
+CONSOLE_ENGINE = (API, "fleetctl.engine.paths")  # what the console outside cli/ may import of the engine
+COMPOSITION_ROOT = ("fleetctl.console.cli", "fleetctl.console.__main__")  # may import whatever it runs
 SELF_CONTAINED = ("fleetctl.store", "fleetctl.kernels", "fleetctl.engine.paths", "fleetctl.themes", "fleetctl.domain")
 VOCABULARY = "fleetctl.domain"  # the words every layer shares (roles, states, phases): imports nothing itself
 # what each of the console's rooms may import of the console besides itself: cli → demo / loadgen / tui → client
@@ -68,10 +74,16 @@ def violations(source: str, targets: set[str]) -> list[str]:
     """Why `source` may not import each of `targets` (empty when all are allowed)."""
     bad = []
     for target in sorted(targets):
-        if within(target, "fleetctl.engine") and not any(within(target, p) for p in (*LAYERS, *ANYONE_MAY_USE)):
+        if within(target, "fleetctl.engine") and not any(within(target, p) for p in (*LAYERS, *ANYONE_MAY_USE, API)):
             continue  # `from fleetctl.engine import x`: x is checked as fleetctl.engine.x
         home = next((p for p in SELF_CONTAINED if within(source, p)), None)
         if within(target, VOCABULARY) and home != VOCABULARY:
+            continue
+        if within(source, API):
+            if not any(within(target, allowed) for allowed in API_IMPORTS):
+                bad.append(f"{source} imports {target}: the API imports only the vocabulary and paths")
+            continue
+        if within(target, API) and home is None:
             continue
         if home is not None:
             if not within(target, home):
@@ -94,6 +106,15 @@ def console_violations(source: str, targets: set[str]) -> list[str]:
     return [f"{source} imports {target}: {room} may import only {', '.join(CONSOLE_ROOMS[room]) or 'itself'}"
             for target in sorted(targets) if within(target, "fleetctl.console") and
             not any(within(target, a) for a in allowed)]
+
+
+def engine_reach(source: str, targets: set[str]) -> list[str]:
+    """Why `source`, a console module outside the composition root, may not import each of `targets`."""
+    if not within(source, "fleetctl.console") or any(within(source, root) for root in COMPOSITION_ROOT):
+        return []
+    return [f"{source} imports {target}: outside console/cli/ the console reaches the engine only through engine.api"
+            for target in sorted(targets) if within(target, "fleetctl.engine") and
+            not any(within(target, allowed) for allowed in CONSOLE_ENGINE)]
 
 
 def import_cycle(graph: dict[str, set[str]]) -> list[str]:
@@ -134,6 +155,11 @@ def test_console_rooms_import_downwards() -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_the_console_reaches_the_engine_only_through_its_api() -> None:
+    problems = [v for path in package_modules() for v in engine_reach(module_name(path), imported_modules(path))]
+    assert not problems, "\n".join(problems)
+
+
 def test_no_module_imports_itself_through_others() -> None:
     modules = {module_name(path): path for path in package_modules()}
     graph = {name: {m for m in imported_modules(path) if m in modules and m != name} for name, path in modules.items()}
@@ -164,6 +190,11 @@ def test_engine_has_no_loose_modules() -> None:
     ("fleetctl.store.records", "fleetctl.domain", True),
     ("fleetctl.kernels.ops", "fleetctl.domain", True),
     ("fleetctl.domain", "fleetctl.store.records", False),
+    ("fleetctl.engine.core.scheduler", "fleetctl.engine.api.status", True),
+    ("fleetctl.engine.api.status", "fleetctl.engine.fleet.request", False),
+    ("fleetctl.engine.api.status", "fleetctl.store.records", False),
+    ("fleetctl.store.records", "fleetctl.engine.api.status", False),
+    ("fleetctl.kernels.ops", "fleetctl.engine.api.status", False),
 ])
 def test_the_checker_tells_up_from_down(source: str, target: str, allowed: bool) -> None:
     assert (violations(source, {target}) == []) is allowed
@@ -180,6 +211,17 @@ def test_the_checker_tells_up_from_down(source: str, target: str, allowed: bool)
 ])
 def test_the_console_checker_tells_up_from_down(source: str, target: str, allowed: bool) -> None:
     assert (console_violations(source, {target}) == []) is allowed
+
+
+@pytest.mark.parametrize(("source", "target", "allowed"), [
+    ("fleetctl.console.tui.source", "fleetctl.engine.api.status", True),
+    ("fleetctl.console.tui.source", "fleetctl.engine.server.schemas", False),
+    ("fleetctl.console.loadgen.runner", "fleetctl.engine.planner.plan", False),
+    ("fleetctl.console.client", "fleetctl.engine.fleet.config", False),
+    ("fleetctl.console.cli.serve", "fleetctl.engine.fleet.controller", True),
+])
+def test_the_engine_reach_checker_tells_the_api_from_the_insides(source: str, target: str, allowed: bool) -> None:
+    assert (engine_reach(source, {target}) == []) is allowed
 
 
 def test_controller_server_and_planner_import_no_torch() -> None:

@@ -62,7 +62,7 @@ def bench(
     from fleetctl.console.loadgen.report import print_results, save_results
     from fleetctl.console.loadgen.runner import Outcome, fixed_lengths, run_bench
     from fleetctl.console.loadgen.traces import load_trace
-    from fleetctl.engine.planner.trace_file import TraceFileError
+    from fleetctl.engine.api.trace_file import TraceFileError
 
     target = fleet_url(url)
     context = _context_of(target) if trace == TraceKind.AGENT and not compare_layouts else None
@@ -108,7 +108,7 @@ def _context_of(url: str) -> int | None:
 def _compare_layouts(model: str, devices: str, name: str, trace: list[TraceRequest], slo_ttft: float,
                      slo_tpot: float, store_dir: str, as_json: bool) -> None:
     """What `bench --compare-layouts` prints, or one error line."""
-    from fleetctl.console.loadgen.compare_layouts import compare_layouts, default_devices, render_comparison
+    from fleetctl.console.cli.compare_layouts import compare_layouts, default_devices, render_comparison
     from fleetctl.console.loadgen.local_fleet import FleetStartError
     from fleetctl.engine.planner.plan import USER_ERRORS
     from fleetctl.engine.planner.slo import Slo

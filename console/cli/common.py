@@ -21,7 +21,7 @@ from fleetctl.domain import Quantization
 from fleetctl.engine.core.engine_settings import INT4_GROUP_SIZES
 
 if TYPE_CHECKING:
-    from fleetctl.engine.server.schemas import OperationInfo
+    from fleetctl.engine.api.operations import OperationInfo
 
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
@@ -87,7 +87,7 @@ def fail(message: str, code: int = EXIT_FAILURE) -> typer.Exit:
 
 def _user_errors() -> tuple[type[Exception], ...]:
     # imported here so `fleetctl --help` does not pay for torch
-    from fleetctl.engine.core.device_names import DeviceError
+    from fleetctl.engine.api.device_names import DeviceError
     from fleetctl.engine.core.engine_settings import EngineSettingsError
     from fleetctl.engine.core.prompt import PromptError
     from fleetctl.engine.core.sequence import SamplingError
@@ -148,7 +148,7 @@ def operation_output(op: OperationInfo, as_json: bool, timeout: float) -> str:
     """What a followed operation prints: its result's JSON (`--json`) or the one sentence `schemas.describe` says
     of it (the console's dialog says the same); `fail(...)` with that sentence when it failed or was called off,
     or with its id when it still runs after `timeout`."""
-    from fleetctl.engine.server.schemas import describe
+    from fleetctl.engine.api.operations import describe
 
     if op.state == "running":
         raise fail(f"{op.kind} of {op.worker} still running after {timeout:.0f}s (operation {op.id})")

@@ -58,17 +58,18 @@ def console(
 def attach(url: str | None, *, token: str | None, store: Path | None, settings: "ConsoleSettings",
            model: str, quantization: Quantization = Quantization.NONE) -> None:
     from fleetctl.console.tui.app import run_console
+    from fleetctl.engine.metrics.gpu_sampler import GpuSampler
     from fleetctl.store.db import open_db
 
     if url is not None:
         if store is not None:
             open_db(store).close()  # a store that cannot be read is one line here, not an error inside the console
-        run_console(fleet_url(url), store=store, token=token, settings=settings)
+        run_console(fleet_url(url), store=store, token=token, settings=settings, gpus=GpuSampler())
         return
     fleet_store = store or store_path("")
     print(f"fleetctl: no fleet answers at {DEFAULT_URL}: starting an embedded one ({model}) …", flush=True)
     with embedded_fleet(model, fleet_store, quantization) as embedded:
-        run_console(embedded, embedded=True, store=fleet_store, token=token, settings=settings)
+        run_console(embedded, embedded=True, store=fleet_store, token=token, settings=settings, gpus=GpuSampler())
 
 
 def answers(url: str) -> bool:

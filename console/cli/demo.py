@@ -2,6 +2,7 @@
 prompt-heavy and a decode-heavy phase, and either the console or, headless, a summary of what the
 fleet did in each phase."""
 
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -88,8 +89,9 @@ def demo(
 
 def _console() -> Callable[..., None]:
     from fleetctl.console.tui.app import run_console  # Textual: never imported on the headless path
+    from fleetctl.engine.metrics.gpu_sampler import GpuSampler
 
-    return run_console
+    return functools.partial(run_console, gpus=GpuSampler())
 
 
 def _drive(run: DemoRun, url: str, *, embedded: bool) -> None:

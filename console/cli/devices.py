@@ -22,7 +22,7 @@ from fleetctl.console.cli.common import (
 from fleetctl.console.client import FleetClient
 
 if TYPE_CHECKING:
-    from fleetctl.engine.server.schemas import DevicePeaks
+    from fleetctl.engine.api.reports import DevicePeaks
 
 
 def devices(
@@ -47,9 +47,9 @@ def devices(
 
 
 def _peaks_in_file(store: str, recalibrate: bool) -> DevicePeaks:
-    from fleetctl.engine.server.schemas import DevicePeak, DevicePeaks
+    from fleetctl.engine.api.reports import DevicePeak, DevicePeaks
     from fleetctl.store.db import read_store
-    from fleetctl.store.device_peak_cache import all_devices
+    from fleetctl.store.device_peak_cache import all_devices, peak_report
 
     path = existing_store(store, "workers measure their devices when a fleet starts")
     records = read_store(path, all_devices)
@@ -64,7 +64,8 @@ def _peaks_in_file(store: str, recalibrate: bool) -> DevicePeaks:
                 skipped.append(record.identity)
             measured.append(fresh or record)
         records = measured
-    return DevicePeaks(devices=[DevicePeak.of(record) for record in records], not_recalibrated=skipped)
+    return DevicePeaks(devices=[DevicePeak.model_validate(peak_report(record)) for record in records],
+                       not_recalibrated=skipped)
 
 
 def render_devices(peaks: DevicePeaks) -> str:

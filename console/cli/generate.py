@@ -13,7 +13,7 @@ from fleetctl.engine.model.registry import DEFAULT_MODEL
 
 
 def default_device() -> str:
-    from fleetctl.engine.core.device_names import gpu_count
+    from fleetctl.engine.core.local_devices import gpu_count
 
     return "cuda:0" if gpu_count() else "cpu"
 

@@ -20,7 +20,7 @@ from fleetctl.domain import WorkerRole
 from fleetctl.engine.fleet.fleet_config import Supervision
 
 if TYPE_CHECKING:
-    from fleetctl.engine.server.schemas import OperationInfo
+    from fleetctl.engine.api.operations import OperationInfo
 
 
 def _started(path: str, body: dict[str, object], url: str | None, timeout: float) -> "OperationInfo":
@@ -45,7 +45,7 @@ def checkpoint(
 ) -> None:
     """Stand a worker down with its complete state saved; its sessions pause (their streams stay open) until
     `restore`, or are recomputed on peers after `--hold` seconds."""
-    from fleetctl.engine.server.schemas import CheckpointResult
+    from fleetctl.engine.api.operation_results import CheckpointResult
 
     op = _started(f"/fleet/workers/{worker}/checkpoint", {} if hold is None else {"hold_s": hold}, url, timeout)
     output = operation_output(op, as_json, timeout)

@@ -27,7 +27,8 @@ from fleetctl.console.cli.common import (
 from fleetctl.console.client import FleetClient, Params
 
 if TYPE_CHECKING:
-    from fleetctl.engine.server.schemas import FleetClassification, FleetPlan, RebalancePreview
+    from fleetctl.engine.api.operation_results import RebalancePreview
+    from fleetctl.engine.api.reports import FleetClassification, FleetPlan
 
 PLAN_TIMEOUT_S = 120.0  # a fleet replays every split of a long window before it answers
 
@@ -68,12 +69,12 @@ def plan(
 
 def _plan_from_file(path: Path, since: str, slo_ttft: str, slo_tpot: str, devices: str,
                     trace: Path | None, elastic: bool) -> FleetPlan:
+    from fleetctl.engine.api.reports import FleetPlan
+    from fleetctl.engine.api.trace_file import read_mooncake
     from fleetctl.engine.planner.durations import parse_window
     from fleetctl.engine.planner.plan import USER_ERRORS, PlanRequest, plan_from_store
     from fleetctl.engine.planner.simulator import SimRequest
     from fleetctl.engine.planner.slo import Slo
-    from fleetctl.engine.planner.trace_file import read_mooncake
-    from fleetctl.engine.server.schemas import FleetPlan
 
     try:
         replay = None if trace is None else tuple(
@@ -186,8 +187,8 @@ def classify(
 
 
 def _classify_file(store: str, since: str) -> FleetClassification:
+    from fleetctl.engine.api.reports import FleetClassification
     from fleetctl.engine.planner.durations import DurationError, parse_window
-    from fleetctl.engine.server.schemas import FleetClassification
     from fleetctl.store.classify import classify as classify_window
     from fleetctl.store.db import read_store
 

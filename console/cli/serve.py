@@ -141,10 +141,10 @@ def serve(
 
     os.umask(0o077)  # everything the fleet writes (store, checkpoints, handoff buffers, token) is the user's alone
 
+    from fleetctl.engine.api.admin_token import AdminTokenError, load_or_create_admin_token
     from fleetctl.engine.fleet.controller import Fleet
     from fleetctl.engine.planner.durations import DurationError
     from fleetctl.engine.planner.slo import Slo
-    from fleetctl.engine.server.admin_auth import AdminTokenError, load_or_create_admin_token
     from fleetctl.engine.server.app import create_app
     from fleetctl.engine.server.graceful import GracefulServer
     from fleetctl.engine.server.overload import ConnectionLimit

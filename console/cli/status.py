@@ -10,7 +10,7 @@ from fleetctl.console.cli.common import JSON_OPTION, URL_OPTION, fleet_errors
 from fleetctl.console.client import FleetClient
 
 if TYPE_CHECKING:
-    from fleetctl.engine.server.schemas import WorkerInfo
+    from fleetctl.engine.api.status import WorkerInfo
 
 
 def _worker_table(workers: list[WorkerInfo]) -> None:

@@ -22,7 +22,7 @@ import random
 from pathlib import Path
 
 from fleetctl.console.loadgen.requests import TraceRequest, prompt_text
-from fleetctl.engine.planner.trace_file import TraceFileError, json_lines
+from fleetctl.engine.api.trace_file import TraceFileError, json_lines
 
 REFERENCE_CONTEXT = 8192  # the context the sizes below are for (smollm2-135m's); others scale them
 SYSTEM_WORDS = 1536

@@ -1,6 +1,5 @@
 """Run `fleetctl serve` as a child process and learn its URL: the fleets `bench --compare-layouts` starts, the
-embedded fleet of `fleetctl console` and `fleetctl demo` (cli/embedded.py; its layout is here), the scripts and
-the tests."""
+embedded fleet of `fleetctl console` and `fleetctl demo` (cli/embedded.py), the scripts and the tests."""
 
 import os
 import re
@@ -14,24 +13,6 @@ from pathlib import Path
 
 FLEETCTL = [sys.executable, "-m", "fleetctl.console"]
 CPU_DECODE_WORKERS = 2  # on a machine without GPUs: 1 prefill + 2 decode logical cpu slots
-EMBEDDED_GRACE_S = 4.0  # the embedded fleet's --grace: quitting the console ends it, workers and all, within this
-
-
-def embedded_fleet_args(store: Path | None = None) -> list[str]:
-    """The `fleetctl serve` arguments (all but --model) of the embedded fleet on this machine's devices:
-    one worker per GPU, 1 prefill + the rest decode (one GPU: a prefill and a decode worker on two slots of it);
-    without GPUs 1 prefill + 2 decode on the logical slots cpu:0..2. `store` defaults to $FLEET_HOME/fleet.db.
-    Its grace is short: the person who quits the console is not serving anyone else."""
-    from fleetctl.engine.core.device_names import gpu_count
-    from fleetctl.engine.paths import default_store_path
-
-    gpus = gpu_count()
-    if gpus == 1:
-        devices = ["cuda:0", "cuda:0"]
-    else:
-        devices = [f"cuda:{i}" for i in range(gpus)] if gpus else [f"cpu:{i}" for i in range(1 + CPU_DECODE_WORKERS)]
-    layout = ["--prefill", "1", "--decode", str(len(devices) - 1), "--devices", ",".join(devices)]
-    return [*layout, "--grace", f"{EMBEDDED_GRACE_S:g}", "--store", str(store or default_store_path())]
 
 
 class FleetStartError(RuntimeError):

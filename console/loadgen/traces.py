@@ -13,7 +13,7 @@ from fleetctl.console.loadgen.agent_sessions import (
 )
 from fleetctl.console.loadgen.requests import WORDS, TraceRequest, prompt_text
 from fleetctl.console.loadgen.synthetic import TraceKind, make_trace
-from fleetctl.engine.planner.trace_file import MOONCAKE_BLOCK_TOKENS, TraceFileError, TraceRecord, read_mooncake
+from fleetctl.engine.api.trace_file import MOONCAKE_BLOCK_TOKENS, TraceFileError, TraceRecord, read_mooncake
 
 
 def _prompt_of(record: TraceRecord, line: int) -> str:
@@ -26,7 +26,7 @@ def _prompt_of(record: TraceRecord, line: int) -> str:
 
 
 def trace_from_file(path: Path | str) -> list[TraceRequest]:
-    """A Mooncake trace (`engine.planner.trace_file`) as bench requests, arrivals as recorded."""
+    """A Mooncake trace (`engine/api/trace_file.py`) as bench requests, arrivals as recorded."""
     return [TraceRequest(_prompt_of(r, i), r.input_length, r.output_length, r.arrival_s)
             for i, r in enumerate(read_mooncake(path))]
 

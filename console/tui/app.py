@@ -14,6 +14,7 @@ from textual.widgets import Header, Input, OptionList, Static
 from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.actions import ACTIONS, ACTIONS_BY_ID, READONLY_REASON
 from fleetctl.console.tui.flows import ActionFlows
+from fleetctl.console.tui.host import GpuSamples
 from fleetctl.console.tui.palette import ActionCommands
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.screens.event_detail import EventDetail
@@ -221,9 +222,10 @@ class FleetConsole(App[None]):
 
 
 def run_console(url: str, *, embedded: bool = False, store: Path | None = None, readonly: bool = False,
-                title: str = "fleetctl", token: str | None = None, settings: ConsoleSettings | None = None) -> None:
+                title: str = "fleetctl", token: str | None = None, settings: ConsoleSettings | None = None,
+                gpus: GpuSamples | None = None) -> None:
     """Attach the console to the fleet at `url` until the operator quits. `embedded` only changes the
     title (the caller owns the fleet's lifetime). The admin token defaults to $FLEET_ADMIN_TOKEN or the
-    token file a local fleet wrote."""
-    source = HttpSource(url, token, store)
+    token file a local fleet wrote. `gpus` samples this host's GPUs for the devices panel."""
+    source = HttpSource(url, token, store, gpus=gpus)
     FleetConsole(source, settings, readonly=readonly, title=title + (" · embedded fleet" if embedded else "")).run()

@@ -12,13 +12,14 @@ from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog, OperationDialog
 from fleetctl.console.tui.source import FleetSource
 from fleetctl.domain import DeviceKind, WorkerRole, WorkerState
-from fleetctl.engine.core.device_names import DeviceName, parse_device_name
-from fleetctl.engine.fleet.fleet_config import Supervision
-from fleetctl.engine.server.schemas import OperationInfo, WorkerInfo
+from fleetctl.engine.api.bodies import DEFAULT_HOLD_S
+from fleetctl.engine.api.device_names import DeviceName, parse_device_name
+from fleetctl.engine.api.operations import OperationInfo
+from fleetctl.engine.api.status import WorkerInfo
 
 ScreenResult = TypeVar("ScreenResult")
 LIVE_STATES = ("starting", "running", "draining")
-HOLD_CHOICES = [("60", "60 s"), (f"{Supervision.hold_s:g}", f"{Supervision.hold_s / 60:g} minutes (default)"),
+HOLD_CHOICES = [("60", "60 s"), (f"{DEFAULT_HOLD_S:g}", f"{DEFAULT_HOLD_S / 60:g} minutes (default)"),
                 ("900", "15 minutes")]
 
 

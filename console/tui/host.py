@@ -1,26 +1,35 @@
 """This machine's side of the devices panel: GPU utilization, memory and power from NVML, and how
 much CPU each local worker process uses (psutil). A console attached to another machine's fleet sees
-its own host here, so the panel says which host it shows."""
+its own host here, so the panel says which host it shows. The GPU samples come from whatever the command that
+started the console hands it (the engine's NVML sampler); without one the panel shows no GPU."""
 
 import contextlib
 import socket
+from typing import Protocol
 
 import psutil
 
-from fleetctl.engine.metrics.gpu_sampler import GpuSampler
+from fleetctl.store.records import GpuSample
+
+
+class GpuSamples(Protocol):
+    def sample(self) -> list[GpuSample]: ...
+
+    def close(self) -> None: ...
 
 
 class HostProbe:
-    def __init__(self) -> None:
-        self._gpus = GpuSampler()
+    def __init__(self, gpus: GpuSamples | None = None) -> None:
+        self._gpus = gpus
         self._processes: dict[int, psutil.Process] = {}
 
     def sample(self, pids: list[int]) -> dict:
         """{"host", "gpus": [{"index", "sm_util", "mem_used_bytes", "power_w"}], "processes": {pid: cpu %}}
         (cpu % of one core since the previous sample; None the first time a pid is seen or if it is
         not on this machine)."""
+        samples = self._gpus.sample() if self._gpus is not None else []
         gpus = [{"index": s.device_index, "sm_util": s.sm_util, "mem_used_bytes": s.mem_used_bytes,
-                 "power_w": s.power_w} for s in self._gpus.sample()]
+                 "power_w": s.power_w} for s in samples]
         return {"host": socket.gethostname(), "gpus": gpus, "processes": {pid: self._cpu(pid) for pid in pids}}
 
     def _cpu(self, pid: int) -> float | None:
@@ -36,5 +45,6 @@ class HostProbe:
             return None
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._gpus.close()
+        if self._gpus is not None:
+            with contextlib.suppress(Exception):
+                self._gpus.close()

@@ -4,8 +4,8 @@ Plain data: the widgets render it, tests build it from the contract's models."""
 
 from dataclasses import dataclass, field
 
-from fleetctl.engine.server.history_schemas import FleetHistory, HistoryPoint
-from fleetctl.engine.server.schemas import FleetStatus, PoolInfo, TierInfo, WorkerInfo
+from fleetctl.engine.api.history import FleetHistory, HistoryPoint
+from fleetctl.engine.api.status import FleetStatus, PoolInfo, TierInfo, WorkerInfo
 
 HISTORY_WINDOW_S = 300.0  # five minutes of charts
 HISTORY_BUCKET_S = 5.0

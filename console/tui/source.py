@@ -10,18 +10,15 @@ from pathlib import Path
 from typing import Protocol
 
 from fleetctl.console.client import AsyncFleetClient, FleetClientError, FleetRefused
-from fleetctl.console.tui.host import HostProbe
+from fleetctl.console.tui.host import GpuSamples, HostProbe
 from fleetctl.console.tui.reading import HISTORY_BUCKET_S, HISTORY_WINDOW_S, FleetReading
-from fleetctl.engine.server.history_schemas import FleetHistory
-from fleetctl.engine.server.schemas import (
-    CheckpointList,
-    FleetLogLines,
-    FleetPlan,
-    OperationInfo,
-    RebalancePreview,
-    RecentRequests,
-    WorkerSessions,
-)
+from fleetctl.engine.api.checkpoints import CheckpointList
+from fleetctl.engine.api.history import FleetHistory
+from fleetctl.engine.api.operation_results import RebalancePreview
+from fleetctl.engine.api.operations import OperationInfo
+from fleetctl.engine.api.reports import FleetPlan
+from fleetctl.engine.api.requests import RecentRequests
+from fleetctl.engine.api.status import FleetLogLines, WorkerSessions
 
 
 class FleetSource(Protocol):
@@ -51,11 +48,12 @@ class FleetSource(Protocol):
 
 
 class HttpSource:
-    def __init__(self, url: str, token: str | None, store: Path | None = None, timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, token: str | None, store: Path | None = None, timeout_s: float = 5.0,
+                 gpus: GpuSamples | None = None) -> None:
         self._fleet = AsyncFleetClient(url, token=token, timeout=timeout_s)
         self.url = self._fleet.url
         self._store = store
-        self._host = HostProbe()
+        self._host = HostProbe(gpus)
 
     async def read(self) -> FleetReading:
         try:

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from functools import cache
 
 from fleetctl.domain import DeviceKind
-from fleetctl.engine.core.device_names import DeviceName
+from fleetctl.engine.api.device_names import DeviceName
 from fleetctl.engine.core.engine_settings import DType
 
 

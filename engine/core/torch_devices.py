@@ -6,9 +6,10 @@ import os
 import torch
 
 from fleetctl.domain import DeviceKind
+from fleetctl.engine.api.device_names import DeviceName, parse_device_name
 from fleetctl.engine.core.auto_dtype import auto_dtype
-from fleetctl.engine.core.device_names import DeviceName, check_device, parse_device_name
 from fleetctl.engine.core.engine_settings import DEFAULT_CPU_KV_BYTES, GPU_KV_FRACTION, DType
+from fleetctl.engine.core.local_devices import check_device
 
 TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
 

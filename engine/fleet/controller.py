@@ -16,7 +16,8 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fleetctl.domain import PHASES, WorkerRole, WorkerState
-from fleetctl.engine.core.device_names import DeviceError
+from fleetctl.engine.api.device_names import DeviceError
+from fleetctl.engine.api.operation_results import RebalancePreview
 from fleetctl.engine.core.output import TextStream
 from fleetctl.engine.core.prompt import check_prompt
 from fleetctl.engine.core.sequence import SamplingParams
@@ -35,7 +36,6 @@ from fleetctl.engine.fleet.ops.moves_in_flight import MovesInFlight
 from fleetctl.engine.fleet.ops.rebalance import Rebalancer
 from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.fleet.ops.restore import Restores
-from fleetctl.engine.fleet.ops.results import RebalancePreview
 from fleetctl.engine.fleet.ops.runner import OperationRunner
 from fleetctl.engine.fleet.ops.session_move import SessionMoves
 from fleetctl.engine.fleet.ops.split_regret import SplitRegret

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetctl.domain import DeviceKind, Quantization, WorkerRole
+from fleetctl.engine.api.bodies import DEFAULT_HOLD_S
+from fleetctl.engine.api.device_names import DeviceError, gpu_clash, gpu_slots, memory_share
 from fleetctl.engine.core.auto_dtype import auto_dtype
-from fleetctl.engine.core.device_names import DeviceError, check_device, gpu_clash, gpu_count, gpu_slots, memory_share
 from fleetctl.engine.core.engine_settings import DType, EngineSettings
+from fleetctl.engine.core.local_devices import check_device, gpu_count
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.engine.worker.shm_files import SHM_DIR
 from fleetctl.engine.worker.spec import WorkerSpec
@@ -52,7 +54,7 @@ class Supervision:
     step_timeout_s: float = 120.0  # one step running longer counts as hung (its heartbeat stops)
     max_retries: int = 2  # a request that failed on more workers than this is failed as poisoned
     checkpoint_timeout_s: float = 300.0  # a checkpoint not written by then is called off, the worker resumed
-    hold_s: float = 300.0  # a checkpoint's sessions wait this long for a restore (unless it says), then are recomputed
+    hold_s: float = DEFAULT_HOLD_S  # a checkpoint's sessions wait this long for a restore (unless it says)
 
     def __post_init__(self) -> None:
         for name in ("backoff_s", "backoff_max_s", "crash_window_s", "heartbeat_s", "heartbeat_timeout_s",

@@ -12,11 +12,12 @@ from collections import deque
 from collections.abc import Callable
 
 from fleetctl.domain import EventKind, WorkerState
+from fleetctl.engine.api.operation_results import RestartResult
+from fleetctl.engine.api.operations import OpKind
+from fleetctl.engine.api.stages import RestartStage
 from fleetctl.engine.fleet.errors import OperationFailed, OperationRefused
-from fleetctl.engine.fleet.ops.record import Operation, OpKind
-from fleetctl.engine.fleet.ops.results import RestartResult
+from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.fleet.ops.runner import OperationRunner
-from fleetctl.engine.fleet.ops.stages import RestartStage
 from fleetctl.engine.fleet.state import FleetState
 
 log = logging.getLogger(__name__)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetctl.domain import WorkerRole
+from fleetctl.engine.api.trace_file import TraceFileError
 from fleetctl.engine.planner.costs import DeviceCosts, fit_costs, measured_kinds
 from fleetctl.engine.planner.durations import DurationError, format_window
 from fleetctl.engine.planner.fit import FitError
@@ -24,7 +25,6 @@ from fleetctl.engine.planner.plan_devices import DeviceSpecError, PlanDevices, p
 from fleetctl.engine.planner.simulator import EngineLimits, SimRequest, Timing, simulate
 from fleetctl.engine.planner.slo import Slo
 from fleetctl.engine.planner.split import Layout, Split, SplitError, splits_of, splits_up_to
-from fleetctl.engine.planner.trace_file import TraceFileError
 from fleetctl.store.db import open_db
 from fleetctl.store.plan_inputs import LiveWorker, PlanInputs, plan_inputs
 from fleetctl.store.queries import percentiles

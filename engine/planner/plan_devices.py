@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from fleetctl.domain import DeviceKind
-from fleetctl.engine.core.device_names import DeviceError, parse_device_name
+from fleetctl.engine.api.device_names import DeviceError, parse_device_name
 from fleetctl.engine.metrics.gpu_specs import GPU_SPECS, GpuSpec, find_gpu_spec
 from fleetctl.engine.planner.costs import DeviceCosts
 

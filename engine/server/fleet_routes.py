@@ -5,72 +5,37 @@ recent requests' timing breakdowns, the store's history for remote consoles, the
 
 import asyncio
 from collections.abc import Callable
-from typing import Literal
 
 from fastapi import APIRouter, Query, Response
-from pydantic import BaseModel, Field
 
+from fleetctl.engine.api.bodies import (
+    CheckpointBody,
+    DrainBody,
+    MigrateBody,
+    MoveBody,
+    RestoreBody,
+    StartBody,
+    StopBody,
+    SwitchBody,
+)
+from fleetctl.engine.api.checkpoints import CheckpointList
+from fleetctl.engine.api.history import FleetHistory
+from fleetctl.engine.api.operations import OperationInfo
+from fleetctl.engine.api.requests import RecentRequests
+from fleetctl.engine.api.status import FleetLogLines, FleetStatus, LogLineInfo, WorkerList, WorkerSessions
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import OperationRefused
 from fleetctl.engine.fleet.logs import FLEET, KEEP_LINES
 from fleetctl.engine.fleet.ops.checkpoint_catalog import catalog
 from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.server.errors import APIError
-from fleetctl.engine.server.history_schemas import FleetHistory
 from fleetctl.engine.server.plan_routes import plan_router
-from fleetctl.engine.server.schemas import (
-    CheckpointList,
-    FleetLogLines,
-    FleetStatus,
-    LogLineInfo,
-    OperationInfo,
-    RecentRequests,
-    WorkerList,
-    WorkerSessions,
-    operation_info,
-)
 from fleetctl.engine.server.status import fleet_status, workers_status
 from fleetctl.engine.server.store_routes import fleet_store, store_router
 from fleetctl.store.db import read_store
 from fleetctl.store.history import HistoryError, history
 
 MAX_HISTORY_S = 7 * 86400.0  # what the store keeps
-
-
-class CheckpointBody(BaseModel):
-    hold_s: float | None = Field(default=None, ge=0)  # None: the fleet's own (`serve`'s Supervision.hold_s)
-
-
-class MigrateBody(BaseModel):
-    to: str
-    via: Literal["live", "checkpoint"] = "live"  # checkpoint: the source pauses, its state goes through disk
-
-
-class MoveBody(BaseModel):
-    to: str  # a worker id of the session's role
-
-
-class RestoreBody(BaseModel):
-    checkpoint: str
-    device: str
-    force: bool = False  # replay its sessions even where that is refused (see checkpoint_catalog)
-
-
-class StartBody(BaseModel):
-    role: str  # checked by the operation, which knows the fleet's layout
-    device: str
-
-
-class DrainBody(BaseModel):
-    move: bool = False  # move its decoding sessions to peers live rather than wait for them to finish
-
-
-class SwitchBody(BaseModel):
-    role: str  # prefill or decode: the role it serves once switched
-
-
-class StopBody(BaseModel):
-    force: bool = False
 
 
 def refused(exc: OperationRefused) -> APIError:
@@ -81,7 +46,7 @@ def refused(exc: OperationRefused) -> APIError:
 def accepted(op: Operation, response: Response) -> OperationInfo:
     """202: the operation started; poll its Location."""
     response.headers["Location"] = f"/fleet/operations/{op.id}"
-    return operation_info(op)
+    return op.info()
 
 
 def fleet_router(fleet: Fleet) -> APIRouter:
@@ -164,7 +129,7 @@ def fleet_router(fleet: Fleet) -> APIRouter:
     @router.get("/operations/{op_id}")
     async def get_operation(op_id: str) -> OperationInfo:
         try:
-            return operation_info(fleet.operation(op_id))
+            return fleet.operation(op_id).info()
         except OperationRefused as exc:
             raise refused(exc) from None
 

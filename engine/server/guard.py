@@ -10,12 +10,11 @@
   `$FLEET_API_KEY`), as vLLM's does; /health, /version and /metrics stay open.
 """
 
+import ipaddress
 import json
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
-
-from fleetctl.engine.server.admin_auth import is_loopback
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -26,6 +25,15 @@ MAX_BODY_BYTES = 8 << 20  # a prompt of the largest context in any tokenizer fit
 TOO_LARGE = f"the request body is larger than {MAX_BODY_BYTES >> 20} MiB"
 READS = ("GET", "HEAD", "OPTIONS")
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class FleetGuard:

@@ -5,9 +5,12 @@ lists the moves, or 202 and an operation to poll)."""
 import asyncio
 
 from fastapi import APIRouter, Query, Response
-from pydantic import BaseModel
 
 from fleetctl.domain import WorkerState
+from fleetctl.engine.api.bodies import RebalanceBody
+from fleetctl.engine.api.operation_results import RebalancePreview
+from fleetctl.engine.api.operations import OperationInfo
+from fleetctl.engine.api.reports import FleetPlan
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import OperationRefused
 from fleetctl.engine.planner.durations import parse_window
@@ -15,16 +18,8 @@ from fleetctl.engine.planner.plan import USER_ERRORS, PlanRequest, plan_from_sto
 from fleetctl.engine.planner.simulator import EngineLimits
 from fleetctl.engine.planner.slo import Slo
 from fleetctl.engine.server.errors import APIError
-from fleetctl.engine.server.schemas import FleetPlan, OperationInfo, RebalancePreview, operation_info
 from fleetctl.engine.server.store_routes import fleet_store
 from fleetctl.store.plan_inputs import LiveWorker
-
-
-class RebalanceBody(BaseModel):
-    split: str  # "P:D", checked by the rebalancer
-    apply: bool = False
-    force: bool = False
-    via: str | None = None  # switch (in place) or restart; default switch where the roles' weight formats agree
 
 
 def plan_router(fleet: Fleet) -> APIRouter:
@@ -63,6 +58,6 @@ def plan_router(fleet: Fleet) -> APIRouter:
             raise APIError(exc.status, str(exc), "invalid_request_error") from None
         response.status_code = 202
         response.headers["Location"] = f"/fleet/operations/{op.id}"
-        return operation_info(op)
+        return op.info()
 
     return router

@@ -4,9 +4,9 @@ controller's view, as the contract's models (`schemas.FleetStatus`, `schemas.Wor
 import os
 
 from fleetctl.domain import WorkerState
+from fleetctl.engine.api.status import FleetStatus, PoolInfo, SplitRegretInfo, StoreInfo, TierInfo, WorkerInfo
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.stats import BUSY_WINDOW_S
-from fleetctl.engine.server.schemas import FleetStatus, PoolInfo, SplitRegretInfo, StoreInfo, TierInfo, WorkerInfo
 
 
 def workers_status(fleet: Fleet) -> list[WorkerInfo]:

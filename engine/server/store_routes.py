@@ -7,13 +7,13 @@ from pathlib import Path
 
 from fastapi import APIRouter, Query
 
+from fleetctl.engine.api.reports import DevicePeak, DevicePeaks, DeviceWorker, FleetClassification
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.planner.durations import DurationError, parse_window
 from fleetctl.engine.server.errors import APIError
-from fleetctl.engine.server.schemas import DevicePeak, DevicePeaks, DeviceWorker, FleetClassification
 from fleetctl.store.classify import classify
 from fleetctl.store.db import read_store
-from fleetctl.store.device_peak_cache import all_devices
+from fleetctl.store.device_peak_cache import all_devices, peak_report
 
 
 def fleet_store(fleet: Fleet, missing: str) -> Path:
@@ -45,6 +45,7 @@ def store_router(fleet: Fleet) -> APIRouter:
         records = await asyncio.to_thread(read_store, fleet_store(fleet, "no device peaks"), all_devices)
         workers = [DeviceWorker(id=v.worker_id, role=v.role.value, device=v.device, device_name=v.device_name,
                                 weights=v.weights) for v in sorted(fleet.views.values(), key=lambda v: v.worker_id)]
-        return DevicePeaks(devices=[DevicePeak.of(record) for record in records], not_recalibrated=[], workers=workers)
+        peaks = [DevicePeak.model_validate(peak_report(record)) for record in records]
+        return DevicePeaks(devices=peaks, not_recalibrated=[], workers=workers)
 
     return router

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Protocol
 
-from fleetctl.engine.core.device_names import DeviceError, check_device
+from fleetctl.engine.api.device_names import DeviceError
+from fleetctl.engine.core.local_devices import check_device
 from fleetctl.engine.worker.process import worker_main
 from fleetctl.engine.worker.spec import WorkerSpec
 

@@ -10,7 +10,7 @@ import numpy as np
 import ray
 
 from fleetctl.domain import DeviceKind
-from fleetctl.engine.core.device_names import DeviceName, parse_device_name
+from fleetctl.engine.api.device_names import DeviceName, parse_device_name
 from fleetctl.engine.worker.protocol import KVHandle
 from fleetctl.engine.worker.ray_channel import connect
 from fleetctl.engine.worker.ray_nodes import NAMESPACE

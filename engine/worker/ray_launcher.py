@@ -17,7 +17,7 @@ import uuid
 import ray
 from ray.exceptions import RayError
 
-from fleetctl.engine.core.device_names import check_device
+from fleetctl.engine.core.local_devices import check_device
 from fleetctl.engine.worker import ray_nodes
 from fleetctl.engine.worker.launcher import ExitCause, LaunchedWorker
 from fleetctl.engine.worker.ray_actor import RayWorker

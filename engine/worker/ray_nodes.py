@@ -15,7 +15,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from fleetctl.domain import DeviceKind
-from fleetctl.engine.core.device_names import DeviceError, DeviceName
+from fleetctl.engine.api.device_names import DeviceError, DeviceName
 
 NODE_RESOURCE = "fleetctl-node-"
 CPU_SLOT_RESOURCE = "fleetctl-cpu-slot"

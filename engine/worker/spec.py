@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetctl.domain import DeviceKind, WorkerRole
-from fleetctl.engine.core.device_names import parse_device_name
+from fleetctl.engine.api.device_names import parse_device_name
 from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.worker.shm_files import SHM_DIR
 

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from fleetctl.console.client import AsyncFleetClient, FleetAnswerInvalid, FleetClient, FleetRefused, FleetUnreachable
-from fleetctl.engine.server.schemas import WorkerList
+from fleetctl.engine.api.status import WorkerList
 
 NO_FLEET = "127.0.0.1:9"  # discard port: nothing answers HTTP there
 ANSWERS = {  # path -> (status, content type, body)

@@ -4,7 +4,7 @@ pool by its share of the GPU's memory."""
 import pytest
 
 from fleetctl.domain import DeviceKind
-from fleetctl.engine.core.device_names import (
+from fleetctl.engine.api.device_names import (
     DeviceError,
     DeviceName,
     gpu_clash,

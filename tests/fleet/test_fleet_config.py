@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.domain import Quantization, WorkerRole
-from fleetctl.engine.core import auto_dtype, device_names
+from fleetctl.engine.core import auto_dtype, local_devices
 from fleetctl.engine.core.engine_settings import DType, EngineSettings
 from fleetctl.engine.fleet.fleet_config import FleetConfig, FleetConfigError, worker_specs
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
@@ -15,7 +15,7 @@ from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 
 @pytest.fixture(autouse=True)
 def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(device_names, "gpu_count", lambda: 2)
+    monkeypatch.setattr(local_devices, "gpu_count", lambda: 2)
 
 
 def dtypes(tmp_path: Path, devices: tuple[str, ...], dtype: DType = DType.AUTO) -> set[DType]:

@@ -7,10 +7,10 @@ import pytest
 from support.fake_workers import FakeLauncher, run_fleet
 from support.fleet_checks import finished
 
+from fleetctl.engine.api.operations import OpState
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import OperationRefused
 from fleetctl.engine.fleet.fleet_config import FleetConfig, FleetConfigError, worker_specs
-from fleetctl.engine.fleet.ops.record import OpState
 
 
 def test_one_gpu_hosts_a_prefill_and_a_decode_worker(four_gpus: list[str], tmp_path: Path) -> None:

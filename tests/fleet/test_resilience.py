@@ -15,11 +15,11 @@ from support.fake_workers import NUM_BLOCKS, FakeLauncher, Faults, run_fleet
 from support.fleet_checks import all_complete, ends, nothing_leaked, prompts, shm, until
 
 from fleetctl.domain import EventKind, WorkerRole, WorkerState
+from fleetctl.engine.api.operations import OpKind
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import NoWorkers
 from fleetctl.engine.fleet.fleet_config import Supervision
-from fleetctl.engine.fleet.ops.record import OpKind
 from fleetctl.engine.worker import protocol as m
 
 PARAMS = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)

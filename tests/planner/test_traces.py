@@ -8,7 +8,7 @@ import pytest
 
 from fleetctl.console.loadgen.synthetic import LENGTHS, TraceKind, make_trace
 from fleetctl.console.loadgen.traces import load_trace, trace_from_file
-from fleetctl.engine.planner.trace_file import TraceFileError, read_mooncake
+from fleetctl.engine.api.trace_file import TraceFileError, read_mooncake
 
 EXAMPLE = Path(__file__).parent / "data" / "mooncake_small.jsonl"
 

@@ -6,7 +6,7 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from fleetctl.engine.server.errors import too_large
-from fleetctl.engine.server.guard import MAX_BODY_BYTES, BodyTooLarge, FleetGuard
+from fleetctl.engine.server.guard import MAX_BODY_BYTES, BodyTooLarge, FleetGuard, is_loopback
 
 TOKEN = "s3cret-token"
 
@@ -80,3 +80,23 @@ def test_bodies_over_the_cap_are_refused_with_or_without_a_length() -> None:
     streamed = api.post("/v1/completions", content=iter([big[: MAX_BODY_BYTES // 2], big[MAX_BODY_BYTES // 2 :]]))
     assert streamed.status_code == 413
     assert api.post("/v1/completions", content=b"x" * 1000).json() == {"bytes": 1000}
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("127.0.0.1", True),
+        ("127.1.2.3", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),  # every interface: beyond loopback
+        ("::", False),
+        ("10.0.0.1", False),
+        ("192.168.1.20", False),
+        ("fleet.example.com", False),
+        ("localhost.example.com", False),
+        ("", False),
+    ],
+)
+def test_is_loopback(host: str, expected: bool) -> None:
+    assert is_loopback(host) is expected

@@ -8,18 +8,12 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from support.fake_workers import FakeLauncher
 
-from fleetctl.engine.fleet.controller import Fleet
-from fleetctl.engine.fleet.fleet_config import FleetConfig
-from fleetctl.engine.fleet.ops.record import Operation, OpKind, OpState
-from fleetctl.engine.fleet.ops.stages import STAGES, progress
-from fleetctl.engine.server.app import create_app
-from fleetctl.engine.server.schemas import (
+from fleetctl.engine.api.operation_results import (
     CheckpointResult,
     DrainResult,
     LiveMigrateResult,
     MoveResult,
     MoveStageDone,
-    OperationInfo,
     RebalanceResult,
     RestartResult,
     RestoreResult,
@@ -28,8 +22,13 @@ from fleetctl.engine.server.schemas import (
     SessionMoved,
     StartResult,
     StopResult,
-    operation_info,
 )
+from fleetctl.engine.api.operations import OperationInfo, OpKind, OpState
+from fleetctl.engine.api.stages import STAGES, progress
+from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.fleet.fleet_config import FleetConfig
+from fleetctl.engine.fleet.ops.record import Operation
+from fleetctl.engine.server.app import create_app
 
 TOKEN = "test-admin-token"
 RESULTS = [
@@ -88,7 +87,7 @@ def test_every_fleet_route_has_a_response_schema(tiny_model_dir: Path, tmp_path:
 def test_operation_bodies_parse_back_to_their_result_model() -> None:
     for result in RESULTS:
         op = Operation(OpKind(result.kind), "decode-0", state=OpState.DONE, result=result)
-        body = operation_info(op).model_dump(mode="json")
+        body = op.info().model_dump(mode="json")
         parsed = OperationInfo.model_validate(body)
         assert type(parsed.result) is type(result), body["result"]
         assert parsed.result == result

@@ -12,10 +12,10 @@ from fastapi.testclient import TestClient
 from support.fake_workers import FakeLauncher
 from support.synthetic_fleet import T0, workload, write_device_peaks, write_store
 
+from fleetctl.engine.api.reports import DevicePeaks, FleetClassification
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.fleet_config import FleetConfig
 from fleetctl.engine.server.app import create_app
-from fleetctl.engine.server.schemas import DevicePeaks, FleetClassification
 from fleetctl.store.classify import classify
 from fleetctl.store.db import read_store
 

@@ -1,6 +1,6 @@
 """A deterministic fleet for console tests: a FleetSource with fixed status, history, host and
-events (no wall clock in the picture), all of them the contract's models (`engine/server/schemas.py`), whose
-operations advance one of their kind's stages (`ops/stages.py`) per poll and end with a real result model."""
+events (no wall clock in the picture), all of them the contract's models (`engine/api/`), whose
+operations advance one of their kind's stages (`engine/api/stages.py`) per poll and end with a real result model."""
 
 import math
 import time
@@ -12,27 +12,27 @@ from textual.widgets._footer import FooterKey
 
 from fleetctl.console.client import FleetRefused
 from fleetctl.console.tui.reading import FleetReading
-from fleetctl.engine.fleet.ops.record import OpKind, OpState
-from fleetctl.engine.fleet.ops.stages import STAGES, CheckpointMigrateStage, LiveMigrateStage, progress
-from fleetctl.engine.server.history_schemas import FleetHistory
-from fleetctl.engine.server.schemas import (
-    CheckpointList,
-    FleetLogLines,
-    FleetPlan,
-    FleetStatus,
+from fleetctl.engine.api.checkpoints import CheckpointList
+from fleetctl.engine.api.history import FleetHistory
+from fleetctl.engine.api.operation_results import (
     LiveMigrateResult,
-    LogLineInfo,
-    OperationInfo,
     OperationResult,
-    PoolInfo,
     RebalancePreview,
     RebalanceResult,
-    RecentRequests,
-    RequestRecord,
     RoleChange,
     RoleChanged,
-    SessionInfo,
     SessionMoved,
+)
+from fleetctl.engine.api.operations import OperationInfo, OpKind, OpState
+from fleetctl.engine.api.reports import FleetPlan
+from fleetctl.engine.api.requests import RecentRequests, RequestRecord
+from fleetctl.engine.api.stages import STAGES, CheckpointMigrateStage, LiveMigrateStage, progress
+from fleetctl.engine.api.status import (
+    FleetLogLines,
+    FleetStatus,
+    LogLineInfo,
+    PoolInfo,
+    SessionInfo,
     SplitRegretInfo,
     StoreInfo,
     TierInfo,

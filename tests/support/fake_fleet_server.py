@@ -8,9 +8,9 @@ from pathlib import Path
 
 import uvicorn
 
+from fleetctl.engine.api.admin_token import load_or_create_admin_token
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.fleet_config import FleetConfig
-from fleetctl.engine.server.admin_auth import load_or_create_admin_token
 from fleetctl.engine.server.app import create_app
 from support.fake_workers import FakeLauncher
 from support.fleet_harness import wait_until

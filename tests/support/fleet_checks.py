@@ -6,8 +6,9 @@ import time
 from pathlib import Path
 
 from fleetctl.domain import WorkerState
+from fleetctl.engine.api.operations import OpState
 from fleetctl.engine.fleet.controller import Fleet
-from fleetctl.engine.fleet.ops.record import Operation, OpState
+from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.fleet.request import StreamEvent, TrackedRequest
 from support.fake_workers import NUM_BLOCKS, FakeLauncher, expected_tokens, tokens_of
 

@@ -23,7 +23,7 @@ __all__ = ["Stream", "admin", "decoding_on", "fleetctl", "free_port", "generate_
 
 def admin() -> dict[str, str]:
     """The header calls that change a fleet need (the token `serve` wrote under this test run's $FLEET_HOME)."""
-    from fleetctl.engine.server.admin_auth import read_admin_token
+    from fleetctl.engine.api.admin_token import read_admin_token
 
     return {"Authorization": f"Bearer {read_admin_token()}"}
 

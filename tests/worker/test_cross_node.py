@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fleetctl.engine.core.device_names import DeviceError
+from fleetctl.engine.api.device_names import DeviceError
 from fleetctl.engine.fleet.fleet_config import pinned_cores
 from fleetctl.engine.worker.kv_transport import NO_GPU_CROSS_NODE, HandoffError, KVTransport
 from fleetctl.engine.worker.launcher import LocalLauncher

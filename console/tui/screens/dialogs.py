@@ -14,8 +14,7 @@ from textual.widgets.option_list import Option
 
 from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.source import FleetSource
-from fleetctl.engine.fleet.ops.record import OpState
-from fleetctl.engine.server.schemas import OperationInfo, describe
+from fleetctl.engine.api.operations import OperationInfo, OpState, describe
 
 POLL_S = 0.2
 

@@ -9,7 +9,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label
 
-from fleetctl.engine.server.history_schemas import EventRecord
+from fleetctl.engine.api.history import EventRecord
 
 
 def event_fields(event: EventRecord) -> list[tuple[str, str]]:

@@ -17,7 +17,7 @@ from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.screens.filtering import FilterField, Filtering
 from fleetctl.console.tui.widgets.footer import FittingFooter
 from fleetctl.console.tui.widgets.format import clock
-from fleetctl.engine.server.schemas import LogLineInfo
+from fleetctl.engine.api.status import LogLineInfo
 
 KEEP = 2000  # lines the screen holds (the fleet keeps 1,000 per source)
 STYLES = {"warning": "yellow", "error": "bold red"}

@@ -14,8 +14,9 @@ from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.actions import READONLY_REASON
 from fleetctl.console.tui.widgets.footer import FittingFooter
 from fleetctl.console.tui.widgets.format import percent
-from fleetctl.engine.planner.split import layout_label as split_label
-from fleetctl.engine.server.schemas import FleetPlan, SplitInfo, SplitRegretInfo
+from fleetctl.engine.api.reports import FleetPlan, SplitInfo
+from fleetctl.engine.api.reports import layout_label as split_label
+from fleetctl.engine.api.status import SplitRegretInfo
 
 WINDOWS = ("10m", "30m", "1h", "5m")  # `w` steps through them; the first is the default
 

@@ -18,7 +18,7 @@ from fleetctl.console.tui.screens.filtering import FilterField, Filtering
 from fleetctl.console.tui.screens.timeline import TimelineScreen
 from fleetctl.console.tui.widgets.footer import FittingFooter
 from fleetctl.console.tui.widgets.format import seconds
-from fleetctl.engine.server.schemas import RequestRecord
+from fleetctl.engine.api.requests import RequestRecord
 
 RECENT = 200  # finished requests listed under the live ones
 COLUMNS = ("request", "stage", "prefill", "decode", "in/hit/out", "age", "TTFT")

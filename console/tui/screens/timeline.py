@@ -11,7 +11,7 @@ from textual.widgets import Label
 
 from fleetctl.console.tui.widgets.footer import FittingFooter
 from fleetctl.console.tui.widgets.format import nbytes, seconds
-from fleetctl.engine.server.schemas import RequestRecord
+from fleetctl.engine.api.requests import RequestRecord
 
 BAR = "█"
 

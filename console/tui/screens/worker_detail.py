@@ -10,7 +10,7 @@ from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.chart import UsageChart
 from fleetctl.console.tui.widgets.footer import FittingFooter
 from fleetctl.console.tui.widgets.format import percent, rate
-from fleetctl.engine.server.schemas import SessionInfo
+from fleetctl.engine.api.status import SessionInfo
 
 CHARTS = (("busy", "busy"), ("mfu", "MFU"), ("mbu", "MBU"))
 

@@ -7,7 +7,7 @@ from textual.widgets.option_list import Option
 
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.format import clock, nbytes, percent, rate, seconds
-from fleetctl.engine.server.history_schemas import EventRecord
+from fleetctl.engine.api.history import EventRecord
 
 BAR = 14  # characters of the prefill/decode split bar
 

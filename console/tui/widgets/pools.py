@@ -10,7 +10,7 @@ from textual.widgets import Label
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.chart import UsageChart
 from fleetctl.console.tui.widgets.format import count, percent
-from fleetctl.engine.server.schemas import PoolInfo, SplitRegretInfo, TierInfo
+from fleetctl.engine.api.status import PoolInfo, SplitRegretInfo, TierInfo
 
 METRICS = (("busy", "busy"), ("mfu", "MFU (compute)"), ("mbu", "MBU (memory)"))
 # which metric a pool is judged by: prefill reads the prompt (compute), decode writes tokens (bandwidth)

@@ -6,7 +6,7 @@ from textual.widgets import DataTable
 
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.format import percent, rate
-from fleetctl.engine.server.schemas import WorkerInfo
+from fleetctl.engine.api.status import WorkerInfo
 
 # the weight format last: at 80 columns the live figures come first
 COLUMNS = ("worker", "role", "device", "state", "sessions", "KV", "busy", "MFU", "MBU", "tok/s", "weights")

@@ -10,13 +10,14 @@ import signal
 from pathlib import Path
 
 from fleetctl.domain import EventKind, WorkerState
+from fleetctl.engine.api.operation_results import CheckpointResult
+from fleetctl.engine.api.operations import OpKind
+from fleetctl.engine.api.stages import CheckpointMigrateStage, CheckpointStage
 from fleetctl.engine.checkpoint.format import checkpoint_name
 from fleetctl.engine.fleet.errors import OperationFailed, OperationRefused
 from fleetctl.engine.fleet.ops.checkpoint_holds import Holds
-from fleetctl.engine.fleet.ops.record import Operation, OpKind
-from fleetctl.engine.fleet.ops.results import CheckpointResult
+from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.fleet.ops.runner import Awaited, OperationRunner
-from fleetctl.engine.fleet.ops.stages import CheckpointMigrateStage, CheckpointStage
 from fleetctl.engine.paths import checkpoint_root
 from fleetctl.engine.worker import protocol as m
 

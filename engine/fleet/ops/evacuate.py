@@ -7,8 +7,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from fleetctl.engine.api.operation_results import MoveResult
 from fleetctl.engine.fleet.errors import MoveFailed
-from fleetctl.engine.fleet.ops.results import MoveResult
 from fleetctl.engine.fleet.ops.session_move import SessionMoves, movable_from
 from fleetctl.engine.fleet.request import TrackedRequest
 

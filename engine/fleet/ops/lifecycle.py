@@ -12,14 +12,15 @@ import time
 from enum import StrEnum
 
 from fleetctl.domain import PHASES, EventKind, WorkerRole, WorkerState
+from fleetctl.engine.api.operation_results import DrainResult, MoveResult, ResumeResult, StartResult, StopResult
+from fleetctl.engine.api.operations import OpKind
+from fleetctl.engine.api.stages import DrainStage, StartStage, StopStage
 from fleetctl.engine.core.block_allocator import blocks_for
 from fleetctl.engine.fleet.errors import MoveFailed, OperationCancelled, OperationFailed, OperationRefused
 from fleetctl.engine.fleet.ops.evacuate import evacuate
-from fleetctl.engine.fleet.ops.record import Operation, OpKind
-from fleetctl.engine.fleet.ops.results import DrainResult, MoveResult, ResumeResult, StartResult, StopResult
+from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.fleet.ops.runner import OperationRunner
 from fleetctl.engine.fleet.ops.session_move import RESERVE_SLACK_TOKENS, SessionMoves
-from fleetctl.engine.fleet.ops.stages import DrainStage, StartStage, StopStage
 from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.fleet.worker_view import WorkerView
 

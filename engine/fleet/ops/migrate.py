@@ -8,14 +8,15 @@ import asyncio
 from pathlib import Path
 
 from fleetctl.domain import EventKind, WorkerRole, WorkerState
+from fleetctl.engine.api.operation_results import RestoreResult
+from fleetctl.engine.api.operations import OpKind
+from fleetctl.engine.api.stages import CheckpointMigrateStage
 from fleetctl.engine.fleet.errors import OperationFailed, OperationRefused
 from fleetctl.engine.fleet.ops.checkpoint import Checkpoints
 from fleetctl.engine.fleet.ops.migrate_live import LiveMigration
-from fleetctl.engine.fleet.ops.record import Operation, OpKind
+from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.fleet.ops.restore import Restores, restore_result
-from fleetctl.engine.fleet.ops.results import RestoreResult
 from fleetctl.engine.fleet.ops.runner import SHUTDOWN_TIMEOUT_S, OperationRunner
-from fleetctl.engine.fleet.ops.stages import CheckpointMigrateStage
 from fleetctl.engine.worker import protocol as m
 
 

@@ -12,14 +12,14 @@ is shut down."""
 import time
 
 from fleetctl.domain import EventKind, WorkerState
+from fleetctl.engine.api.operation_results import LiveMigrateResult, SessionMoved
+from fleetctl.engine.api.stages import LiveMigrateStage
 from fleetctl.engine.fleet import placement
 from fleetctl.engine.fleet.errors import MoveFailed, OperationFailed
 from fleetctl.engine.fleet.ops.evacuate import evacuate
 from fleetctl.engine.fleet.ops.record import Operation
-from fleetctl.engine.fleet.ops.results import LiveMigrateResult, SessionMoved
 from fleetctl.engine.fleet.ops.runner import OperationRunner
 from fleetctl.engine.fleet.ops.session_move import SessionMoves
-from fleetctl.engine.fleet.ops.stages import LiveMigrateStage
 from fleetctl.engine.worker import protocol as m
 
 CALL_OFF_TIMEOUT_S = 60.0

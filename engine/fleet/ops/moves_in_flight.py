@@ -5,7 +5,7 @@ register and settle here."""
 import asyncio
 from dataclasses import dataclass, field
 
-from fleetctl.engine.fleet.ops.results import MoveStageDone
+from fleetctl.engine.api.operation_results import MoveStageDone
 from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.worker import protocol as m
 

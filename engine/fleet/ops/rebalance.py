@@ -24,12 +24,8 @@ from enum import StrEnum
 from typing import TypeVar
 
 from fleetctl.domain import EventKind, WorkerRole, WorkerState
-from fleetctl.engine.core.block_allocator import blocks_for
-from fleetctl.engine.core.device_names import gpu_clash
-from fleetctl.engine.fleet.errors import FleetError, OperationFailed, OperationRefused
-from fleetctl.engine.fleet.ops.lifecycle import WorkerLifecycle
-from fleetctl.engine.fleet.ops.record import Operation, OpKind, OpState
-from fleetctl.engine.fleet.ops.results import (
+from fleetctl.engine.api.device_names import gpu_clash
+from fleetctl.engine.api.operation_results import (
     DrainResult,
     OperationResult,
     RebalancePreview,
@@ -42,11 +38,17 @@ from fleetctl.engine.fleet.ops.results import (
     WorkerStart,
     WorkerStop,
 )
+from fleetctl.engine.api.operations import OpKind, OpState
+from fleetctl.engine.api.reports import layout_label
+from fleetctl.engine.api.stages import RebalanceStage
+from fleetctl.engine.core.block_allocator import blocks_for
+from fleetctl.engine.fleet.errors import FleetError, OperationFailed, OperationRefused
+from fleetctl.engine.fleet.ops.lifecycle import WorkerLifecycle
+from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.fleet.ops.runner import LIVE, OperationRunner
-from fleetctl.engine.fleet.ops.stages import RebalanceStage
 from fleetctl.engine.fleet.ops.switch import RoleSwitches
 from fleetctl.engine.fleet.worker_view import WorkerView
-from fleetctl.engine.planner.split import Split, SplitError, layout_label, parse_split
+from fleetctl.engine.planner.split import Split, SplitError, parse_split
 
 POLL_S = 0.05
 R = TypeVar("R", bound=OperationResult)

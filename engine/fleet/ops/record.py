@@ -6,28 +6,9 @@ import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from fleetctl.engine.fleet.ops.results import OperationResult
-
-
-class OpKind(StrEnum):
-    CHECKPOINT = "checkpoint"
-    RESTORE = "restore"
-    MIGRATE = "migrate"
-    MOVE = "move"  # one session moved live to another worker of its role (`ops/session_move.py`)
-    START = "start"
-    DRAIN = "drain"
-    RESUME = "resume"
-    STOP = "stop"
-    RESTART = "restart"  # the supervisor brings a worker that died back (supervisor.py)
-    REBALANCE = "rebalance"  # several workers change role, one after another (`ops/rebalance.py`)
-    SWITCH = "switch"  # one worker changes role in place, its process kept (`ops/switch.py`)
-
-
-class OpState(StrEnum):
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"  # called off by a later operation (a drain cut short by resume)
+from fleetctl.engine.api.operation_results import OperationResult
+from fleetctl.engine.api.operations import OperationInfo, OpKind, OpState
+from fleetctl.engine.api.stages import progress
 
 
 @dataclass
@@ -37,7 +18,7 @@ class Operation:
     device: str | None = None  # where the operation starts a process: reserved while it runs
     id: str = field(default_factory=lambda: f"op-{uuid.uuid4().hex[:12]}")
     state: OpState = OpState.RUNNING
-    step: str = "queued"  # one of its kind's stages (`ops/stages.py`)
+    step: str = "queued"  # one of its kind's stages (`engine/api/stages.py`)
     stage: str = "queued"  # the step as people read it, with its detail: "draining: 3 session(s) left"
     started: float = field(default_factory=time.time)
     result: OperationResult | None = None
@@ -48,3 +29,11 @@ class Operation:
     def at(self, step: StrEnum, detail: str = "") -> None:
         """The operation reached `step` (one of its kind's stages); `detail` says more ("3 session(s) left")."""
         self.step, self.stage = step.value, f"{step.value}: {detail}" if detail else step.value
+
+    def info(self) -> OperationInfo:
+        """The operation as `/fleet/operations/{id}` reports it."""
+        return OperationInfo(id=self.id, kind=self.kind, worker=self.worker_id, device=self.device, state=self.state,
+                             step=self.step, stage=self.stage,
+                             progress=1.0 if self.state is not OpState.RUNNING else progress(self.kind, self.step),
+                             started=self.started, result=self.result, error=self.error, writer_pid=self.writer_pid,
+                             destination_pid=self.destination_pid)

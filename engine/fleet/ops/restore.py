@@ -10,14 +10,15 @@ from enum import StrEnum
 from pathlib import Path
 
 from fleetctl.domain import EventKind, WorkerRole
+from fleetctl.engine.api.operation_results import RestoreResult
+from fleetctl.engine.api.operations import OpKind
+from fleetctl.engine.api.stages import RestoreStage
 from fleetctl.engine.checkpoint.format import CheckpointError, mark_used, read_checkpoint, used_at
 from fleetctl.engine.fleet.errors import OperationFailed, OperationRefused
 from fleetctl.engine.fleet.ops.checkpoint import Checkpoints
 from fleetctl.engine.fleet.ops.checkpoint_catalog import FORCE_HINT, replay_refusal, resolve_checkpoint
-from fleetctl.engine.fleet.ops.record import Operation, OpKind
-from fleetctl.engine.fleet.ops.results import RestoreResult
+from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.fleet.ops.runner import LIVE, Awaited, OperationRunner
-from fleetctl.engine.fleet.ops.stages import RestoreStage
 from fleetctl.engine.fleet.worker_link import WorkerLink
 from fleetctl.engine.worker import protocol as m
 

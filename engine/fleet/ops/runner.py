@@ -12,14 +12,16 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from fleetctl.domain import WorkerRole, WorkerState
+from fleetctl.engine.api.device_names import DeviceError, gpu_clash, memory_share
+from fleetctl.engine.api.operation_results import OperationResult
+from fleetctl.engine.api.operations import OpState
+from fleetctl.engine.api.stages import loading_model
 from fleetctl.engine.checkpoint.format import CheckpointError
-from fleetctl.engine.core.device_names import DeviceError, check_device, gpu_clash, memory_share
+from fleetctl.engine.core.local_devices import check_device
 from fleetctl.engine.fleet.errors import FleetError, OperationCancelled, OperationFailed, OperationRefused
 from fleetctl.engine.fleet.fleet_config import pinned_cores
 from fleetctl.engine.fleet.ops.moves_in_flight import MovesInFlight
-from fleetctl.engine.fleet.ops.record import Operation, OpState
-from fleetctl.engine.fleet.ops.results import OperationResult
-from fleetctl.engine.fleet.ops.stages import loading_model
+from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.fleet.worker_link import WorkerLink
 from fleetctl.engine.fleet.worker_view import WorkerView

@@ -19,14 +19,15 @@ import uuid
 from collections.abc import Callable
 
 from fleetctl.domain import EventKind, WorkerRole, WorkerState
+from fleetctl.engine.api.operation_results import MoveResult
+from fleetctl.engine.api.operations import OpKind
+from fleetctl.engine.api.stages import MoveStage
 from fleetctl.engine.core.block_allocator import blocks_for
 from fleetctl.engine.fleet import placement
 from fleetctl.engine.fleet.errors import MoveFailed, OperationRefused
 from fleetctl.engine.fleet.ops.moves_in_flight import SessionMove
-from fleetctl.engine.fleet.ops.record import Operation, OpKind
-from fleetctl.engine.fleet.ops.results import MoveResult
+from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.fleet.ops.runner import OperationRunner
-from fleetctl.engine.fleet.ops.stages import MoveStage
 from fleetctl.engine.fleet.request import RequestMove, RequestStage, TrackedRequest
 from fleetctl.engine.worker import protocol as m
 

@@ -26,13 +26,14 @@ import asyncio
 import time
 
 from fleetctl.domain import EventKind, WorkerRole, WorkerState
+from fleetctl.engine.api.operation_results import SwitchResult
+from fleetctl.engine.api.operations import OpKind
+from fleetctl.engine.api.stages import SwitchStage
 from fleetctl.engine.fleet import placement
 from fleetctl.engine.fleet.errors import OperationFailed, OperationRefused
 from fleetctl.engine.fleet.ops.lifecycle import WorkerLifecycle
-from fleetctl.engine.fleet.ops.record import Operation, OpKind
-from fleetctl.engine.fleet.ops.results import SwitchResult
+from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.fleet.ops.runner import Awaited, OperationRunner
-from fleetctl.engine.fleet.ops.stages import SwitchStage
 from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.worker import protocol as m
 

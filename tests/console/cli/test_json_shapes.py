@@ -1,4 +1,4 @@
-"""Every `--json` of a fleet-backed command is one object that is its schema model (`engine/server/schemas.py`)
+"""Every `--json` of a fleet-backed command is one object that is its schema model (`engine/api/`)
 exactly — parsing it and dumping it again gives the same JSON, so no field was lost or renamed — and carries
 the field names DESIGN §2 documents. Against a real HTTP server in this process on fake workers
 (support/fake_fleet_server.py); `move` (fakes refuse a live move) against a stub that answers one done move."""
@@ -17,17 +17,13 @@ from support.synthetic_fleet import workload, write_store
 from typer.testing import CliRunner
 
 from fleetctl.console.cli.app import app
-from fleetctl.engine.fleet.ops.record import OpKind, OpState
-from fleetctl.engine.server.schemas import (
-    CheckpointList,
+from fleetctl.engine.api.checkpoints import CheckpointList
+from fleetctl.engine.api.operation_results import (
     CheckpointResult,
     DrainResult,
-    FleetPlan,
-    FleetStatus,
     LiveMigrateResult,
     MoveResult,
     MoveStageDone,
-    OperationInfo,
     RebalancePreview,
     RebalanceResult,
     RestoreResult,
@@ -35,8 +31,10 @@ from fleetctl.engine.server.schemas import (
     StartResult,
     StopResult,
     SwitchResult,
-    WorkerList,
 )
+from fleetctl.engine.api.operations import OperationInfo, OpKind, OpState
+from fleetctl.engine.api.reports import FleetPlan
+from fleetctl.engine.api.status import FleetStatus, WorkerList
 
 # DESIGN §2's `--json` shapes (fields may be added, never renamed)
 WORKER = {"id", "role", "device", "state", "pid", "sessions", "kv_usage", "busy", "mfu", "mbu"}

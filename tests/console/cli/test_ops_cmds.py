@@ -15,7 +15,7 @@ from support.fleet_harness import wait_until
 from typer.testing import CliRunner, Result
 
 from fleetctl.console.cli.app import app
-from fleetctl.engine.server.admin_auth import read_admin_token
+from fleetctl.engine.api.admin_token import read_admin_token
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from fleetctl.console.loadgen.agent_sessions import (
 from fleetctl.console.loadgen.requests import TraceRequest
 from fleetctl.console.loadgen.runner import send_trace, turn_latencies
 from fleetctl.console.loadgen.traces import load_trace
-from fleetctl.engine.planner.trace_file import TraceFileError
+from fleetctl.engine.api.trace_file import TraceFileError
 
 
 def by_session(turns: list[TraceRequest]) -> dict[str, list[TraceRequest]]:

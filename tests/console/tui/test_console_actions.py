@@ -18,10 +18,10 @@ from fleetctl.console.tui.screens.plan import PlanScreen
 from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.source import HttpSource
 from fleetctl.console.tui.widgets.workers import WorkersTable
-from fleetctl.engine.fleet.ops.record import OpState
-from fleetctl.engine.fleet.ops.results import LiveMigrateResult
-from fleetctl.engine.server.admin_auth import read_admin_token
-from fleetctl.engine.server.schemas import FleetPlan, OperationInfo, SplitInfo
+from fleetctl.engine.api.admin_token import read_admin_token
+from fleetctl.engine.api.operation_results import LiveMigrateResult
+from fleetctl.engine.api.operations import OperationInfo, OpState
+from fleetctl.engine.api.reports import FleetPlan, SplitInfo
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was a small model", "def add(a, b):"]
 TOKENS = 200

@@ -16,10 +16,9 @@ from fleetctl.console.tui.screens.requests import RequestsScreen
 from fleetctl.console.tui.screens.timeline import TimelineScreen
 from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.source import HttpSource
-from fleetctl.engine.fleet.ops.record import OpState
-from fleetctl.engine.fleet.ops.results import MoveResult
-from fleetctl.engine.server.admin_auth import read_admin_token
-from fleetctl.engine.server.schemas import OperationInfo
+from fleetctl.engine.api.admin_token import read_admin_token
+from fleetctl.engine.api.operation_results import MoveResult
+from fleetctl.engine.api.operations import OperationInfo, OpState
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 PROMPTS = ["The quick brown fox", "Once upon a time there was a small model"]

@@ -23,7 +23,7 @@ from fleetctl.console.tui.screens.event_detail import EventDetail
 from fleetctl.console.tui.screens.worker_detail import WorkerDetail
 from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.widgets.panels import DevicesPanel, EventsPanel
-from fleetctl.engine.server.schemas import StoreInfo
+from fleetctl.engine.api.status import StoreInfo
 
 pytestmark = pytest.mark.pictures
 WIDE, NARROW, LARGE = (120, 40), (80, 24), (200, 60)

@@ -17,7 +17,7 @@ from support.fleet_harness import free_port, serve
 
 from fleetctl.console.loadgen.local_fleet import FLEETCTL
 from fleetctl.console.tui.actions import ACTIONS_BY_ID
-from fleetctl.engine.server.admin_auth import read_admin_token
+from fleetctl.engine.api.admin_token import read_admin_token
 
 CHROMIUM = shutil.which("chromium")
 pytestmark = [pytest.mark.fleet, pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")]

@@ -5,8 +5,8 @@ from support.console_fixture import HISTORY, STATUS, worker
 
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.pools import tier_line
-from fleetctl.engine.server.history_schemas import FleetHistory
-from fleetctl.engine.server.schemas import TierInfo
+from fleetctl.engine.api.history import FleetHistory
+from fleetctl.engine.api.status import TierInfo
 
 
 def point(ts: float, busy: float, tokens_per_s: float) -> dict:

@@ -19,14 +19,12 @@ from fleetctl.console.tui.app import FleetConsole
 from fleetctl.console.tui.screens import dialogs
 from fleetctl.console.tui.screens.dialogs import OperationDialog
 from fleetctl.console.tui.settings import ConsoleSettings
-from fleetctl.engine.fleet.ops.record import OpKind, OpState
-from fleetctl.engine.server.schemas import (
+from fleetctl.engine.api.operation_results import (
     CheckpointResult,
     DrainResult,
     LiveMigrateResult,
     MoveResult,
     MoveStageDone,
-    OperationInfo,
     OperationResult,
     RebalanceResult,
     RestartResult,
@@ -36,8 +34,8 @@ from fleetctl.engine.server.schemas import (
     SessionMoved,
     StartResult,
     StopResult,
-    describe,
 )
+from fleetctl.engine.api.operations import OperationInfo, OpKind, OpState, describe
 
 CKPT = "/home/op/.local/share/fleetctl/checkpoints/decode-1-20261201T204500Z"
 OUTCOMES: dict[str, tuple[OpKind, str, OperationResult]] = {  # test id -> (kind, worker, result)

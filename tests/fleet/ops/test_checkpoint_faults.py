@@ -12,13 +12,14 @@ from support.fake_workers import NUM_BLOCKS, FakeLauncher, Faults, run_fleet
 from support.fleet_checks import ends, nothing_leaked, prompts, shm, until
 
 from fleetctl.domain import WorkerState
+from fleetctl.engine.api.operations import OpState
 from fleetctl.engine.checkpoint.format import used_at
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import OperationRefused
 from fleetctl.engine.fleet.fleet_config import Supervision
 from fleetctl.engine.fleet.ops.checkpoint_catalog import catalog
-from fleetctl.engine.fleet.ops.record import Operation, OpState
+from fleetctl.engine.fleet.ops.record import Operation
 
 PARAMS = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
 LONG = SamplingParams(max_tokens=600, temperature=0.0, ignore_eos=True)  # still running after a checkpoint

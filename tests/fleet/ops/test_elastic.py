@@ -14,11 +14,11 @@ from support.fleet_checks import all_complete, finished, nothing_leaked, prompts
 from support.synthetic_fleet import TrueCosts, workload, write_store
 
 from fleetctl.domain import WorkerState
+from fleetctl.engine.api.operations import OpState
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import OperationRefused
 from fleetctl.engine.fleet.ops.autoplan import Autoplanner
-from fleetctl.engine.fleet.ops.record import OpState
 from fleetctl.engine.planner.autoplan_policy import Decision
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.engine.planner.slo import Slo

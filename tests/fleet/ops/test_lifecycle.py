@@ -13,11 +13,12 @@ from support.fake_workers import FakeLauncher, run_fleet
 from support.fleet_checks import all_complete, finished, prompts, shm, until
 
 from fleetctl.domain import WorkerRole, WorkerState
+from fleetctl.engine.api.operations import OpState
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import OperationRefused
 from fleetctl.engine.fleet.fleet_config import pinned_cores
-from fleetctl.engine.fleet.ops.record import Operation, OpState
+from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.worker import protocol as m
 from fleetctl.store.db import open_db

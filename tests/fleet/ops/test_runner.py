@@ -8,11 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from fleetctl.engine.api.operation_results import ResumeResult
+from fleetctl.engine.api.operations import OpKind, OpState
 from fleetctl.engine.checkpoint.format import CheckpointError
 from fleetctl.engine.fleet.errors import OperationCancelled, OperationFailed
 from fleetctl.engine.fleet.ops.moves_in_flight import MovesInFlight
-from fleetctl.engine.fleet.ops.record import Operation, OpKind, OpState
-from fleetctl.engine.fleet.ops.results import ResumeResult
+from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.fleet.ops.runner import OperationRunner
 
 

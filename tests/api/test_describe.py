@@ -1,31 +1,31 @@
 """One sentence per operation for people (`schemas.describe`): each kind's result, and an operation that
 failed, was called off, or is still running."""
 
-from fleetctl.engine.fleet.ops.record import Operation, OpKind, OpState
-from fleetctl.engine.fleet.ops.results import RebalancePreview, RoleChange
-from fleetctl.engine.server.schemas import (
+from fleetctl.engine.api.operation_results import (
     CheckpointResult,
     DrainResult,
     LiveMigrateResult,
     MoveResult,
     MoveStageDone,
+    RebalancePreview,
     RebalanceResult,
     RestartResult,
     RestoreResult,
     ResumeResult,
+    RoleChange,
     RoleChanged,
     StartResult,
     StopResult,
     SwitchResult,
-    describe,
-    operation_info,
 )
+from fleetctl.engine.api.operations import OpKind, OpState, describe
+from fleetctl.engine.fleet.ops.record import Operation
 
 
 def said(kind: OpKind, result: object = None, state: OpState = OpState.DONE, error: str | None = None,
          stage: str = "done") -> str:
     op = Operation(kind, "decode-0", state=state, result=result, error=error, stage=stage)  # type: ignore[arg-type]
-    return describe(operation_info(op))
+    return describe(op.info())
 
 
 def test_each_kind_in_one_sentence() -> None:

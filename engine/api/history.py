@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from fleetctl.engine.server.open_model import OpenModel
+from fleetctl.engine.api.open_model import OpenModel
 
 
 class HistoryPoint(OpenModel):

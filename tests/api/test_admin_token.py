@@ -1,4 +1,4 @@
-"""The admin token: loopback detection, creation under $FLEET_HOME, and the environment override."""
+"""The admin token: creation under $FLEET_HOME, and the environment override."""
 
 import os
 import stat
@@ -6,12 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.engine.server.admin_auth import (
-    admin_token_path,
-    is_loopback,
-    load_or_create_admin_token,
-    read_admin_token,
-)
+from fleetctl.engine.api.admin_token import admin_token_path, load_or_create_admin_token, read_admin_token
 
 
 @pytest.fixture
@@ -19,26 +14,6 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("FLEET_HOME", str(tmp_path))
     monkeypatch.delenv("FLEET_ADMIN_TOKEN", raising=False)
     return tmp_path
-
-
-@pytest.mark.parametrize(
-    ("host", "expected"),
-    [
-        ("127.0.0.1", True),
-        ("127.1.2.3", True),
-        ("::1", True),
-        ("localhost", True),
-        ("0.0.0.0", False),  # every interface: beyond loopback
-        ("::", False),
-        ("10.0.0.1", False),
-        ("192.168.1.20", False),
-        ("fleet.example.com", False),
-        ("localhost.example.com", False),
-        ("", False),
-    ],
-)
-def test_is_loopback(host: str, expected: bool) -> None:
-    assert is_loopback(host) is expected
 
 
 def test_token_path_follows_fleet_home(home: Path) -> None:

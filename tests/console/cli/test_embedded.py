@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.console.loadgen.local_fleet import embedded_fleet_args
-from fleetctl.engine.core import device_names
+from fleetctl.console.cli.embedded import embedded_fleet_args
+from fleetctl.engine.core import local_devices
 
 
 @pytest.mark.parametrize(("gpus", "layout"), [
@@ -16,7 +16,7 @@ from fleetctl.engine.core import device_names
 ])
 def test_one_worker_per_device_one_of_them_prefill(monkeypatch: pytest.MonkeyPatch, gpus: int,
                                                    layout: list[str]) -> None:
-    monkeypatch.setattr(device_names, "gpu_count", lambda: gpus)
+    monkeypatch.setattr(local_devices, "gpu_count", lambda: gpus)
     assert embedded_fleet_args(Path("/s/fleet.db")) == [*layout, "--grace", "4", "--store", "/s/fleet.db"]
 
 

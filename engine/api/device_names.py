@@ -1,19 +1,13 @@
 """Device names — `cpu`, `cpu:N` (a logical CPU slot), `cuda:N` and `cuda:N#S` (slot S of a GPU that several
 workers share, each with its share of the memory), optionally on a named node of a Ray cluster (`node2/cuda:0`,
-`node1/cpu:0`) — parsed and checked in one place, without torch: the controller validates devices before any
-worker process exists. A node's devices are the cluster's to check (the
-Ray launcher does); a name without a node is this machine's.
+`node1/cpu:0`) — parsed in one place: how names are written, how a GPU named twice becomes slots, which names clash.
+Whether a device exists here is `engine/core/local_devices.py`'s to say (a node's devices are the cluster's to
+check: the Ray launcher does)."""
 
-The GPU count comes from NVML (the driver), narrowed by CUDA_VISIBLE_DEVICES as CUDA would."""
-
-import os
 import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cache
-
-import pynvml
 
 from fleetctl.domain import DeviceKind
 
@@ -102,36 +96,3 @@ def gpu_clash(device: str, others: Iterable[str]) -> str | None:
         if peer == name or whole_and_slot:
             return other
     return None
-
-
-def check_device(name: str, *, indexed: bool = False) -> DeviceName:
-    """Parse `name` and make sure a CUDA device of that index exists here (a named node's are not ours to
-    count: the Ray launcher checks them against the cluster)."""
-    device = parse_device_name(name, indexed=indexed)
-    if device.kind is DeviceKind.CUDA and not device.node and device.index >= gpu_count():
-        raise DeviceError(f"device {device} does not exist: this machine has {gpu_count()} CUDA device(s)")
-    return device
-
-
-@cache
-def gpu_count() -> int:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return 0
-    try:
-        count = pynvml.nvmlDeviceGetCount()
-    except pynvml.NVMLError:
-        count = 0
-    finally:
-        pynvml.nvmlShutdown()
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return count
-    # CUDA stops at the first entry that is not a valid device
-    listed = 0
-    for entry in visible.split(","):
-        if not entry.strip() or entry.strip().startswith("-"):
-            break
-        listed += 1
-    return min(count, listed)

@@ -1,8 +1,8 @@
 """What each kind of operation returns when it is done: frozen pydantic models the operations build and
 `/fleet/operations/{id}` reports as its `result` (the `--json` shapes of §2: fields are added, never
 renamed). Each knows the kind of operation it is the result of (`kind`, not in its JSON: the operation
-names it, and `schemas.OperationInfo` hands it down to tell the results apart when parsed) and says
-itself in one sentence for people (`describe`). Torch-free: the server's schemas and the
+names it, and `operations.OperationInfo` hands it down to tell the results apart when parsed) and says
+itself in one sentence for people (`describe`). Part of the wire contract: the server and the
 console use them."""
 
 from typing import Annotated, Literal

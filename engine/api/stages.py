@@ -5,7 +5,7 @@ the text shown to people: "<step>: <detail>"), and a client computes progress fr
 
 from enum import StrEnum
 
-from fleetctl.engine.fleet.ops.record import OpKind
+from fleetctl.engine.api.operations import OpKind
 
 
 class CheckpointStage(StrEnum):

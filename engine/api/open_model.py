@@ -1,4 +1,4 @@
-"""The base of the `/fleet/*` response models (schemas.py, history_schemas.py): built from the fleet's and the
+"""The base of the `/fleet/*` response models (`engine/api/`): built from the fleet's and the
 store's dicts, they keep fields they do not name, so a field added there is passed on, never dropped."""
 
 from pydantic import BaseModel, ConfigDict

@@ -1,21 +1,11 @@
-"""The admin bearer token that guards /fleet/* (see guard.py): `$FLEET_ADMIN_TOKEN`, or a token
-generated once into `$FLEET_HOME/admin-token` (mode 0600), which the CLI and console read."""
+"""The admin bearer token that guards /fleet/* (the server's guard): `$FLEET_ADMIN_TOKEN`, or a token generated once
+into `$FLEET_HOME/admin-token` (mode 0600) by the fleet, which the CLI and console read: a file of the contract."""
 
-import ipaddress
 import os
 import secrets
 from pathlib import Path
 
 from fleetctl.engine.paths import fleet_home
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class AdminTokenError(RuntimeError):

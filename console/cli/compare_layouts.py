@@ -17,7 +17,7 @@ WHOLE_STORE_S = 7 * 86400.0  # each store holds one run: plan over all of it
 
 def default_devices() -> list[str]:
     """Every GPU, or without GPUs the embedded fleet's CPU slots."""
-    from fleetctl.engine.core.device_names import gpu_count
+    from fleetctl.engine.core.local_devices import gpu_count
 
     gpus = gpu_count()
     return [f"cuda:{i}" for i in range(gpus)] if gpus else [f"cpu:{i}" for i in range(1 + CPU_DECODE_WORKERS)]

@@ -1,0 +1,38 @@
+"""`/fleet/requests`: finished requests' timing breakdowns, and those in flight."""
+
+from pydantic import Field
+
+from fleetctl.engine.api.open_model import OpenModel
+
+
+class RequestRecord(OpenModel):
+    """A finished request's timing breakdown (`TrackedRequest.record`)."""
+
+    request_id: str
+    arrival: float
+    queue_s: float
+    prefill_s: float
+    ttft_s: float
+    handoff_s: float
+    handoff_bytes: int
+    handoff_wall_s: float
+    first_decode_s: float
+    decode_s: float
+    e2e_s: float
+    prompt_tokens: int
+    output_tokens: int
+    prefill_worker: str | None
+    decode_worker: str | None
+    outcome: str
+    recomputes: int
+    prefill_cached_tokens: int
+    prefill_computed_tokens: int
+    local_prefill: bool
+    tier_cached_tokens: dict[str, int] = Field(default_factory=dict)  # of the cached ones, what a KV tier served
+    session: str = ""  # the agent session it was a turn of (X-Session-Id or `user`)
+    stage: str = "done"  # a live one's: queued, prefill, handoff, decode (its times so far, up to now)
+
+
+class RecentRequests(OpenModel):
+    requests: list[RequestRecord]  # finished, newest last
+    live: list[RequestRecord] = Field(default_factory=list)  # not finished yet, oldest first

@@ -1,0 +1,112 @@
+"""`/fleet/status`, `/fleet/workers`, a worker's sessions and the fleet's log lines: the `status --json` and
+`workers --json` contract and what the console's panels read."""
+
+from pydantic import Field
+
+from fleetctl.engine.api.open_model import OpenModel
+
+
+class WorkerInfo(OpenModel):
+    id: str
+    role: str
+    device: str
+    node: str | None  # a Ray fleet's node (None: this machine)
+    node_lost: bool
+    state: str
+    pid: int | None
+    sessions: int
+    kv_usage: float
+    kv_blocks: int
+    weights: str = ""  # the layers' weight format: the dtype (bfloat16) or int8, int4-g64, int4-gguf; "" starting
+    free_blocks: int
+    busy: float
+    mfu: float
+    mbu: float
+    tokens_per_s: float
+    prefix_hit_ratio: float
+    was: str | None = None  # its id before it switched role in place (`fleetctl switch`)
+
+
+class PoolInfo(OpenModel):
+    workers: int
+    busy: float
+    mfu: float
+    mbu: float
+    queue: int
+    prefix_hit_ratio: float
+    # prompt tokens each KV tier read back for its workers (part of the cached)
+    tier_tokens: dict[str, int] = Field(default_factory=dict)
+
+
+class TierInfo(OpenModel):
+    """One KV tier under the pools (node-wide): what it holds against its bound, as last measured."""
+
+    used_bytes: int
+    capacity_bytes: int
+
+
+class StoreInfo(OpenModel):
+    """The metrics store the fleet writes: failing while its file refuses writes (a full disk, an I/O error), the
+    rows kept meanwhile; requests never wait on it."""
+
+    path: str
+    failing: bool
+    problem: str | None = None  # "disk full", "I/O error", "read-only", …
+    error: str | None = None  # the whole line: the file, what is wrong, what to do
+    failing_since: float | None = None  # time.time() of the first refused write
+    kept_rows: int = 0
+
+
+class SplitRegretInfo(OpenModel):
+    """The current layout's goodput as a share of the best layout's, replayed over the last 5 minutes every
+    interval (fleet/ops/split_regret.py): the newest replay, and the series of its ratios, oldest first."""
+
+    ratio: float
+    current: str
+    best: str
+    at: float
+    series: list[float]
+
+
+class FleetStatus(OpenModel):
+    model: str
+    url: str
+    pid: int
+    window_s: float
+    workers: list[WorkerInfo]
+    pools: dict[str, PoolInfo]  # by role
+    local_prefills: int
+    store: StoreInfo | None = None  # None: the fleet keeps no store
+    # by tier (host, disk), once a worker reported one; {}: the fleet has none
+    kv_tiers: dict[str, TierInfo] = Field(default_factory=dict)
+    split_regret: SplitRegretInfo | None = None  # None: no store, or no window replayed yet
+
+
+class WorkerList(OpenModel):
+    workers: list[WorkerInfo]
+
+
+class LogLineInfo(OpenModel):
+    seq: int  # increasing across sources: ask `since` the last one seen for only newer lines
+    time: float  # time.time() when the controller read it
+    source: str  # "fleet" (the controller) or a worker id
+    level: str  # info, warning, error
+    text: str
+
+
+class FleetLogLines(OpenModel):
+    lines: list[LogLineInfo]  # oldest first
+    next: int  # the `since` that asks for lines after these
+
+
+class SessionInfo(OpenModel):
+    id: str
+    stage: str
+    prompt_tokens: int
+    output_tokens: int
+    age_s: float
+
+
+class WorkerSessions(OpenModel):
+    worker: str
+    sessions: list[SessionInfo]
