@@ -26,29 +26,3 @@ class NotFound(UserError):
 
     http_status = 404
     error_type = "not_found_error"
-
-
-class Conflict(UserError):
-    """A request that is well formed but refused in the state things are in (a worker busy with another
-    operation, a role with no peer to take its sessions)."""
-
-    http_status = 409
-
-
-class Unavailable(FleetctlError):
-    """The fleet cannot take the request now (no worker left for a role, shutting down); trying later may work."""
-
-    http_status = 503
-    error_type = "service_unavailable"
-
-
-class Busy(Unavailable):
-    """The fleet is at capacity: come back after a moment (HTTP 429 with Retry-After)."""
-
-    http_status = 429
-    error_type = "rate_limit_error"
-
-
-class OperationError(FleetctlError):
-    """Something the fleet started that did not finish (a worker that would not start, an operation that failed
-    or was called off); the message says why and in what state it left things."""

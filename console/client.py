@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import httpx
 
+from fleetctl.errors import FleetctlError
+
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
@@ -29,7 +31,7 @@ Params = dict[str, str | float]
 Answer = TypeVar("Answer", bound="BaseModel")
 
 
-class FleetClientError(RuntimeError):
+class FleetClientError(FleetctlError):
     """The fleet did not answer, or answered with an error; the message is one line for the user."""
 
 

@@ -26,6 +26,8 @@ from enum import StrEnum
 
 import torch
 
+from fleetctl.errors import UserError
+
 INT4_GROUP_SIZES = (32, 64, 128)  # as engine/core/engine_settings says (kernels import nothing of the engine)
 SPLIT_GROUP = 32  # int8-split's group: a llama.cpp block
 _CUDA_INNER_K_TILES = 8  # tinygemm's tiling of K; needs K divisible by 16 · 8
@@ -37,7 +39,7 @@ class QuantFormat(StrEnum):
     INT8_SPLIT = "int8-split"  # 8-bit codes per group of 32 as two int4 halves (the int4 kernel over [x, x])
 
 
-class QuantizationError(ValueError):
+class QuantizationError(UserError):
     """A weight that cannot take the asked layout (its shape, dtype or device)."""
 
 

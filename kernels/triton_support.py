@@ -28,12 +28,14 @@ from typing import Any, NamedTuple
 
 import torch
 
+from fleetctl.errors import FleetctlError
+
 MODES = ("auto", "torch", "interpret")
 _compiled_any = False  # a kernel was wrapped for the GPU compiler; interpretation can't start now
 _launch_records: list[set[Launch]] = []  # the sets `recording_launches` fills, innermost last
 
 
-class TritonUnavailableError(RuntimeError):
+class TritonUnavailableError(FleetctlError):
     """Triton kernels were asked for but the triton package is not importable."""
 
 

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 
+from fleetctl.errors import FleetctlError
+
 ELSEWHERE = "or give another file with --store"
 
 
@@ -22,7 +24,7 @@ class StoreProblem(Enum):
     UNOPENABLE = "cannot be opened"
 
 
-class StoreFileError(RuntimeError):
+class StoreFileError(FleetctlError):
     def __init__(self, path: Path, problem: StoreProblem, message: str) -> None:
         super().__init__(message)
         self.path, self.problem = path, problem

@@ -16,6 +16,7 @@ import time
 
 from sqlite_utils import Database
 
+from fleetctl.errors import UserError
 from fleetctl.store.classify import classify
 from fleetctl.store.queries import percentiles, request_latency
 
@@ -24,7 +25,7 @@ MAX_EVENTS = 50
 _FIELDS = ("busy", "mfu", "mbu", "tokens_per_s")
 
 
-class HistoryError(ValueError):
+class HistoryError(UserError):
     """A window and bucket that make no series (not positive, or too many points)."""
 
 

@@ -20,6 +20,7 @@ from fleetctl.console.client import FleetClient, FleetClientError, FleetRefused,
 from fleetctl.console.loadgen.requests import TraceRequest
 from fleetctl.console.loadgen.synthetic import TraceKind
 from fleetctl.engine.model.registry import DEFAULT_MODEL
+from fleetctl.errors import UserError
 
 
 def bench(
@@ -116,7 +117,7 @@ def _compare_layouts(model: str, devices: str, name: str, trace: list[TraceReque
     chosen = [d.strip() for d in devices.split(",") if d.strip()] or default_devices()
     try:
         slo = Slo(slo_ttft, slo_tpot)
-    except ValueError as exc:
+    except UserError as exc:
         raise fail(str(exc)) from None
     with user_errors():
         model_dir = resolve_model(model)

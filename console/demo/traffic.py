@@ -17,12 +17,13 @@ from fleetctl.console.demo.schedule import ArrivalRate, DemoPhase, TrafficConfig
 from fleetctl.console.loadgen.requests import prompt_text
 from fleetctl.console.loadgen.runner import stream_request
 from fleetctl.domain import WorkerRole
+from fleetctl.errors import FleetctlError
 
 PROBE_WORDS = 64
 POLL_S = 0.05  # how often waits look at the stop flag and at the requests in flight
 
 
-class TrafficError(RuntimeError):
+class TrafficError(FleetctlError):
     """The fleet could not be driven (no answer, or not the API the demo needs); one line for the user."""
 
 

@@ -11,11 +11,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from fleetctl.errors import FleetctlError
+
 FLEETCTL = [sys.executable, "-m", "fleetctl.console"]
 CPU_DECODE_WORKERS = 2  # on a machine without GPUs: 1 prefill + 2 decode logical cpu slots
 
 
-class FleetStartError(RuntimeError):
+class FleetStartError(FleetctlError):
     """The `fleetctl serve` child exited or timed out before it served; the message holds its last output."""
 
     def __init__(self, output: list[str]) -> None:

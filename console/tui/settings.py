@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetctl.console.tui.actions import ACTIONS_BY_ID
+from fleetctl.errors import UserError
 
 
-class SettingsError(ValueError):
+class SettingsError(UserError):
     """The config file is unreadable or names something that does not exist."""
 
 

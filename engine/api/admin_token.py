@@ -6,9 +6,10 @@ import secrets
 from pathlib import Path
 
 from fleetctl.engine.paths import fleet_home
+from fleetctl.errors import UserError
 
 
-class AdminTokenError(RuntimeError):
+class AdminTokenError(UserError):
     """The token file exists but holds no token (never run without one: /fleet/* would be open)."""
 
 

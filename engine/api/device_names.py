@@ -10,11 +10,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from fleetctl.domain import DeviceKind
+from fleetctl.errors import UserError
 
 _NAME = re.compile(r"(?:([A-Za-z0-9][A-Za-z0-9_.-]*)/)?(cpu|cuda)(?::(\d+)(?:#(\d+))?)?")
 
 
-class DeviceError(ValueError):
+class DeviceError(UserError):
     """A device name that is malformed or does not exist on this machine."""
 
 

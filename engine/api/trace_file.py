@@ -8,10 +8,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetctl.errors import UserError
+
 MOONCAKE_BLOCK_TOKENS = 512
 
 
-class TraceFileError(ValueError):
+class TraceFileError(UserError):
     """A trace file that cannot be read; the message names the file and the line."""
 
 

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from fleetctl.domain import WorkerRole
 from fleetctl.engine.core.faults import fault_point
 from fleetctl.engine.core.sequence import SamplingParams, SequenceStatus
+from fleetctl.errors import UserError
 
 FORMAT_VERSION = 1
 PARTIAL_SUFFIX = ".partial"
@@ -37,7 +38,7 @@ KV_FILE = "kv.safetensors"
 USED = "used.json"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be used: missing, corrupt, truncated, or not a v1 checkpoint."""
 
 

@@ -3,6 +3,8 @@ that hands them out. Nothing here touches a tensor, so the controller can reason
 
 from collections import deque
 
+from fleetctl.errors import FleetctlError
+
 BLOCK_SIZE = 16
 KV_LAYOUT_VERSION = 1  # pool layout [layers, 2, blocks, block_size, kv_heads, head_dim]
 
@@ -12,7 +14,7 @@ def blocks_for(num_tokens: int, block_size: int = BLOCK_SIZE) -> int:
     return -(-num_tokens // block_size)
 
 
-class OutOfBlocks(RuntimeError):
+class OutOfBlocks(FleetctlError):
     pass
 
 

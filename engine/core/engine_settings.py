@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fleetctl.domain import Quantization
 from fleetctl.engine.core.block_allocator import BLOCK_SIZE
+from fleetctl.errors import UserError
 
 INT4_GROUP_SIZES = (32, 64, 128)  # those torch's int4 kernels take
 
@@ -45,7 +46,7 @@ DEFAULT_CPU_KV_BYTES = 2 << 30  # cap on a CPU: plenty for a small model, bounde
 GPU_KV_FRACTION = 0.85  # share of the device memory left free after loading the weights
 
 
-class EngineSettingsError(ValueError):
+class EngineSettingsError(UserError):
     """Engine settings that cannot work together or at all (the message is one line for the user)."""
 
 

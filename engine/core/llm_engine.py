@@ -32,6 +32,7 @@ from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.model.prepared import load_cpu_weights, weights_key
 from fleetctl.engine.model.quantize import quantize_weights, resolve_quantization, weight_source
 from fleetctl.engine.model.tokenizer import Tokenizer
+from fleetctl.errors import FleetctlError
 from fleetctl.kernels import ops
 from fleetctl.kernels.batch_invariant import TILE as QUERY_TILE
 from fleetctl.kernels.triton_support import Launch
@@ -43,7 +44,7 @@ DIGEST_BLOCKS = 4096  # cap on a prefix digest: 64 KiB of hashes, 65,536 tokens 
 SWITCHED_EAGER = "switched from prefill in place: its weights are laid out for eager steps (a restart compiles)"
 
 
-class EngineBusy(RuntimeError):
+class EngineBusy(FleetctlError):
     """The engine holds sequences, and what was asked of it needs it empty."""
 
 

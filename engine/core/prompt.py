@@ -1,7 +1,9 @@
 """The checks every prompt passes before it is queued anywhere (engine or fleet controller)."""
 
+from fleetctl.errors import UserError
 
-class PromptError(ValueError):
+
+class PromptError(UserError):
     """A prompt the engine cannot take: empty, longer than the context, or bad token ids."""
 
 

@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
+from fleetctl.errors import UserError
+
 
 class SequenceStatus(Enum):
     WAITING = "waiting"  # queued for prefill (new, or preempted and to be recomputed)
@@ -20,7 +22,7 @@ class FinishReason(StrEnum):
     ABORT = "abort"
 
 
-class SamplingError(ValueError):
+class SamplingError(UserError):
     """Sampling parameters out of range."""
 
 

@@ -15,9 +15,10 @@ import torch
 from fleetctl.engine.core.block_allocator import OutOfBlocks, blocks_for
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import Sequence, SequenceStatus, SessionState
+from fleetctl.errors import FleetctlError
 
 
-class TransferRefused(RuntimeError):
+class TransferRefused(FleetctlError):
     """The sequence cannot be moved (now): it ended, was preempted, or does not fit."""
 
 

@@ -16,6 +16,7 @@ from fleetctl.engine.core.local_devices import check_device, gpu_count
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.engine.worker.shm_files import SHM_DIR
 from fleetctl.engine.worker.spec import WorkerSpec
+from fleetctl.errors import UserError
 
 # Conditional disaggregation's default, measured on real fleets (`scripts/bench_agent_cache.py --local-sweep`:
 # agent sessions, smollm2-135m, 1 prefill + 1 decode CPU slot, the cache on, one fleet per threshold): later
@@ -26,7 +27,7 @@ from fleetctl.engine.worker.spec import WorkerSpec
 DEFAULT_LOCAL_PREFILL_TOKENS = 128
 
 
-class FleetConfigError(ValueError):
+class FleetConfigError(UserError):
     """A fleet layout that cannot be built (bad counts, devices, or a device used twice)."""
 
 

@@ -9,11 +9,13 @@ from typing import Any
 import gguf
 import numpy as np
 
+from fleetctl.errors import UserError
+
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 _REQUIRED = object()
 
 
-class GGUFConvertError(ValueError):
+class GGUFConvertError(UserError):
     """The GGUF cannot be turned into a Hugging Face model directory."""
 
 

@@ -90,9 +90,7 @@ class ModelConfig:
                 family=family.name,
                 traits=family.traits(raw, layers),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, ModelConfigError):
-                raise
+        except (KeyError, TypeError, ValueError) as exc:  # a family's own ModelConfigError passes through
             raise ModelConfigError(f"config.json: missing or invalid field {exc}") from None
 
     @property

@@ -24,6 +24,7 @@ from fleetctl.engine.model.families.registry import family_for
 from fleetctl.engine.model.gguf_convert import Progress, convert_gguf
 from fleetctl.engine.model.registry import KNOWN_MODELS
 from fleetctl.engine.paths import fleet_home
+from fleetctl.errors import FleetctlError, UserError
 
 MANIFEST = "fleet-model.json"
 SOURCE_GGUF = "source.gguf"  # the GGUF as it shipped, kept beside its conversion (int4 serves its blocks)
@@ -31,7 +32,7 @@ _PARTIAL = ".partial"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
-class ModelStoreError(Exception):
+class ModelStoreError(FleetctlError):
     """Any failure of the model store, with a one-line message meant for the user."""
 
 
@@ -235,7 +236,7 @@ class ModelStore:
             (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
             partial.chmod(0o755)  # mkdtemp makes it private; the store is not
             self._replace(partial, dest)
-        except (ValueError, OSError) as error:  # GGUFConvertError is a ValueError, as are gguf's own
+        except (UserError, ValueError, OSError) as error:  # GGUFConvertError, or gguf's own ValueErrors
             raise ModelStoreError(f"cannot convert {gguf_path.name}: {error}") from None
         finally:
             shutil.rmtree(partial, ignore_errors=True)

@@ -9,8 +9,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders
 
+from fleetctl.errors import UserError
 
-class TokenizerError(ValueError):
+
+class TokenizerError(UserError):
     """Missing or unusable tokenizer files, or a chat that the template cannot render."""
 
 

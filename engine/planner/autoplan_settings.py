@@ -4,6 +4,7 @@ loading a fleet's configuration does not load the planner."""
 from dataclasses import dataclass, field
 
 from fleetctl.engine.planner.slo import Slo
+from fleetctl.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -18,10 +19,10 @@ class AutoplanSettings:
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
-            raise ValueError("the autoplan interval must be positive")
+            raise UserError("the autoplan interval must be positive")
         if self.min_gain_pct < 0:
-            raise ValueError("the autoplan's minimum gain must be >= 0 %")
+            raise UserError("the autoplan's minimum gain must be >= 0 %")
         if self.hysteresis_s < 0:
-            raise ValueError("the autoplan's hysteresis must be >= 0 s")
+            raise UserError("the autoplan's hysteresis must be >= 0 s")
         if self.max_workers is not None and self.max_workers < 1:
-            raise ValueError("--max-workers must be >= 1")
+            raise UserError("--max-workers must be >= 1")

@@ -3,12 +3,14 @@
 
 import re
 
+from fleetctl.errors import UserError
+
 _WINDOW = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*")
 _LATENCY = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)?\s*")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-class DurationError(ValueError):
+class DurationError(UserError):
     """A duration that does not parse or is not positive; the message is one line for the user."""
 
 

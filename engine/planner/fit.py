@@ -16,12 +16,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fleetctl.errors import UserError
+
 MIN_POINTS = 3
 REWEIGHTS = 3  # passes, each weighting points by 1 / (the previous pass's prediction)²
 OUTLIER_FACTOR, OUTLIER_FLOOR = 3.0, 0.25  # a point further off than this (relative) sits out the next pass
 
 
-class FitError(ValueError):
+class FitError(UserError):
     """Too few (or degenerate) points to fit a model; the message says which and how many."""
 
 

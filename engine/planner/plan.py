@@ -25,6 +25,7 @@ from fleetctl.engine.planner.plan_devices import DeviceSpecError, PlanDevices, p
 from fleetctl.engine.planner.simulator import EngineLimits, SimRequest, Timing, simulate
 from fleetctl.engine.planner.slo import Slo
 from fleetctl.engine.planner.split import Layout, Split, SplitError, splits_of, splits_up_to
+from fleetctl.errors import UserError
 from fleetctl.store.db import open_db
 from fleetctl.store.plan_inputs import LiveWorker, PlanInputs, plan_inputs
 from fleetctl.store.queries import percentiles
@@ -32,7 +33,7 @@ from fleetctl.store.queries import percentiles
 ENOUGH_PCT = 5.0  # elastic: a layout this close to the best goodput is enough, and the fewest devices win
 
 
-class PlanError(ValueError):
+class PlanError(UserError):
     """Nothing to plan from, or devices the measurements cannot cost; one line for the user."""
 
 

@@ -9,12 +9,13 @@ from fleetctl.domain import DeviceKind
 from fleetctl.engine.api.device_names import DeviceError, parse_device_name
 from fleetctl.engine.metrics.gpu_specs import GPU_SPECS, GpuSpec, find_gpu_spec
 from fleetctl.engine.planner.costs import DeviceCosts
+from fleetctl.errors import UserError
 
 MAX_DEVICES = 64
 _WHAT_IF = re.compile(r"\s*(\d+)\s*[x×]\s*(\S.*?)\s*", re.IGNORECASE)
 
 
-class DeviceSpecError(ValueError):
+class DeviceSpecError(UserError):
     """A --devices value that names no devices the planner can cost."""
 
 

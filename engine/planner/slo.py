@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 from fleetctl.engine.planner.durations import DurationError, parse_latency
+from fleetctl.errors import UserError
 
 DEFAULT_TTFT_S = 2.0  # as `fleetctl bench`
 DEFAULT_TPOT_S = 0.2
@@ -15,7 +16,7 @@ class Slo:
 
     def __post_init__(self) -> None:
         if not (self.ttft_s > 0 and self.tpot_s > 0):
-            raise ValueError("SLOs must be positive seconds")
+            raise UserError("SLOs must be positive seconds")
 
     @classmethod
     def parse(cls, ttft: str, tpot: str) -> "Slo":

@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from fleetctl.errors import UserError
+
 
 class Layout(StrEnum):
     DISAGGREGATED = "disaggregated"
@@ -13,7 +15,7 @@ class Layout(StrEnum):
     HYBRID = "hybrid"  # mixed workers beside prefill or decode ones
 
 
-class SplitError(ValueError):
+class SplitError(UserError):
     """A split that cannot be parsed or built; the message is one line for the user."""
 
 

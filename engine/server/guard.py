@@ -16,6 +16,8 @@ import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from fleetctl.errors import UserError
+
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -107,7 +109,7 @@ def _capped(receive: Receive) -> Receive:
     return capped
 
 
-class BodyTooLarge(Exception):
+class BodyTooLarge(UserError):
     """Raised inside the app when a streamed body passes the cap; answered 413 by the app's handler."""
 
 

@@ -19,13 +19,14 @@ import torch
 from fleetctl.engine.worker.cuda_ipc import CudaIpcExports
 from fleetctl.engine.worker.protocol import HandleKind, KVHandle
 from fleetctl.engine.worker.shm_files import SHM_DIR, buffer_path
+from fleetctl.errors import FleetctlError
 
 NO_GPU_CROSS_NODE = ("a GPU KV handoff between two nodes needs Ray's GPU direct transport (NCCL), which fleetctl "
                      "does not use yet (it could not be tested without GPUs): keep a Ray fleet's GPU workers on one "
                      "node; this request is recomputed on the decode worker")
 
 
-class HandoffError(RuntimeError):
+class HandoffError(FleetctlError):
     """The published KV is gone or unreadable (its producer died, or it was released)."""
 
 

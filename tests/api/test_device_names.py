@@ -4,6 +4,7 @@ import pytest
 
 from fleetctl.domain import DeviceKind
 from fleetctl.engine.api.device_names import DeviceError, DeviceName, parse_device_name
+from fleetctl.errors import UserError
 
 
 @pytest.mark.parametrize(
@@ -47,8 +48,8 @@ def test_malformed_names_raise_naming_accepted_forms(name: str) -> None:
     assert "cpu, cpu:N or cuda:N" in message
 
 
-def test_device_error_is_a_value_error() -> None:
-    with pytest.raises(ValueError):
+def test_device_error_is_a_user_error() -> None:
+    with pytest.raises(UserError):
         parse_device_name("tpu:0")
 
 

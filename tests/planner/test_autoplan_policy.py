@@ -14,6 +14,7 @@ from fleetctl.engine.planner.plan import Candidate, Plan
 from fleetctl.engine.planner.plan_devices import parse_devices
 from fleetctl.engine.planner.slo import Slo
 from fleetctl.engine.planner.split import Split
+from fleetctl.errors import UserError
 
 CURRENT = Split(1, 2)
 COSTS = DeviceCosts(kind=parse_devices("cpu:0").kind, prefill=LinearFit(("1",), (1.0,), 3, 0.0),
@@ -68,9 +69,9 @@ def test_a_plan_without_the_current_layout_is_skipped() -> None:
 
 
 def test_settings_are_checked() -> None:
-    with pytest.raises(ValueError, match="interval must be positive"):
+    with pytest.raises(UserError, match="interval must be positive"):
         AutoplanSettings(interval_s=0)
-    with pytest.raises(ValueError, match="minimum gain must be >= 0"):
+    with pytest.raises(UserError, match="minimum gain must be >= 0"):
         AutoplanSettings(min_gain_pct=-1)
 
 

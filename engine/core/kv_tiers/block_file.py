@@ -14,13 +14,15 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
+from fleetctl.errors import FleetctlError
+
 MAGIC = b"FKVT"
 VERSION = 1
 _HEAD = struct.Struct("<4sH16s16sIQ")
 CHECKSUM_BYTES = 32
 
 
-class CorruptBlock(ValueError):
+class CorruptBlock(FleetctlError):
     """A tier record that does not check out (the message says what)."""
 
 

@@ -8,8 +8,10 @@ else (shapes, rope, vocabulary) is common and read by `config.ModelConfig`.
 from dataclasses import dataclass
 from enum import StrEnum
 
+from fleetctl.errors import UserError
 
-class ModelConfigError(ValueError):
+
+class ModelConfigError(UserError):
     """config.json is missing, malformed, or describes a model this engine cannot run."""
 
 
