@@ -1,13 +1,17 @@
 """fleetctl as a user installs it: the sdist and the wheel built from it, installed non-editable into a fresh
-virtual environment outside the checkout, must run its commands and serve a completion. An editable install
-(`make install`) cannot see a package missing from the wheel; this test can."""
+virtual environment outside the checkout, must hold the package and nothing else, import every module, run its
+commands and serve a completion. An editable install (`make install`) cannot see a package missing from the wheel,
+or a file that should not be in it; this test can."""
 
+import json
 import os
 import subprocess
 import sys
+import tomllib
 import zipfile
+from fnmatch import fnmatch
 from importlib.metadata import version
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import httpx
 import pytest
@@ -27,21 +31,84 @@ def run(*args: str | Path, cwd: Path, timeout: float = 600) -> subprocess.Comple
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The `bin/` of a fresh venv holding this checkout's wheel (built from its sdist) and this environment's
-    torch (so pip takes the same build, never a multi-GB CUDA one on a CPU machine)."""
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This checkout's wheel, built from its sdist as `python -m build` makes them."""
+    dist = tmp_path_factory.mktemp("dist")
+    run(sys.executable, "-m", "build", "--no-isolation", "--outdir", dist, CHECKOUT, cwd=dist)
+    [built] = dist.glob("fleetctl-*.whl")
+    assert len(list(dist.glob("fleetctl-*.tar.gz"))) == 1
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `bin/` of a fresh venv holding the wheel and this environment's torch (so pip takes the same build,
+    never a multi-GB CUDA one on a CPU machine)."""
     root = tmp_path_factory.mktemp("installed")
-    run(sys.executable, "-m", "build", "--no-isolation", "--outdir", root / "dist", CHECKOUT, cwd=root)
-    [wheel] = (root / "dist").glob("fleetctl-*.whl")
-    assert len(list((root / "dist").glob("fleetctl-*.tar.gz"))) == 1
-    names = zipfile.ZipFile(wheel).namelist()
-    assert "fleetctl/engine/planner/plan.py" in names and "fleetctl/themes/console.tcss" in names
-    assert not [n for n in names if n.startswith(("fleetctl/tests/", "fleetctl/scripts/"))]
     run(sys.executable, "-m", "venv", root / "venv", cwd=root)
     pip = root / "venv" / "bin" / "pip"
     run(pip, "install", "--quiet", f"torch=={version('torch')}", cwd=root)
     run(pip, "install", "--quiet", wheel, cwd=root)
     return root / "venv" / "bin"
+
+
+def package_files(wheel: Path) -> list[PurePosixPath]:
+    """The wheel's files but its metadata (`fleetctl-<version>.dist-info/`)."""
+    names = [PurePosixPath(name) for name in zipfile.ZipFile(wheel).namelist()]
+    return [name for name in names if not name.parts[0].endswith(".dist-info")]
+
+
+def module_name(path: PurePosixPath) -> str:
+    """`fleetctl/engine/fleet/controller.py` → `fleetctl.engine.fleet.controller`; a package's `__init__.py`
+    is the package."""
+    parts = path.with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_the_wheel_holds_the_package_modules_and_their_data_only(wheel: Path) -> None:
+    files = package_files(wheel)
+    assert PurePosixPath("fleetctl/engine/planner/plan.py") in files
+    assert PurePosixPath("fleetctl/themes/console.tcss") in files
+    assert [f for f in files if f.parts[0] != "fleetctl"] == []
+    packages = {f.parent for f in files if f.name == "__init__.py"}
+    assert [f for f in files if f.suffix == ".py" and f.parent not in packages] == [], "a module outside a package"
+    declared = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    data = {(PurePosixPath(*package.split(".")), pattern) for package, patterns in declared.items()
+            for pattern in patterns}
+    undeclared = [f for f in files if f.suffix != ".py"
+                  and not any(f.parent == folder and fnmatch(f.name, pattern) for folder, pattern in data)]
+    assert undeclared == [], "files the package does not declare as its data"
+    # the checkout's root is the package's folder: nothing of the build or the checkout may come along
+    names = {module_name(f) for f in files if f.suffix == ".py"} | {".".join(f.parent.parts) for f in files}
+    assert {"fleetctl.setup", "fleetctl.tests", "fleetctl.scripts", "fleetctl.docs"} & names == set()
+
+
+# Every module of the installed package imported in turn; the `[ray]` extra's modules only where ray is installed.
+IMPORT_EVERY_MODULE = """
+import importlib, importlib.util, json, pkgutil, fleetctl
+with_ray = importlib.util.find_spec("ray") is not None
+walked, imported, failed = [], [], {}
+for info in pkgutil.walk_packages(fleetctl.__path__, "fleetctl.", onerror=lambda n: failed.setdefault(n, "walk")):
+    walked.append(info.name)
+    if info.name.startswith("fleetctl.engine.worker.ray_") and not with_ray:
+        continue
+    try:
+        importlib.import_module(info.name)
+        imported.append(info.name)
+    except BaseException as exc:  # SystemExit included: a module whose import runs a program
+        failed[info.name] = repr(exc)[:300]
+print(json.dumps({"walked": walked, "imported": imported, "failed": failed, "with_ray": with_ray}))
+"""
+
+
+def test_every_module_of_the_installed_wheel_imports(wheel: Path, installed: Path, tmp_path: Path) -> None:
+    modules = {module_name(f) for f in package_files(wheel) if f.suffix == ".py"}
+    found = json.loads(run(installed / "python", "-c", IMPORT_EVERY_MODULE, cwd=tmp_path).stdout.splitlines()[-1])
+    assert found["failed"] == {}
+    assert {"fleetctl", *found["walked"]} == modules  # the walk saw every module the wheel holds
+    ray_extra = {name for name in modules if name.startswith("fleetctl.engine.worker.ray_")}
+    assert len(ray_extra) >= 3
+    assert modules - {"fleetctl", *found["imported"]} == (set() if found["with_ray"] else ray_extra)
 
 
 def test_the_installed_wheel_runs_its_commands(installed: Path, tmp_path: Path) -> None:
