@@ -45,8 +45,8 @@ The live document is served at `/openapi.json` (and browsable at `/docs`).
 
 def openapi_document(model_dir: Path) -> Schema:
     """The OpenAPI document of the app `serve` runs, built over an unstarted fleet of the model at model_dir."""
-    from fleetctl.engine.fleet.config import FleetConfig
     from fleetctl.engine.fleet.controller import Fleet
+    from fleetctl.engine.fleet.fleet_config import FleetConfig
     from fleetctl.engine.server.app import create_app
 
     config = FleetConfig(model_dir, prefill=1, decode=1, devices=("cpu:0", "cpu:1"))
