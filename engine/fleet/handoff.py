@@ -1,6 +1,6 @@
 """The controller's side of the KV handoff: send a prefilled request's published KV to a decode
-worker with room (the one caching most of its conversation, unless overloaded: router.py), follow the
-acknowledgement, release the prefill copy."""
+worker with room (the one caching most of its conversation, unless overloaded: router.py), its blocks
+reserved there until it answers; follow the acknowledgement, release the prefill copy."""
 
 import time
 
@@ -31,7 +31,7 @@ class HandoffRouting:
             if view is None:
                 self.wait_for_decode(req)
                 continue
-            view.free_blocks -= blocks_for(tokens, view.block_size)  # reserved until the worker reports again
+            view.kv.reserve(req.request_id, blocks_for(tokens, view.kv.block_size))  # until it answers the Adopt
             placement.hand_over(req, view)
             req.times.handoff_start = req.times.handoff_start or time.time()
             state.send(view.worker_id, m.Adopt(req.request_id, req.prompt_token_ids, list(req.output_token_ids),
@@ -57,7 +57,7 @@ class HandoffRouting:
 
     def on_adopted(self, wid: str, msg: m.Adopted) -> None:
         req = self.state.requests.get(msg.request_id)
-        self.state.views[wid].free_blocks = msg.free_blocks
+        self.state.views[wid].kv.settled(msg.request_id, msg.free_blocks)
         if req is None or req.done or req.decode_worker != wid:  # ended, or re-routed off a stopping worker
             self.state.send(wid, m.Abort(msg.request_id))
             return
@@ -76,12 +76,15 @@ class HandoffRouting:
     def on_adopt_failed(self, wid: str, msg: m.AdoptFailed) -> None:
         req = self.state.requests.get(msg.request_id)
         view = self.state.views[wid]
+        if msg.retryable:
+            view.kv.refused_for_room(msg.request_id)
+        else:
+            view.kv.settled(msg.request_id)
         if req is None or req.done or req.decode_worker != wid:
             placement.forget(view, msg.request_id)
             return
         placement.release(req, view)
         if msg.retryable and not self._kv_removed_by_its_producer(req):
-            view.free_blocks = 0  # full until it reports again
             self.wait_for_decode(req)
         else:
             self.dispatcher.release_prefill_copy(req)
