@@ -1,6 +1,8 @@
-"""The controller's side of the KV handoff: send a prefilled request's published KV to a decode
-worker with room (the one caching most of its conversation, unless overloaded: router.py), its blocks
-reserved there until it answers; follow the acknowledgement, release the prefill copy."""
+"""The controller's side of the KV handoff: a prefill worker's first token of a request comes with the KV
+it published (`TokenEvent.handoff`, one event: tokens.py streams the token and hands the rest here); send
+that KV to a decode worker with room (the one caching most of its conversation, unless overloaded:
+router.py), its blocks reserved there until it answers; follow the acknowledgement, release the prefill
+copy."""
 
 import time
 
@@ -37,17 +39,28 @@ class HandoffRouting:
             state.send(view.worker_id, m.Adopt(req.request_id, req.prompt_token_ids, list(req.output_token_ids),
                                                req.params, req.seed, req.handle, req.session))
 
-    def on_prefilled(self, wid: str, msg: m.Prefilled) -> None:
+    def on_prefill_end(self, req: TrackedRequest, handoff: m.Handoff | None) -> None:
+        """Its prefill worker parked `req` with its first token (streamed already): its KV waits for a decode
+        worker from now on. Without a handoff, publishing it raised there: the worker's RequestFailed follows,
+        and recovery continues it from its tokens."""
+        placement.prefilled(req)
+        if handoff is not None:
+            self._published(req, handoff)
+
+    def on_republished(self, wid: str, msg: m.Republished) -> None:
+        """A restored prefill worker published a parked session's KV again; one already on its way to (or at)
+        a decode worker needs no second copy."""
         req = self.state.requests.get(msg.request_id)
         stale = req is None or req.done or req.prefill_worker != wid
-        # a restored prefill worker re-publishes its parked sessions; one already on its way to (or
-        # at) a decode worker needs no second copy
         if stale or req.stage is not RequestStage.HANDOFF or req.decode_worker is not None:
-            msg.handle.unlink()
+            msg.handoff.handle.unlink()
             self.state.send(wid, m.ReleaseKV(msg.request_id))
             return
-        req.handle = msg.handle
-        req.times.handoff_seconds += msg.publish_seconds
+        self._published(req, msg.handoff)
+
+    def _published(self, req: TrackedRequest, handoff: m.Handoff) -> None:
+        req.handle = handoff.handle
+        req.times.handoff_seconds += handoff.publish_seconds
         self.wait_for_decode(req)
         self.dispatch()
 

@@ -107,9 +107,9 @@ class WorkerInbox:
                     self.moves.on_step(wid, msg)
                 self.tokens.on_step(wid, msg)
                 self.handoffs.dispatch()
-            case m.Prefilled():
+            case m.Republished():
                 self.restores.on_progress(wid)  # a restored prefill worker re-publishes, without tokens
-                self.handoffs.on_prefilled(wid, msg)
+                self.handoffs.on_republished(wid, msg)
             case m.Adopted():
                 self.handoffs.on_adopted(wid, msg)
             case m.AdoptFailed():
