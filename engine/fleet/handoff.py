@@ -1,6 +1,8 @@
-"""The controller's side of the KV handoff: send a prefilled request's published KV to a decode
-worker with room (the one caching most of its conversation, unless overloaded: router.py), follow the
-acknowledgement, release the prefill copy."""
+"""The controller's side of the KV handoff: a prefill worker's first token of a request comes with the KV
+it published (`TokenEvent.handoff`, one event: tokens.py streams the token and hands the rest here); send
+that KV to a decode worker with room (the one caching most of its conversation, unless overloaded:
+router.py), its blocks reserved there until it answers; follow the acknowledgement, release the prefill
+copy."""
 
 import time
 
@@ -31,23 +33,34 @@ class HandoffRouting:
             if view is None:
                 self.wait_for_decode(req)
                 continue
-            view.free_blocks -= blocks_for(tokens, view.block_size)  # reserved until the worker reports again
+            view.kv.reserve(req.request_id, blocks_for(tokens, view.kv.block_size))  # until it answers the Adopt
             placement.hand_over(req, view)
             req.times.handoff_start = req.times.handoff_start or time.time()
             state.send(view.worker_id, m.Adopt(req.request_id, req.prompt_token_ids, list(req.output_token_ids),
                                                req.params, req.seed, req.handle, req.session))
 
-    def on_prefilled(self, wid: str, msg: m.Prefilled) -> None:
+    def on_prefill_end(self, req: TrackedRequest, handoff: m.Handoff | None) -> None:
+        """Its prefill worker parked `req` with its first token (streamed already): its KV waits for a decode
+        worker from now on. Without a handoff, publishing it raised there: the worker's RequestFailed follows,
+        and recovery continues it from its tokens."""
+        placement.prefilled(req)
+        if handoff is not None:
+            self._published(req, handoff)
+
+    def on_republished(self, wid: str, msg: m.Republished) -> None:
+        """A restored prefill worker published a parked session's KV again; one already on its way to (or at)
+        a decode worker needs no second copy."""
         req = self.state.requests.get(msg.request_id)
         stale = req is None or req.done or req.prefill_worker != wid
-        # a restored prefill worker re-publishes its parked sessions; one already on its way to (or
-        # at) a decode worker needs no second copy
         if stale or req.stage is not RequestStage.HANDOFF or req.decode_worker is not None:
-            msg.handle.unlink()
+            msg.handoff.handle.unlink()
             self.state.send(wid, m.ReleaseKV(msg.request_id))
             return
-        req.handle = msg.handle
-        req.times.handoff_seconds += msg.publish_seconds
+        self._published(req, msg.handoff)
+
+    def _published(self, req: TrackedRequest, handoff: m.Handoff) -> None:
+        req.handle = handoff.handle
+        req.times.handoff_seconds += handoff.publish_seconds
         self.wait_for_decode(req)
         self.dispatch()
 
@@ -57,7 +70,7 @@ class HandoffRouting:
 
     def on_adopted(self, wid: str, msg: m.Adopted) -> None:
         req = self.state.requests.get(msg.request_id)
-        self.state.views[wid].free_blocks = msg.free_blocks
+        self.state.views[wid].kv.settled(msg.request_id, msg.free_blocks)
         if req is None or req.done or req.decode_worker != wid:  # ended, or re-routed off a stopping worker
             self.state.send(wid, m.Abort(msg.request_id))
             return
@@ -76,12 +89,15 @@ class HandoffRouting:
     def on_adopt_failed(self, wid: str, msg: m.AdoptFailed) -> None:
         req = self.state.requests.get(msg.request_id)
         view = self.state.views[wid]
+        if msg.retryable:
+            view.kv.refused_for_room(msg.request_id)
+        else:
+            view.kv.settled(msg.request_id)
         if req is None or req.done or req.decode_worker != wid:
             placement.forget(view, msg.request_id)
             return
         placement.release(req, view)
         if msg.retryable and not self._kv_removed_by_its_producer(req):
-            view.free_blocks = 0  # full until it reports again
             self.wait_for_decode(req)
         else:
             self.dispatcher.release_prefill_copy(req)

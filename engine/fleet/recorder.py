@@ -46,7 +46,7 @@ class FleetRecorder:
         self.aggregator.add_step(StepRecord(
             worker_id=view.worker_id, ts=report.ended_at, busy_s=report.seconds, phase=report.phase,
             tokens=report.num_tokens, flops=report.flops, bytes=report.bytes, batch_size=report.num_seqs,
-            kv_usage=view.kv_usage, queue=report.waiting,
+            kv_usage=view.kv.usage, queue=report.waiting,
         ))
 
     def on_request_done(self, req: TrackedRequest) -> None:

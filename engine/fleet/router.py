@@ -56,17 +56,17 @@ class Router:
                            avoid: set[str] | frozenset[str] = frozenset(),
                            cached: CachedTokens = _nothing_cached,
                            near: set[str] | frozenset[str] = frozenset()) -> WorkerView | None:
-        """The accepting decode (or mixed) worker with free blocks for `num_tokens` tokens that caches most of them,
-        among those within `decode_load_slack` sessions of the least loaded; then least loaded, most free
+        """The accepting decode (or mixed) worker with blocks available for `num_tokens` tokens that caches most of
+        them, among those within `decode_load_slack` sessions of the least loaded; then least loaded, most available
         blocks (one not in `avoid` if there is one; one in `near`, holding its siblings, if there is one)."""
         candidates = _preferred([v for v in views if v.role.covers(WorkerRole.DECODE) and v.accepting
-                                 and v.free_blocks >= blocks_for(num_tokens, v.block_size)], avoid)
+                                 and v.kv.available >= blocks_for(num_tokens, v.kv.block_size)], avoid)
         candidates = [v for v in candidates if v.worker_id in near] or candidates
         if not candidates:
             return None
         least = min(len(v.requests) for v in candidates)
         unloaded = [v for v in candidates if len(v.requests) <= least + self.config.decode_load_slack]
-        return min(unloaded, key=lambda v: (-cached(v), len(v.requests), -v.free_blocks, v.worker_id))
+        return min(unloaded, key=lambda v: (-cached(v), len(v.requests), -v.kv.available, v.worker_id))
 
     @staticmethod
     def covered(views: list[WorkerView], phase: WorkerRole) -> bool:

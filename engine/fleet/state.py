@@ -10,8 +10,9 @@ Who writes what (everyone may read):
   `take_over` when a process becomes a worker id), the live migration (`rename_worker`,
   `forget_worker` for its standby) and a role switch (`switch_role`) — nothing else adds, renames or drops
   an id. `retired_ids`: the ids switched workers left, never given again. A view's fields: the
-  worker's reports (`worker_inbox`), the requests it holds (`placement` only), its state (the part acting
-  on the worker: recovery, the operations).
+  worker's reports (`worker_inbox`), its KV blocks (`view.kv`, a `WorkerKV`, their only writer: the handlers
+  tell it what happened), the requests it holds (`placement` only), its state (the part acting on the
+  worker: recovery, the operations).
 - `requests`: `Fleet.submit_samples` adds, `Dispatcher` removes (every ending goes through it).
 - `queued`: `Fleet.submit_samples` appends, `Dispatcher` takes (and puts back recomputed prompts).
 - `pending_handoffs`: `HandoffRouting` (`wait_for_decode`); `Dispatcher.cancel` drops a cancelled one.

@@ -180,7 +180,7 @@ class FleetStats:
         self._last_summary = (now, self._generated)
         rate = (self._generated - tokens_then) / max(now - since, 1e-9)
         running, waiting = sum(v.running for v in views), sum(v.waiting for v in views)
-        kv = max((v.kv_usage for v in views), default=0.0)
+        kv = max((v.kv.usage for v in views), default=0.0)
         busy = " ".join(f"{v.worker_id} {self.utilization(v.worker_id).busy:.0%}" for v in views)
         return f"generation {rate:.1f} tokens/s · running {running} · waiting {waiting} · KV max {kv:.0%} · busy {busy}"
 
@@ -188,7 +188,7 @@ class FleetStats:
         for v in views:
             self.running.labels(worker=v.worker_id).set(v.running)
             self.waiting.labels(worker=v.worker_id).set(v.waiting)
-            self.kv_usage.labels(worker=v.worker_id).set(v.kv_usage)
+            self.kv_usage.labels(worker=v.worker_id).set(v.kv.usage)
             util = self.utilization(v.worker_id)
             self.busy.labels(worker=v.worker_id, role=v.role.value).set(util.busy)
             self.mfu.labels(worker=v.worker_id, role=v.role.value).set(util.mfu)

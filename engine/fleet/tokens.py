@@ -1,22 +1,26 @@
 """Tokens from the workers' step reports to their clients: each token appended to its request and pushed
 through its text stream (stop strings are the controller's), the request's end when it comes, and each
-step's model time shared among the requests in it. A token from a copy of a request that no longer holds
-it (a session continued elsewhere, or cancelled) is dropped and that copy aborted."""
+step's model time shared among the requests in it. A prefill worker's first token ends the request's prefill:
+it comes with the KV handoff (`TokenEvent.handoff`), which goes on to handoff routing from the same event. A
+token from a copy of a request that no longer holds it (a session continued elsewhere, or cancelled) is
+dropped and that copy aborted, with any KV it published."""
 
 import time
 
 from fleetctl.domain import Phase, WorkerRole
 from fleetctl.engine.fleet import placement
 from fleetctl.engine.fleet.dispatch import Dispatcher
+from fleetctl.engine.fleet.handoff import HandoffRouting
 from fleetctl.engine.fleet.request import RequestStage, StreamEvent
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.worker import protocol as m
 
 
 class TokenStreams:
-    def __init__(self, state: FleetState, dispatcher: Dispatcher) -> None:
+    def __init__(self, state: FleetState, dispatcher: Dispatcher, handoffs: HandoffRouting) -> None:
         self.state = state
         self.dispatcher = dispatcher
+        self.handoffs = handoffs
 
     def on_step(self, wid: str, report: m.StepReport) -> None:
         self._attribute_model_time(report)
@@ -53,6 +57,8 @@ class TokenStreams:
         if req is None or req.done or req.holder() != wid:
             if not event.finished:  # a session continued elsewhere (or cancelled): stop this copy
                 self.state.send(wid, m.Abort(event.request_id))
+            if event.handoff is not None:
+                event.handoff.handle.unlink()
             return
         req.output_token_ids.append(event.token_id)
         req.suspect = False  # it came through a step
@@ -71,6 +77,6 @@ class TokenStreams:
             self.dispatcher.finish(req, reason, StreamEvent(event.token_id, delta + req.stream.flush(), reason,
                                                             logprobs=event.logprobs))
         else:
-            if req.stage is RequestStage.PREFILL and self.state.views[wid].role is WorkerRole.PREFILL:
-                placement.prefilled(req)
             req.events.put_nowait(StreamEvent(token_id=event.token_id, text=delta, logprobs=event.logprobs))
+            if req.stage is RequestStage.PREFILL and self.state.views[wid].role is WorkerRole.PREFILL:
+                self.handoffs.on_prefill_end(req, event.handoff)

@@ -85,9 +85,8 @@ class WorkerInbox:
             case m.Heartbeat():
                 pass  # heard (the watchdog's clock), nothing else
             case m.WorkerReady():
-                view.state, view.pid, view.last_error = WorkerState.RUNNING, msg.pid, ""
-                view.num_kv_blocks, view.block_size = msg.num_kv_blocks, msg.block_size
-                view.free_blocks, view.load_s = msg.num_kv_blocks, msg.load_seconds
+                view.state, view.pid, view.last_error, view.load_s = WorkerState.RUNNING, msg.pid, "", msg.load_seconds
+                view.kv.started(msg.num_kv_blocks, msg.block_size)
                 view.prefix.clear()  # a new process: its cache starts empty, its changes start with a reset
                 view.device_name, view.peak_flops, view.peak_bytes_per_s, view.weights = (
                     msg.device_name, msg.peak_flops, msg.peak_bytes_per_s, msg.weights)
@@ -96,7 +95,8 @@ class WorkerInbox:
                     recorder.worker_started(view)
                 self._routing_changed()  # a new decode worker takes pending handoffs too
             case m.StepReport():
-                view.free_blocks, view.running, view.waiting = msg.free_blocks, msg.running, msg.waiting
+                view.running, view.waiting = msg.running, msg.waiting
+                view.kv.reported(msg.free_blocks)
                 if msg.prefix is not None:
                     view.prefix.apply(msg.prefix)
                 self.state.stats.on_step(view, msg)
@@ -107,17 +107,18 @@ class WorkerInbox:
                     self.moves.on_step(wid, msg)
                 self.tokens.on_step(wid, msg)
                 self.handoffs.dispatch()
-            case m.Prefilled():
+            case m.Republished():
                 self.restores.on_progress(wid)  # a restored prefill worker re-publishes, without tokens
-                self.handoffs.on_prefilled(wid, msg)
+                self.handoffs.on_republished(wid, msg)
             case m.Adopted():
                 self.handoffs.on_adopted(wid, msg)
             case m.AdoptFailed():
                 self.handoffs.on_adopt_failed(wid, msg)
             case m.RequestFailed():
+                view.kv.settled(msg.request_id)  # an adoption that raised there took no block (Capacity follows)
                 self.recovery.on_request_failed(wid, msg)
             case m.Capacity():
-                view.free_blocks = msg.free_blocks
+                view.kv.reported(msg.free_blocks)
                 self._routing_changed()
             case m.WorkerFailed():
                 view.last_error = msg.reason

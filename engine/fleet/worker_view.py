@@ -1,11 +1,12 @@
-"""The controller's record of one worker: what it is (id, role, device, node), its state, its capacity
-and load as last reported, the requests it holds, and what its prefix cache holds. Every part of the
-controller reads it; the router decides from it, the message handlers update it."""
+"""The controller's record of one worker: what it is (id, role, device, node), its state, its KV blocks
+(`worker_kv.WorkerKV`, their one writer) and load as last reported, the requests it holds, and what its prefix
+cache holds. Every part of the controller reads it; the router decides from it, the message handlers update
+it."""
 
 from dataclasses import dataclass, field
 
 from fleetctl.domain import WorkerRole, WorkerState
-from fleetctl.engine.core.block_allocator import BLOCK_SIZE
+from fleetctl.engine.fleet.worker_kv import WorkerKV
 from fleetctl.engine.worker.prefix_summary import PrefixIndex
 
 
@@ -20,9 +21,7 @@ class WorkerView:
     node: str = ""  # the Ray node its process runs on ("" on this machine)
     node_lost: bool = False  # its process ended because the Ray cluster lost that node
     pid: int | None = None
-    num_kv_blocks: int = 0
-    block_size: int = BLOCK_SIZE
-    free_blocks: int = 0
+    kv: WorkerKV = field(default_factory=WorkerKV)  # its KV pool: free as reported, reserved by the controller
     running: int = 0
     waiting: int = 0
     requests: set[str] = field(default_factory=set)  # request ids this worker holds
@@ -53,7 +52,3 @@ class WorkerView:
         """Its process exited or is shutting down: nothing more is sent to it, and the KV it published
         is the controller's to clean up."""
         return self.state in (WorkerState.FAILED, WorkerState.STOPPED)
-
-    @property
-    def kv_usage(self) -> float:
-        return 1 - self.free_blocks / self.num_kv_blocks if self.num_kv_blocks else 0.0

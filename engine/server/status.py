@@ -22,10 +22,10 @@ def workers_status(fleet: Fleet) -> list[WorkerInfo]:
             state=view.state.value,
             pid=None if view.gone else view.pid,  # a stopped or failed worker's process is gone (reaped)
             sessions=len(view.requests),
-            kv_usage=round(view.kv_usage, 4),
-            kv_blocks=view.num_kv_blocks,
+            kv_usage=round(view.kv.usage, 4),
+            kv_blocks=view.kv.num_blocks,
             weights=view.weights,
-            free_blocks=view.free_blocks,
+            free_blocks=view.kv.free,
             busy=round(util.busy, 4),
             mfu=round(util.mfu, 6),
             mbu=round(util.mbu, 6),

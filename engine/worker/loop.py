@@ -220,12 +220,18 @@ class Worker:
             return self.engine.run(scheduled)
 
     def _report(self, outputs: list[RequestOutput]) -> None:
+        """Send the step's tokens. A sequence the step parked (a prefill worker's) has its KV published first:
+        its first token and its handoff arrive as one event. One whose publishing raised is dropped after the
+        report, its token sent without a handoff."""
+        ended_at = time.time()
         stats = self.engine.last_step
         assert stats is not None
-        tokens = [m.TokenEvent(o.request_id, o.token_id, o.finished, o.finish_reason, o.logprobs) for o in outputs]
+        scheduler = self.engine.scheduler
+        handoffs, failed = self._publish_parked(outputs)
+        tokens = [m.TokenEvent(o.request_id, o.token_id, o.finished, o.finish_reason, o.logprobs,
+                               handoffs.get(o.request_id)) for o in outputs]
         computed = dict(zip(stats.request_ids, stats.new_tokens, strict=True))
         seq_tokens = [computed.pop(o.request_id) for o in outputs]  # what is left: prefill chunks, no token yet
-        scheduler = self.engine.scheduler
         cost = self.cost.step(stats.new_tokens, stats.context_lens)
         prefill = stats.phase is Phase.PREFILL
         urgent = prefill or any(o.finished for o in outputs)
@@ -234,25 +240,34 @@ class Worker:
             num_seqs=stats.num_seqs, num_tokens=stats.num_tokens, context_tokens=stats.context_tokens,
             seconds=stats.seconds, flops=cost.flops, bytes=cost.bytes,
             free_blocks=self.engine.kv_cache.allocator.num_free, running=len(scheduler.running),
-            waiting=len(scheduler.waiting), ended_at=time.time(),
+            waiting=len(scheduler.waiting), ended_at=ended_at,
             cached_tokens={rid: hit for rid, hit in zip(stats.request_ids, stats.cached_tokens, strict=True) if hit},
             tier_tokens=stats.tier_tokens, tier_io=self.engine.tier_io(),
             prefix=self.prefix_summary.changes(self.engine.prefix_digest, time.monotonic(), urgent),
         ))
-        for out in outputs:
-            if not out.finished and out.request_id in scheduler.parked:
-                try:
-                    self._publish(out.request_id)
-                except Exception as exc:
-                    self._drop(out.request_id, exc)
+        for request_id, exc in failed.items():
+            self._drop(request_id, exc)
 
-    def _publish(self, request_id: str) -> None:
-        fault_point("publish", request_id)  # its first token sent, its KV not yet published
+    def _publish_parked(self, outputs: list[RequestOutput]) -> tuple[dict[str, m.Handoff], dict[str, Exception]]:
+        """The handoffs of the sequences the step parked, and what publishing raised for those it could not."""
+        handoffs: dict[str, m.Handoff] = {}
+        failed: dict[str, Exception] = {}
+        for out in outputs:
+            if not out.finished and out.request_id in self.engine.scheduler.parked:
+                try:
+                    handoffs[out.request_id] = self._publish(out.request_id)
+                except Exception as exc:
+                    failed[out.request_id] = exc
+        return handoffs, failed
+
+    def _publish(self, request_id: str) -> m.Handoff:
+        """Publish a parked sequence's KV (from the first block its window keeps) for a decode worker."""
+        fault_point("publish", request_id)  # its first token made, neither sent nor its KV published
         start = time.perf_counter()
         first_block, kv = self.engine.export_kv(request_id)
         handle = dataclasses.replace(self.transport.publish(kv), first_block=first_block)
         self.handles[request_id] = handle
-        self.send(m.Prefilled(request_id, handle, time.perf_counter() - start))
+        return m.Handoff(handle, time.perf_counter() - start)
 
     def _checkpoint(self, msg: m.TakeCheckpoint) -> None:
         """Runs between steps: the engine is paused for as long as this takes."""
@@ -288,7 +303,7 @@ class Worker:
         self.send(m.Restored(result.mode, result.reason, result.sessions, result.nbytes, result.seconds, ids))
         for rid in list(self.engine.scheduler.parked):
             try:
-                self._publish(rid)
+                self.send(m.Republished(rid, self._publish(rid)))
             except Exception as exc:
                 self._drop(rid, exc)
 

@@ -216,12 +216,23 @@ class WorkerFailed:
 
 
 @dataclass(frozen=True)
+class Handoff:
+    """A prefill worker parked a sequence: its KV is published for a decode worker to adopt."""
+
+    handle: KVHandle
+    publish_seconds: float  # exporting and publishing the KV
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     request_id: str
     token_id: int
     finished: bool
     finish_reason: FinishReason | None
     logprobs: TokenLogprobs | None = None  # only for a request that asked for them
+    # a prefill worker's first token of a sequence it parked: the prefill's end, with where its KV waits (None
+    # there when publishing raised: RequestFailed follows)
+    handoff: Handoff | None = None
 
 
 @dataclass(frozen=True)
@@ -251,12 +262,12 @@ class StepReport:
 
 
 @dataclass(frozen=True)
-class Prefilled:
-    """Prefill worker: a request's KV is published and waits for a decode worker."""
+class Republished:
+    """A restored prefill worker published a parked sequence's KV again (its first token, and the handoff it
+    came with, were the checkpointed process's)."""
 
     request_id: str
-    handle: KVHandle
-    publish_seconds: float
+    handoff: Handoff
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from fleetctl.engine.fleet.handoff import HandoffRouting
 from fleetctl.engine.fleet.request import RequestStage, TrackedRequest
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.fleet.stats import FleetStats
+from fleetctl.engine.fleet.worker_kv import WorkerKV
 from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.worker import protocol as m
 
@@ -32,7 +33,7 @@ def handoff_in_flight(tmp_path: Path, prefill_state: WorkerState) -> tuple[Fleet
     buffer.write_bytes(b"kv")
     views = {"prefill-0": WorkerView("prefill-0", WorkerRole.PREFILL, "cpu:0", state=prefill_state),
              "decode-0": WorkerView("decode-0", WorkerRole.DECODE, "cpu:1", state=WorkerState.RUNNING,
-                                    num_kv_blocks=4, free_blocks=0, requests={"req-1"})}
+                                    kv=WorkerKV(4, free=0), requests={"req-1"})}
     state = FleetState(FleetConfig(tmp_path, shm_dir=tmp_path), {}, views, FleetStats(), None,
                        links={"prefill-0": RecordingLink(), "decode-0": RecordingLink()})
     req = TrackedRequest("req-1", [5, 6, 7], SamplingParams(max_tokens=4), seed=0, stream=None,

@@ -4,6 +4,7 @@ and the router weighing cached overlap against load, with real hash chains."""
 from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.block_hash import PrefixDigest, chain_hashes
 from fleetctl.engine.fleet.router import Router, RouterConfig
+from fleetctl.engine.fleet.worker_kv import WorkerKV
 from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.worker.prefix_summary import SUMMARY_INTERVAL_S, PrefixIndex, PrefixSummary
 
@@ -18,7 +19,7 @@ def digest(tokens: list[int]) -> PrefixDigest:
 
 def worker(worker_id: str, role: WorkerRole, holds: list[int] | None = None, sessions: int = 0,
            backlog: int = 0) -> WorkerView:
-    view = WorkerView(worker_id, role, "cpu:0", state=WorkerState.RUNNING, num_kv_blocks=100, free_blocks=100,
+    view = WorkerView(worker_id, role, "cpu:0", state=WorkerState.RUNNING, kv=WorkerKV(100),
                       requests={f"{worker_id}-{i}" for i in range(sessions)})
     if backlog:
         view.prefilling[f"{worker_id}-0"] = backlog

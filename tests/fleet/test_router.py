@@ -5,6 +5,7 @@ import pytest
 from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.core.block_allocator import BLOCK_SIZE
 from fleetctl.engine.fleet.router import Router, RouterConfig
+from fleetctl.engine.fleet.worker_kv import WorkerKV
 from fleetctl.engine.fleet.worker_view import WorkerView
 
 
@@ -24,9 +25,7 @@ def view(
         "cpu:0",
         state=state,
         requests={f"{worker_id}-r{i}" for i in range(requests)},
-        free_blocks=free_blocks,
-        num_kv_blocks=num_kv_blocks,
-        block_size=block_size,
+        kv=WorkerKV(num_kv_blocks, block_size, free=free_blocks),
     )
 
 
@@ -34,7 +33,7 @@ def test_default_view_is_starting_and_not_accepting() -> None:
     v = WorkerView("w", WorkerRole.DECODE, "cpu:0")
     assert v.state is WorkerState.STARTING
     assert not v.accepting
-    assert v.block_size == BLOCK_SIZE
+    assert v.kv.block_size == BLOCK_SIZE
 
 
 @pytest.mark.parametrize("state", list(WorkerState))
@@ -169,7 +168,7 @@ def test_covered_with_no_workers() -> None:
 
 
 def test_kv_usage() -> None:
-    assert view("w", free_blocks=25, num_kv_blocks=100).kv_usage == pytest.approx(0.75)
-    assert view("w", free_blocks=100, num_kv_blocks=100).kv_usage == 0.0
-    assert view("w", free_blocks=0, num_kv_blocks=8).kv_usage == 1.0
-    assert view("w", free_blocks=0, num_kv_blocks=0).kv_usage == 0.0  # not reported yet
+    assert view("w", free_blocks=25, num_kv_blocks=100).kv.usage == pytest.approx(0.75)
+    assert view("w", free_blocks=100, num_kv_blocks=100).kv.usage == 0.0
+    assert view("w", free_blocks=0, num_kv_blocks=8).kv.usage == 1.0
+    assert view("w", free_blocks=0, num_kv_blocks=0).kv.usage == 0.0  # not reported yet

@@ -109,4 +109,4 @@ class FakeCheckpoints:
                                0.001, [record.request_id for record in saved.sessions]))
         for record in saved.sessions:
             if record.status is SequenceStatus.PARKED:
-                worker.publish(record.request_id)
+                worker.send(m.Republished(record.request_id, worker.publish(record.request_id)))

@@ -58,7 +58,7 @@ class Faults:
     fail_restore: set[str] = field(default_factory=set)  # refuse a Restore
     raise_on: set[str] = field(default_factory=set)  # stepping such a request raises (dropped, RequestFailed)
     crash_on: set[str] = field(default_factory=set)  # stepping such a request kills the worker
-    crash_before_publish: set[str] = field(default_factory=set)  # once each: die after its first token
+    crash_before_publish: set[str] = field(default_factory=set)  # once each: die with its first token made, unsent
     crash_on_adopt: set[str] = field(default_factory=set)  # once each: die adopting it
     refuse_moves: bool = False  # every fake answers every live move with MoveRefused
     fail_switch: set[str] = field(default_factory=set)  # answer a SwitchRole with SwitchFailed
@@ -191,11 +191,12 @@ class FakeWorker:
         if published is not None:
             published.unlink(missing_ok=True)
 
-    def publish(self, rid: str) -> None:
+    def publish(self, rid: str) -> m.Handoff:
+        """Publish a parked session's KV to shared memory, as a real prefill worker does."""
         path = buffer_path(self.shm_dir, os.getpid(), self.pid, rid)
         path.write_bytes(b"kv")
         self.published[rid] = path
-        self.send(m.Prefilled(rid, m.KVHandle(rid, m.HandleKind.SHM, (1,), "float32", 4, str(path)), 0.0))
+        return m.Handoff(m.KVHandle(rid, m.HandleKind.SHM, (1,), "float32", 4, str(path)), 0.0)
 
     def _step(self, rid: str, session: Session) -> int | None:
         """One engine step for one session: 1 when it produced a token, 0 when not, None when the worker dies."""
@@ -214,7 +215,12 @@ class FakeWorker:
         finished = len(session.output) >= msg.params.max_tokens
         phase = Phase.DECODE if session.prefilled else Phase.PREFILL
         session.prefilled = True
-        event = m.TokenEvent(rid, token, finished, FinishReason.LENGTH if finished else None)
+        handoff = None
+        if not finished and self.spec.role is WorkerRole.PREFILL:  # parked: its first token comes with its KV
+            if self.faults.once(self.faults.crash_before_publish, rid):
+                return None
+            handoff = self.publish(rid)
+        event = m.TokenEvent(rid, token, finished, FinishReason.LENGTH if finished else None, handoff=handoff)
         if finished:
             del self.sessions[rid]
         self.send(m.StepReport(
@@ -222,10 +228,6 @@ class FakeWorker:
             context_tokens=len(msg.prompt_token_ids) + len(session.output), seconds=0.001, flops=1, bytes=1,
             free_blocks=self.free_blocks, running=len(self.sessions), waiting=0, ended_at=time.time(),
         ))
-        if not finished and self.spec.role is WorkerRole.PREFILL:
-            if self.faults.once(self.faults.crash_before_publish, rid):
-                return None
-            self.publish(rid)
         time.sleep(0.001)
         return 1
 

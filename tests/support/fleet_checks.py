@@ -64,7 +64,8 @@ async def nothing_leaked(fleet: Fleet, launcher: FakeLauncher) -> None:
     await until(lambda: all(not w.sessions for w in live) and not list(launcher.shm_dir.iterdir()),
                 lambda: f"sessions {[(w.spec.worker_id, list(w.sessions)) for w in live]}, "
                         f"buffers {list(launcher.shm_dir.iterdir())}")
-    await until(lambda: all(fleet.views[w.spec.worker_id].free_blocks == NUM_BLOCKS for w in live))
+    await until(lambda: all(fleet.views[w.spec.worker_id].kv.free == NUM_BLOCKS for w in live))
+    assert all(fleet.views[w.spec.worker_id].kv.available == NUM_BLOCKS for w in live)  # no reservation left
     assert not fleet.state.requests and not fleet.state.queued
 
 

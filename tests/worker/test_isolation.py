@@ -1,6 +1,6 @@
 """A real worker loop (tiny model, in a thread, over a real pipe) under fault points keyed by request id:
-one request that raises while it is added or stepped is dropped alone — the worker keeps serving its
-batch-mates, token-identical to an undisturbed run — and the heartbeat falls silent while a step hangs.
+one request that raises while it is added, stepped or published is dropped alone — the worker keeps serving
+its batch-mates, token-identical to an undisturbed run — and the heartbeat falls silent while a step hangs.
 An error that poisons the device (a sticky CUDA error) is no request's: the worker stops and says why.
 
 Token identity relies on `deterministic` (batch invariance): the survivors of a failed batch are re-run
@@ -63,11 +63,11 @@ class Running:
 def worker(tiny_model_dir: Path, tmp_path: Path) -> Iterator:
     started: list[Running] = []
 
-    def start(**spec: object) -> Running:
+    def start(role: WorkerRole = WorkerRole.MIXED, **spec: object) -> Running:
         parent, child = mp.Pipe(duplex=True)
         settings = EngineSettings(dtype=DType.FLOAT32, deterministic=True, num_kv_blocks=64)
         options = {"heartbeat_s": 0.05, "step_timeout_s": 60.0, "shm_dir": tmp_path} | spec
-        worker_spec = WorkerSpec("mixed-0", WorkerRole.MIXED, "cpu:0", tiny_model_dir, settings, **options)
+        worker_spec = WorkerSpec(f"{role.value}-0", role, "cpu:0", tiny_model_dir, settings, **options)
         went_on: list[bool] = []
         thread = threading.Thread(target=lambda: went_on.append(run_worker(worker_spec, child)), daemon=True)
         thread.start()
@@ -109,6 +109,29 @@ def test_a_request_that_raises_is_dropped_alone(worker, monkeypatch: pytest.Monk
     assert running.thread.is_alive()
     submit(running, ["ok-a"])  # the worker still serves
     running.until(lambda: len(running.tokens("ok-a")) == 2 * PARAMS.max_tokens)
+
+
+def test_a_prefill_worker_sends_each_first_token_with_the_kv_it_published(worker,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefill's end is one event: the first token of a sequence the worker parks carries its handoff. One
+    whose publishing raises has its token sent without a handoff, and is dropped alone after that report."""
+    monkeypatch.setenv("FLEET_FAULTS", "publish@poison=raise")
+    running = worker(WorkerRole.PREFILL)
+    submit(running, ["ok-a", "poison-b"])
+    running.until(lambda: running.tokens("ok-a") and running.of(m.RequestFailed))
+    events = {event.request_id: event for report in running.of(m.StepReport) for event in report.tokens}
+    handoff = events["ok-a"].handoff
+    assert handoff is not None and handoff.handle.first_block == 0 and handoff.publish_seconds > 0
+    buffer = Path(handoff.handle.location)
+    assert buffer.stat().st_size >= handoff.handle.nbytes > 0
+    assert events["poison-b"].handoff is None and len(running.tokens("poison-b")) == 1
+    order = [msg for _, msg in running.messages if isinstance(msg, m.StepReport | m.RequestFailed)]
+    [failed] = running.of(m.RequestFailed)
+    assert failed.request_id == "poison-b" and failed.retry and "fault injected at publish" in failed.message
+    assert any(e.request_id == "poison-b" for r in order[:order.index(failed)] if isinstance(r, m.StepReport)
+               for e in r.tokens)
+    running.send(m.ReleaseKV("ok-a"))  # adopted elsewhere: the parked blocks and the buffer go
+    running.until(lambda: running.free_blocks() == 64 and not buffer.exists())
 
 
 @pytest.mark.slow  # over ~10 s (a step stalled 1.5 s at a time): `make test` runs it, `make test-fast` does not

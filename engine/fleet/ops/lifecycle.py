@@ -177,8 +177,8 @@ class WorkerLifecycle:
         sessions."""
         tokens = len(req.prompt_token_ids) + len(req.output_token_ids) + RESERVE_SLACK_TOKENS
         peers = [v for v in self.state.views.values() if v.role.covers(WorkerRole.DECODE) and v.accepting
-                 and v.free_blocks >= blocks_for(tokens, v.block_size)]
-        best = min(peers, key=lambda v: (len(v.requests), -v.free_blocks, v.worker_id), default=None)
+                 and v.kv.available >= blocks_for(tokens, v.kv.block_size)]
+        best = min(peers, key=lambda v: (len(v.requests), -v.kv.available, v.worker_id), default=None)
         return best.worker_id if best else None
 
     async def _resume(self, op: Operation, called_off: Operation | None) -> ResumeResult:

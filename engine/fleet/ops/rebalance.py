@@ -203,9 +203,9 @@ class Rebalancer:
         staying = [v for v in staying if v.role.covers(WorkerRole.DECODE)]
         if not leaving:
             return
-        needed = sum(blocks_for(len(req.prompt_token_ids) + len(req.output_token_ids), v.block_size)
+        needed = sum(blocks_for(len(req.prompt_token_ids) + len(req.output_token_ids), v.kv.block_size)
                      for v in leaving for rid in v.requests if (req := self.state.requests.get(rid)) is not None)
-        free = sum(v.free_blocks for v in staying)
+        free = sum(v.kv.available for v in staying)
         if needed > free:
             sessions = sum(len(v.requests) for v in leaving)
             names = ", ".join(v.worker_id for v in leaving)

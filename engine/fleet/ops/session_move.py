@@ -97,7 +97,9 @@ class SessionMoves:
             _at(op, MoveStage.RESERVING_BLOCKS)
             start = time.perf_counter()
             tokens = len(req.prompt_token_ids) + len(req.output_token_ids)
-            reserve = blocks_for(tokens + RESERVE_SLACK_TOKENS, self.state.views[dest].block_size)
+            dest_kv = self.state.views[dest].kv
+            reserve = blocks_for(tokens + RESERVE_SLACK_TOKENS, dest_kv.block_size)
+            dest_kv.reserve(move.move_id, reserve)  # until the destination answers (its reports then count them)
             await self._ask(move, dest, m.ReserveBlocks(move.move_id, reserve))
             move.add_stage("reserve", reserve, 0, time.perf_counter() - start)
             first = 0
@@ -171,6 +173,9 @@ class SessionMoves:
 
     def _settle(self, move: SessionMove) -> None:
         """Tell both sides how the move ended; nothing of it is left behind."""
+        dest = self.state.views.get(move.dest)
+        if dest is not None:  # a reservation it never answered (it refused, timed out or exited)
+            dest.kv.settled(move.move_id)
         for wid in (move.source, move.dest):
             link, view = self.state.links.get(wid), self.state.views.get(wid)
             if link is not None and view is not None and not view.gone:
@@ -225,11 +230,11 @@ class SessionMoves:
         if move is None:
             return
         if isinstance(msg, m.BlocksReserved):
-            self.state.views[wid].free_blocks = msg.free_blocks
+            self.state.views[wid].kv.settled(move.move_id, msg.free_blocks)
         if isinstance(msg, m.BlocksSent):  # noted now: the source's exit may be handled before `_copy` resumes
             self._sent(move, msg)
         if isinstance(msg, m.BlocksReceived) and msg.committed:
-            self.state.views[wid].free_blocks = msg.free_blocks
+            self.state.views[wid].kv.reported(msg.free_blocks)
             move.taken = True
             self._commit(move)
         if move.waiting is not None and move.waiting[0] == wid and not move.waiting[1].done():

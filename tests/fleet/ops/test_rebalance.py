@@ -107,7 +107,7 @@ def test_rebalance_refusals_change_nothing(tiny_model_dir: Path, tmp_path: Path)
         reqs = [fleet.submit(p, LONG) for p in prompts(4)]
         await until(lambda: all(len(fleet.views[w].requests) >= 1 for w in ("decode-0", "decode-1")))
         for wid in ("decode-0", "decode-1"):
-            fleet.views[wid].free_blocks = 0
+            fleet.views[wid].kv.reported(0)
         refused(lambda: rebalancer.start("2:1", True), 409,
                 r"recomputing \d session\(s\) of decode-\d needs [1-9]\d* KV blocks and their peers have 0 free: "
                 r"rebalance without --force")
