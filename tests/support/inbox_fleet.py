@@ -6,8 +6,8 @@ from pathlib import Path
 
 from fleetctl.domain import Phase
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.fleet.config import FleetConfig
 from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.fleet.fleet_config import FleetConfig
 from fleetctl.engine.fleet.request import StreamEvent, TrackedRequest
 from fleetctl.engine.worker import protocol as m
 
