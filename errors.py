@@ -12,6 +12,7 @@ class FleetctlError(Exception):
     exit_code = 1
     http_status = 500
     error_type = "server_error"
+    hint = ""  # what to do about it where the message cannot say: the CLI prints it after the message
 
 
 class UserError(FleetctlError):

@@ -38,6 +38,8 @@ class FleetClientError(FleetctlError):
 class FleetUnreachable(FleetClientError):
     """Nothing answered at the URL (connection refused, timed out, broken off)."""
 
+    hint = "start one with `fleetctl serve` or `fleetctl demo`, or point --url / $FLEET_URL at one"
+
     def __init__(self, url: str, cause: str) -> None:
         super().__init__(f"no fleet answers at {url} ({cause})")
         self.url = url

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fleetctl.errors import FleetctlError
 from fleetctl.kernels import packed_linear, quantized_linear, triton_support
 from fleetctl.kernels.batch_invariant import invariant_attention, per_row_tile
 from fleetctl.kernels.glu import glu_ref, glu_triton
@@ -34,7 +35,7 @@ from fleetctl.kernels.store_kv import store_kv_ref, store_kv_triton
 
 MODE = triton_support.kernel_mode()
 if MODE == "interpret" and not triton_support.triton_available():
-    raise triton_support.TritonUnavailableError(
+    raise FleetctlError(
         "FLEET_KERNELS=interpret needs the `triton` package (pip install triton; Linux only)"
     )
 if MODE == "interpret":

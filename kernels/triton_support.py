@@ -28,21 +28,17 @@ from typing import Any, NamedTuple
 
 import torch
 
-from fleetctl.errors import FleetctlError
+from fleetctl.errors import FleetctlError, UserError
 
 MODES = ("auto", "torch", "interpret")
 _compiled_any = False  # a kernel was wrapped for the GPU compiler; interpretation can't start now
 _launch_records: list[set[Launch]] = []  # the sets `recording_launches` fills, innermost last
 
 
-class TritonUnavailableError(FleetctlError):
-    """Triton kernels were asked for but the triton package is not importable."""
-
-
 def kernel_mode() -> str:
     mode = os.environ.get("FLEET_KERNELS", "auto").strip().lower() or "auto"
     if mode not in MODES:
-        raise ValueError(f"FLEET_KERNELS must be one of {', '.join(MODES)}, got {mode!r}")
+        raise UserError(f"FLEET_KERNELS must be one of {', '.join(MODES)}, got {mode!r}")
     return mode
 
 
@@ -75,7 +71,7 @@ def use_interpreter() -> None:
 def load_triton() -> Any:
     """Import triton (after switching the interpreter on when FLEET_KERNELS=interpret)."""
     if not triton_available():
-        raise TritonUnavailableError(
+        raise FleetctlError(
             "Triton kernels need the `triton` package (pip install triton; Linux only), "
             "or set FLEET_KERNELS=torch to use the torch references"
         )

@@ -25,10 +25,6 @@ MAX_EVENTS = 50
 _FIELDS = ("busy", "mfu", "mbu", "tokens_per_s")
 
 
-class HistoryError(UserError):
-    """A window and bucket that make no series (not positive, or too many points)."""
-
-
 # Workers that ran at some point in the window, as queries.dashboard lists them.
 _WORKERS_SQL = "SELECT id, role FROM workers WHERE started_at < ? AND (stopped_at IS NULL OR stopped_at >= ?)"
 
@@ -52,11 +48,11 @@ SELECT ts, kind, worker_id, details FROM events WHERE ts >= ? AND ts < ? ORDER B
 def bucket_starts(window_s: float, bucket_s: float, now: float) -> list[float]:
     """The start of each bucket, oldest first: ceil(window_s / bucket_s) of them, the last holding `now`."""
     if not (window_s > 0 and bucket_s > 0 and math.isfinite(window_s) and math.isfinite(bucket_s)):
-        raise HistoryError("window and bucket must be positive numbers of seconds")
+        raise UserError("window and bucket must be positive numbers of seconds")
     count = math.ceil(window_s / bucket_s)
     if count > MAX_BUCKETS:
-        raise HistoryError(f"a {window_s:g} s window in {bucket_s:g} s buckets is {count} points; at most "
-                         f"{MAX_BUCKETS}: use a larger bucket")
+        raise UserError(f"a {window_s:g} s window in {bucket_s:g} s buckets is {count} points; at most "
+                        f"{MAX_BUCKETS}: use a larger bucket")
     last = math.floor(now / bucket_s)
     return [(last - count + 1 + k) * bucket_s for k in range(count)]
 

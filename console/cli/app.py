@@ -3,10 +3,13 @@
 
 import sys
 from importlib.metadata import version
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
 from fleetctl.console.cli.bench import bench
+from fleetctl.console.cli.common import EXIT_INTERRUPTED
 from fleetctl.console.cli.console import console
 from fleetctl.console.cli.demo import demo
 from fleetctl.console.cli.devices import devices
@@ -27,7 +30,7 @@ from fleetctl.console.cli.ops import (
 from fleetctl.console.cli.planning import classify, plan, rebalance
 from fleetctl.console.cli.serve import serve
 from fleetctl.console.cli.status import status, workers
-from fleetctl.store.errors import StoreFileError
+from fleetctl.errors import FleetctlError
 
 try:  # newer typer vendors click
     from typer import _click as click
@@ -36,7 +39,31 @@ except ImportError:
     import click
     from click import exceptions as cli_errors
 
+
+def say_error(message: str) -> None:
+    print(f"fleetctl: error: {message}", file=sys.stderr)
+
+
+class Commands(TyperGroup):
+    """fleetctl's commands, whose failures are told apart by type here, in one place: an expected one (any
+    `FleetctlError`, from the engine, the store, a fleet that does not answer or refuses, or the command itself)
+    ends in one `fleetctl: error:` line, its hint, and its `exit_code`; Ctrl-C in "interrupted", 130. Anything
+    else is a bug and keeps its traceback. Here rather than in `main` so that typer's CliRunner sees what a user
+    sees."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except FleetctlError as exc:
+            say_error(f"{exc}: {exc.hint}" if exc.hint else str(exc))
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            say_error("interrupted")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
 app = typer.Typer(
+    cls=Commands,
     name="fleetctl",
     help="Fleet console and serving engine for disaggregated LLM inference.\n\n"
          "Start here: `fleetctl demo` (a fleet on the default model, synthetic traffic and the console), "
@@ -121,13 +148,10 @@ def main() -> None:
         print(exc.ctx.get_help() if exc.ctx else "")
     except cli_errors.UsageError as exc:
         where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
-        print(f"fleetctl: error: {exc.format_message().replace('Value error, ', '')}{where}", file=sys.stderr)
+        say_error(f"{exc.format_message().replace('Value error, ', '')}{where}")
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except StoreFileError as exc:  # whichever command opened the store
-        print(f"fleetctl: error: {exc}", file=sys.stderr)
-        sys.exit(1)
     except typer.Abort:
-        print("fleetctl: error: interrupted", file=sys.stderr)
-        sys.exit(130)
+        say_error("interrupted")
+        sys.exit(EXIT_INTERRUPTED)

@@ -11,9 +11,7 @@ from fleetctl.console.cli.common import (
     URL_OPTION,
     ProgressCallback,
     fail,
-    fleet_errors,
     stage_progress,
-    user_errors,
 )
 from fleetctl.console.cli.models import resolve_model
 from fleetctl.console.client import FleetClient, FleetClientError, FleetRefused, fleet_url
@@ -63,18 +61,14 @@ def bench(
     from fleetctl.console.loadgen.report import print_results, save_results
     from fleetctl.console.loadgen.runner import Outcome, fixed_lengths, run_bench
     from fleetctl.console.loadgen.traces import load_trace
-    from fleetctl.engine.api.trace_file import TraceFileError
 
     target = fleet_url(url)
     context = _context_of(target) if trace == TraceKind.AGENT and not compare_layouts else None
-    try:
-        name, requests_ = load_trace(trace, requests, rate, seed, context, tool_time)
-    except TraceFileError as exc:
-        raise fail(str(exc)) from None
+    name, requests_ = load_trace(trace, requests, rate, seed, context, tool_time)
     if compare_layouts:
         _compare_layouts(model, devices, name, requests_, slo_ttft, slo_tpot, store_dir, as_json)
         return
-    with fleet_errors(), contextlib.suppress(FleetRefused):  # a fleet that answers at all is benched
+    with contextlib.suppress(FleetRefused):  # a fleet that answers at all is benched
         FleetClient(target).get("/health")
 
     async def run(progress: ProgressCallback | None) -> dict:
@@ -111,21 +105,16 @@ def _compare_layouts(model: str, devices: str, name: str, trace: list[TraceReque
     """What `bench --compare-layouts` prints, or one error line."""
     from fleetctl.console.cli.compare_layouts import compare_layouts, default_devices, render_comparison
     from fleetctl.console.loadgen.local_fleet import FleetStartError
-    from fleetctl.engine.planner.plan import USER_ERRORS
     from fleetctl.engine.planner.slo import Slo
 
     chosen = [d.strip() for d in devices.split(",") if d.strip()] or default_devices()
-    try:
-        slo = Slo(slo_ttft, slo_tpot)
-    except UserError as exc:
-        raise fail(str(exc)) from None
-    with user_errors():
-        model_dir = resolve_model(model)
+    slo = Slo(slo_ttft, slo_tpot)
+    model_dir = resolve_model(model)
     try:
         result = compare_layouts(str(model_dir), chosen, trace, name, slo,
                                  Path(store_dir).expanduser() if store_dir else None)
     except FleetStartError as exc:
         raise fail(f"a fleet did not start: {exc.reason}") from None
-    except USER_ERRORS as exc:
+    except UserError as exc:  # what the plan between the two runs refused with
         raise fail(f"no split to compare with: {exc}") from None
     print(json.dumps(result) if as_json else render_comparison(result))

@@ -1,7 +1,6 @@
-"""What every command shares: the common options, where the metrics store is, one clear line on stderr and a
-non-zero exit for every error a user can cause (the engine's, a fleet's that does not answer or refuses), and
-progress on a terminal: a bar per stage of a long step, a status line while a fleet operation runs to its end,
-and what an operation prints when it ends (`operation_output`)."""
+"""What every command shares: the common options, where the metrics store is, `fail` (a command's own one-line
+error), and progress on a terminal: a bar per stage of a long step, a status line while a fleet operation runs to
+its end, and what an operation prints when it ends (`operation_output`)."""
 
 from __future__ import annotations
 
@@ -16,16 +15,15 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from fleetctl.console.client import FleetClient, FleetClientError, FleetUnreachable
+from fleetctl.console.client import FleetClient
 from fleetctl.domain import Quantization
 from fleetctl.engine.core.engine_settings import INT4_GROUP_SIZES
+from fleetctl.errors import FleetctlError
 
 if TYPE_CHECKING:
     from fleetctl.engine.api.operations import OperationInfo
 
-EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
-START_A_FLEET = "start one with `fleetctl serve` or `fleetctl demo`, or point --url / $FLEET_URL at one"
 
 URL_OPTION = typer.Option(None, "--url", help="Fleet URL (default $FLEET_URL or http://127.0.0.1:8700).")
 JSON_OPTION = typer.Option(False, "--json", help="One JSON object on stdout.")
@@ -80,49 +78,9 @@ def fleet_to_ask(store: str, url: str | None) -> str | None:
     return url or os.environ.get("FLEET_URL") or None
 
 
-def fail(message: str, code: int = EXIT_FAILURE) -> typer.Exit:
-    print(f"fleetctl: error: {message}", file=sys.stderr)
-    return typer.Exit(code)
-
-
-def _user_errors() -> tuple[type[Exception], ...]:
-    # imported here so `fleetctl --help` does not pay for torch
-    from fleetctl.engine.api.device_names import DeviceError
-    from fleetctl.engine.core.engine_settings import EngineSettingsError
-    from fleetctl.engine.core.prompt import PromptError
-    from fleetctl.engine.core.sequence import SamplingError
-    from fleetctl.engine.model.model_config import ModelConfigError
-    from fleetctl.engine.model.model_store import ModelStoreError
-    from fleetctl.engine.model.tokenizer import TokenizerError
-    from fleetctl.engine.model.weight_errors import WeightLoadError
-
-    return (DeviceError, PromptError, ModelConfigError, WeightLoadError, ModelStoreError, TokenizerError,
-            SamplingError, EngineSettingsError)
-
-
-@contextmanager
-def user_errors(on_error: Callable[[], None] | None = None) -> Iterator[None]:
-    """Turn the engine's user-facing exceptions into `fail(...)`."""
-    errors = _user_errors()
-    try:
-        yield
-    except errors as exc:
-        if on_error:
-            on_error()
-        raise fail(str(exc)) from None
-    except KeyboardInterrupt:
-        raise fail("interrupted", EXIT_INTERRUPTED) from None
-
-
-@contextmanager
-def fleet_errors() -> Iterator[None]:
-    """A fleet that does not answer (with what to run instead) or refuses, as `fail(...)`."""
-    try:
-        yield
-    except FleetUnreachable as exc:
-        raise fail(f"{exc}: {START_A_FLEET}") from None
-    except FleetClientError as exc:
-        raise fail(str(exc)) from None
+def fail(message: str) -> FleetctlError:
+    """What a command raises to end in one `fleetctl: error:` line and exit 1 (`Commands` in app.py says it)."""
+    return FleetctlError(message)
 
 
 def follow_operation(client: FleetClient, op: OperationInfo, timeout: float) -> OperationInfo:

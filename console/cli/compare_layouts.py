@@ -9,8 +9,9 @@ from pathlib import Path
 from fleetctl.console.loadgen.local_fleet import CPU_DECODE_WORKERS, local_fleet
 from fleetctl.console.loadgen.requests import TraceRequest
 from fleetctl.console.loadgen.runner import run_bench
-from fleetctl.engine.planner.plan import PlanError, PlanRequest, plan_from_store
+from fleetctl.engine.planner.plan import PlanRequest, plan_from_store
 from fleetctl.engine.planner.slo import Slo
+from fleetctl.errors import UserError
 
 WHOLE_STORE_S = 7 * 86400.0  # each store holds one run: plan over all of it
 
@@ -30,7 +31,7 @@ def _bench(model: str, layout: list[str], store: Path, trace: list[TraceRequest]
 
 def compare_layouts(model: str, devices: list[str], trace: list[TraceRequest], name: str, slo: Slo,
                     store_dir: Path | None = None) -> dict:
-    """Raises FleetStartError (a fleet did not start) or one of the planner's USER_ERRORS (nothing to plan).
+    """Raises FleetStartError (a fleet did not start) or a UserError (the plan between the runs refused).
     `store_dir` keeps the runs' stores (colocated.db, split.db) for `plan --store` later."""
     joined = ",".join(devices)
     with tempfile.TemporaryDirectory(prefix="fleetctl-compare-") as tmp:
@@ -44,7 +45,7 @@ def compare_layouts(model: str, devices: list[str], trace: list[TraceRequest], n
         plan = plan_from_store(stores / "colocated.db", WHOLE_STORE_S, PlanRequest(slo, joined))
         best = plan.best_split
         if best is None:
-            raise PlanError(f"{len(devices)} device(s) have no prefill:decode split: compare on two or more")
+            raise UserError(f"{len(devices)} device(s) have no prefill:decode split: compare on two or more")
         # every prompt through the prefill pool, as the replay that chose this split assumed (no local prefills)
         layout = ["--prefill", str(best.split.prefill), "--decode", str(best.split.decode), "--devices", joined,
                   "--local-prefill-tokens", "0"]

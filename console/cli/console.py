@@ -33,12 +33,9 @@ def console(
     port: int = typer.Option(8710, "--port", help="With --web: the port to serve on (127.0.0.1)."),
 ) -> None:
     """Open the fleet console: pools, workers, devices, traffic, events; actions from the keyboard."""
-    from fleetctl.console.tui.settings import SettingsError, load_settings  # Textual only when it is used
+    from fleetctl.console.tui.settings import load_settings  # Textual only when it is used
 
-    try:
-        settings = load_settings()
-    except SettingsError as exc:
-        raise fail(str(exc)) from None
+    settings = load_settings()
     settings = replace(settings, readonly=readonly or settings.readonly, theme=theme or settings.theme,
                        interval=interval or settings.interval)
     if theme and theme not in THEME_NAMES:

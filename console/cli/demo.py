@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from fleetctl.console.cli.common import EXIT_INTERRUPTED, QUANTIZATION_OPTION, fail, fleet_errors, store_path
+from fleetctl.console.cli.common import QUANTIZATION_OPTION, fail, store_path
 from fleetctl.console.cli.embedded import embedded_fleet
 from fleetctl.domain import Quantization
 from fleetctl.engine.model.registry import DEFAULT_MODEL
@@ -73,18 +73,15 @@ def demo(
     if not headless and not interactive:
         print(f"fleetctl: no terminal on stdout: running headless for {duration:.0f} s", file=sys.stderr)
     run = DemoRun(store_path(store), phase_seconds, duration, as_json, _console() if interactive else None)
-    try:
-        if url:
-            if not interactive and not run.store.exists():
-                raise fail(f"no metrics store at {run.store}: pass --store with the store the fleet at {url} writes")
-            _drive(run, url.rstrip("/"), embedded=False)
-            return
-        if sys.stderr.isatty():
-            print(f"fleetctl: starting an embedded fleet of {model}…", file=sys.stderr)
-        with embedded_fleet(model, run.store, quantization) as embedded:
-            _drive(run, embedded, embedded=True)
-    except KeyboardInterrupt:
-        raise fail("interrupted", EXIT_INTERRUPTED) from None
+    if url:
+        if not interactive and not run.store.exists():
+            raise fail(f"no metrics store at {run.store}: pass --store with the store the fleet at {url} writes")
+        _drive(run, url.rstrip("/"), embedded=False)
+        return
+    if sys.stderr.isatty():
+        print(f"fleetctl: starting an embedded fleet of {model}…", file=sys.stderr)
+    with embedded_fleet(model, run.store, quantization) as embedded:
+        _drive(run, embedded, embedded=True)
 
 
 def _console() -> Callable[..., None]:
@@ -96,13 +93,9 @@ def _console() -> Callable[..., None]:
 
 def _drive(run: DemoRun, url: str, *, embedded: bool) -> None:
     """The traffic against `url`, under the console or for `run.duration` seconds; then the summary."""
-    from fleetctl.console.demo.traffic import DemoTraffic, TrafficError, plan_traffic
+    from fleetctl.console.demo.traffic import DemoTraffic, plan_traffic
 
-    try:
-        with fleet_errors():
-            model, config = plan_traffic(url, run.phase_seconds)
-    except (TrafficError, ValueError) as exc:
-        raise fail(str(exc)) from None
+    model, config = plan_traffic(url, run.phase_seconds)
     traffic = DemoTraffic(url, model, config)
     traffic.start(None if run.console else run.duration)
     if run.console is None and sys.stderr.isatty():
@@ -114,10 +107,7 @@ def _drive(run: DemoRun, url: str, *, embedded: bool) -> None:
             return
         traffic.wait()
     finally:
-        try:
-            phases = traffic.stop()
-        except TrafficError as exc:
-            raise fail(str(exc)) from None
+        phases = traffic.stop()
     header = {"model": model, "url": url, "embedded": embedded, "phase_seconds": run.phase_seconds}
     _report(run, traffic, phases, header)
 

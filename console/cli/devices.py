@@ -16,7 +16,6 @@ from fleetctl.console.cli.common import (
     REPORT_URL_OPTION,
     existing_store,
     fail,
-    fleet_errors,
     fleet_to_ask,
 )
 from fleetctl.console.client import FleetClient
@@ -41,8 +40,7 @@ def devices(
     elif recalibrate:
         raise fail("--recalibrate measures this machine's CPUs into a store file: pass --store, not a fleet's URL")
     else:
-        with fleet_errors():
-            peaks = FleetClient(fleet).devices()
+        peaks = FleetClient(fleet).devices()
     print(json.dumps(peaks.model_dump(mode="json")) if as_json else render_devices(peaks))
 
 

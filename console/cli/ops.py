@@ -11,7 +11,6 @@ from fleetctl.console.cli.common import (
     JSON_OPTION,
     TIMEOUT_OPTION,
     URL_OPTION,
-    fleet_errors,
     follow_operation,
     operation_output,
 )
@@ -25,9 +24,8 @@ if TYPE_CHECKING:
 
 def _started(path: str, body: dict[str, object], url: str | None, timeout: float) -> "OperationInfo":
     """Start the operation at `path` and follow it to its end (or `timeout`)."""
-    with fleet_errors():
-        client = FleetClient(url, timeout=30.0)
-        return follow_operation(client, client.start(path, body), timeout)
+    client = FleetClient(url, timeout=30.0)
+    return follow_operation(client, client.start(path, body), timeout)
 
 
 def _run(path: str, body: dict[str, object], url: str | None, as_json: bool, timeout: float) -> None:
@@ -70,8 +68,7 @@ def restore(
 
 def checkpoints(url: str = URL_OPTION, as_json: bool = JSON_OPTION) -> None:
     """The checkpoints a restore can pick from, oldest first, each verified; `used` says when it was restored."""
-    with fleet_errors():
-        listed = FleetClient(url, timeout=120.0).checkpoints()
+    listed = FleetClient(url, timeout=120.0).checkpoints()
     if as_json:
         print(json.dumps(listed.model_dump(mode="json")))
         return

@@ -18,7 +18,6 @@ from fleetctl.console.cli.common import (
     URL_OPTION,
     existing_store,
     fail,
-    fleet_errors,
     fleet_to_ask,
     follow_operation,
     operation_output,
@@ -62,8 +61,7 @@ def plan(
             query["devices"] = devices
         if elastic:
             query["elastic"] = "true"
-        with fleet_errors():
-            planned = FleetClient(fleet, timeout=PLAN_TIMEOUT_S).plan(query)
+        planned = FleetClient(fleet, timeout=PLAN_TIMEOUT_S).plan(query)
     print(json.dumps(planned.model_dump(mode="json")) if as_json else render_plan(planned))
 
 
@@ -72,17 +70,14 @@ def _plan_from_file(path: Path, since: str, slo_ttft: str, slo_tpot: str, device
     from fleetctl.engine.api.reports import FleetPlan
     from fleetctl.engine.api.trace_file import read_mooncake
     from fleetctl.engine.planner.durations import parse_window
-    from fleetctl.engine.planner.plan import USER_ERRORS, PlanRequest, plan_from_store
+    from fleetctl.engine.planner.plan import PlanRequest, plan_from_store
     from fleetctl.engine.planner.simulator import SimRequest
     from fleetctl.engine.planner.slo import Slo
 
-    try:
-        replay = None if trace is None else tuple(
-            SimRequest(r.arrival_s, r.input_length, r.output_length) for r in read_mooncake(trace))
-        request = PlanRequest(Slo.parse(slo_ttft, slo_tpot), devices or None, replay, elastic=elastic)
-        result = plan_from_store(path, parse_window(since), request)
-    except USER_ERRORS as exc:
-        raise fail(str(exc)) from None
+    replay = None if trace is None else tuple(
+        SimRequest(r.arrival_s, r.input_length, r.output_length) for r in read_mooncake(trace))
+    request = PlanRequest(Slo.parse(slo_ttft, slo_tpot), devices or None, replay, elastic=elastic)
+    result = plan_from_store(path, parse_window(since), request)
     return FleetPlan.model_validate(result.as_json())
 
 
@@ -140,14 +135,13 @@ def rebalance(
     timeout: float = TIMEOUT_OPTION,
 ) -> None:
     """Move the fleet to another layout without losing a session (dry run unless --apply)."""
-    with fleet_errors():
-        client = FleetClient(url, timeout=30.0)
-        if not apply:
-            preview = client.rebalance_preview(split, force, via)
-            print(json.dumps(preview.model_dump(mode="json")) if as_json else _dry_run(preview))
-            return
-        started = client.start("/fleet/rebalance", {"split": split, "apply": True, "force": force, "via": via})
-        op = follow_operation(client, started, timeout)
+    client = FleetClient(url, timeout=30.0)
+    if not apply:
+        preview = client.rebalance_preview(split, force, via)
+        print(json.dumps(preview.model_dump(mode="json")) if as_json else _dry_run(preview))
+        return
+    started = client.start("/fleet/rebalance", {"split": split, "apply": True, "force": force, "via": via})
+    op = follow_operation(client, started, timeout)
     print(operation_output(op, as_json, timeout))
 
 
@@ -178,24 +172,17 @@ def classify(
     """Traffic by phase: share of model time in prefill vs decode, by prompt/output length bucket (from a store
     file, or asked of a fleet)."""
     fleet = fleet_to_ask(store, url)
-    if fleet is None:
-        classified = _classify_file(store, since)
-    else:
-        with fleet_errors():
-            classified = FleetClient(fleet).classify({"since": since})
+    classified = _classify_file(store, since) if fleet is None else FleetClient(fleet).classify({"since": since})
     print(json.dumps(classified.model_dump(mode="json")) if as_json else render_classification(classified))
 
 
 def _classify_file(store: str, since: str) -> FleetClassification:
     from fleetctl.engine.api.reports import FleetClassification
-    from fleetctl.engine.planner.durations import DurationError, parse_window
+    from fleetctl.engine.planner.durations import parse_window
     from fleetctl.store.classify import classify as classify_window
     from fleetctl.store.db import read_store
 
-    try:
-        window_s = parse_window(since)
-    except DurationError as exc:
-        raise fail(str(exc)) from None
+    window_s = parse_window(since)
     path = existing_store(store, "run a fleet with `fleetctl serve` first, or pass --store")
     classified = read_store(path, lambda db: classify_window(db, window_s))
     return FleetClassification.model_validate(classified.as_json())

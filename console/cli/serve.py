@@ -10,17 +10,17 @@ from pathlib import Path
 import typer
 
 from fleetctl.console.cli.common import (
+    EXIT_INTERRUPTED,
     QUANT_GROUP_OPTION,
     QUANTIZATION_OPTION,
     STORE_OPTION,
     fail,
     store_path,
-    user_errors,
 )
 from fleetctl.console.cli.models import resolve_model
 from fleetctl.domain import Quantization, WorkerRole
 from fleetctl.engine.core.engine_settings import CompileMode, DType, EngineSettings, OffloadPolicy
-from fleetctl.engine.fleet.fleet_config import DEFAULT_LOCAL_PREFILL_TOKENS, FleetConfig, FleetConfigError, Supervision
+from fleetctl.engine.fleet.fleet_config import DEFAULT_LOCAL_PREFILL_TOKENS, FleetConfig, Supervision
 from fleetctl.engine.fleet.shutdown_budget import DEFAULT_GRACE_S, SERVER_CLOSE_S, STOP_RESERVE_S, WORKER_EXIT_S
 from fleetctl.engine.model.registry import DEFAULT_MODEL
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
@@ -141,9 +141,8 @@ def serve(
 
     os.umask(0o077)  # everything the fleet writes (store, checkpoints, handoff buffers, token) is the user's alone
 
-    from fleetctl.engine.api.admin_token import AdminTokenError, load_or_create_admin_token
+    from fleetctl.engine.api.admin_token import load_or_create_admin_token
     from fleetctl.engine.fleet.controller import Fleet
-    from fleetctl.engine.planner.durations import DurationError
     from fleetctl.engine.planner.slo import Slo
     from fleetctl.engine.server.app import create_app
     from fleetctl.engine.server.graceful import GracefulServer
@@ -154,41 +153,37 @@ def serve(
     listener = bind(host, port)  # first: a taken port fails in milliseconds, before a model is even looked at
     if store_reset:
         reset_if_corrupt(store_path(store))
-    with user_errors(on_error=listener.close):
-        try:
-            engine = EngineSettings(dtype=dtype, deterministic=deterministic, max_num_seqs=max_num_seqs,
-                                    max_num_batched_tokens=max_num_batched_tokens,
-                                    kv_memory_bytes=kv_memory * 2**20 or None, num_kv_blocks=kv_blocks or None,
-                                    max_model_len=max_model_len or None, prefix_cache=prefix_cache,
-                                    compile=compile_mode, quantization=quantization,
-                                    quant_group_size=quant_group_size,
-                                    kv_offload_memory_bytes=kv_offload_memory * 2**20,
-                                    kv_offload_host_dir=kv_offload_host_dir, kv_offload_dir=kv_offload_dir,
-                                    kv_offload_disk_bytes=int(kv_offload_gb * 1e9),
-                                    kv_offload_policy=kv_offload_policy, session_ttl_s=session_ttl)
-            config = FleetConfig(
-                model_dir=resolve_model(model), prefill=prefill, decode=decode, colocated=colocated,
-                devices=tuple(d.strip() for d in devices.split(",") if d.strip()), engine=engine,
-                store_path=store_path(store), max_queue=max_queue, served_model_name=served_model_name or None,
-                otlp_endpoint=otlp_endpoint or None,
-                local_prefill_tokens=local_prefill_tokens,
-                role_quantization=tuple(
-                    (role, value) for role, value in ((WorkerRole.PREFILL, prefill_quantization),
-                                                      (WorkerRole.DECODE, decode_quantization)) if value is not None),
-                supervision=Supervision(restart=restart, heartbeat_s=min(1.0, heartbeat_timeout / 4),
-                                        heartbeat_timeout_s=heartbeat_timeout,
-                                        step_timeout_s=step_timeout, checkpoint_timeout_s=checkpoint_timeout),
-                autoplan=AutoplanSettings(autoplan_interval, min_gain, Slo.parse_pair(autoplan_slo),
-                                          max_workers or None, hysteresis) if autoplan else None,
-            )
-            fleet = Fleet(config, launcher=ray_launcher(ray) if ray else None)
-        except (FleetConfigError, DurationError) as exc:
-            listener.close()
-            raise fail(str(exc)) from None
     try:
-        token = load_or_create_admin_token()
-    except AdminTokenError as exc:
-        raise fail(str(exc)) from None
+        engine = EngineSettings(dtype=dtype, deterministic=deterministic, max_num_seqs=max_num_seqs,
+                                max_num_batched_tokens=max_num_batched_tokens,
+                                kv_memory_bytes=kv_memory * 2**20 or None, num_kv_blocks=kv_blocks or None,
+                                max_model_len=max_model_len or None, prefix_cache=prefix_cache,
+                                compile=compile_mode, quantization=quantization,
+                                quant_group_size=quant_group_size,
+                                kv_offload_memory_bytes=kv_offload_memory * 2**20,
+                                kv_offload_host_dir=kv_offload_host_dir, kv_offload_dir=kv_offload_dir,
+                                kv_offload_disk_bytes=int(kv_offload_gb * 1e9),
+                                kv_offload_policy=kv_offload_policy, session_ttl_s=session_ttl)
+        config = FleetConfig(
+            model_dir=resolve_model(model), prefill=prefill, decode=decode, colocated=colocated,
+            devices=tuple(d.strip() for d in devices.split(",") if d.strip()), engine=engine,
+            store_path=store_path(store), max_queue=max_queue, served_model_name=served_model_name or None,
+            otlp_endpoint=otlp_endpoint or None,
+            local_prefill_tokens=local_prefill_tokens,
+            role_quantization=tuple(
+                (role, value) for role, value in ((WorkerRole.PREFILL, prefill_quantization),
+                                                  (WorkerRole.DECODE, decode_quantization)) if value is not None),
+            supervision=Supervision(restart=restart, heartbeat_s=min(1.0, heartbeat_timeout / 4),
+                                    heartbeat_timeout_s=heartbeat_timeout,
+                                    step_timeout_s=step_timeout, checkpoint_timeout_s=checkpoint_timeout),
+            autoplan=AutoplanSettings(autoplan_interval, min_gain, Slo.parse_pair(autoplan_slo),
+                                      max_workers or None, hysteresis) if autoplan else None,
+        )
+        fleet = Fleet(config, launcher=ray_launcher(ray) if ray else None)
+    except BaseException:  # a bad option, a model that cannot be had, Ctrl-C: the port is free at once
+        listener.close()
+        raise
+    token = load_or_create_admin_token()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     app = create_app(fleet, token, bound_host=host, api_key=api_key or None)
     server_config = uvicorn.Config(app, log_level="warning", access_log=access_log, log_config=None,
@@ -201,8 +196,8 @@ def serve(
     announce(server, fleet, host)
     try:
         server.run(sockets=[listener])
-    except RuntimeError as exc:
-        raise fail(str(exc)) from None
+    except KeyboardInterrupt:  # the SIGINT uvicorn re-raises once the fleet has shut down: nothing went wrong
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except SystemExit:  # uvicorn exits 3 when the app's startup fails: say why instead
         if not app.state.startup_error:
             raise

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from fleetctl.console.cli.common import JSON_OPTION, URL_OPTION, fleet_errors
+from fleetctl.console.cli.common import JSON_OPTION, URL_OPTION
 from fleetctl.console.client import FleetClient
 
 if TYPE_CHECKING:
@@ -26,8 +26,7 @@ def _worker_table(workers: list[WorkerInfo]) -> None:
 
 def status(url: str = URL_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Fleet summary: per-pool busy / MFU / MBU and the worker table."""
-    with fleet_errors():
-        data = FleetClient(url).status()
+    data = FleetClient(url).status()
     if as_json:
         print(json.dumps(data.model_dump(mode="json")))
         return
@@ -43,8 +42,7 @@ def status(url: str = URL_OPTION, as_json: bool = JSON_OPTION) -> None:
 
 def workers(url: str = URL_OPTION, as_json: bool = JSON_OPTION) -> None:
     """The worker table."""
-    with fleet_errors():
-        data = FleetClient(url).workers()
+    data = FleetClient(url).workers()
     if as_json:
         print(json.dumps(data.model_dump(mode="json")))
         return

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from fleetctl.console.loadgen.requests import TraceRequest, prompt_text
+from fleetctl.errors import UserError
 
 MIN_CONTEXT = 128  # below this the phases' shapes no longer differ enough to show anything
 MAX_RATE = 20.0  # arrivals per second, whatever the latency (a tiny model answers in milliseconds)
@@ -50,11 +51,11 @@ class TrafficConfig:
 
     def __post_init__(self) -> None:
         if self.context_len < MIN_CONTEXT:
-            raise ValueError(f"the model's context ({self.context_len} tokens) is below the demo's {MIN_CONTEXT}")
+            raise UserError(f"the model's context ({self.context_len} tokens) is below the demo's {MIN_CONTEXT}")
         if self.prompt_workers < 1 or self.decode_workers < 1:
-            raise ValueError("the fleet needs a worker that takes prompts and one that decodes")
+            raise UserError("the fleet needs a worker that takes prompts and one that decodes")
         if self.phase_seconds <= 0 or self.tokens_per_word <= 0:
-            raise ValueError("phase_seconds and tokens_per_word must be positive")
+            raise UserError("phase_seconds and tokens_per_word must be positive")
 
 
 def _scaled(context_len: int, fraction: float, cap: int) -> int:

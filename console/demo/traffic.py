@@ -23,10 +23,6 @@ PROBE_WORDS = 64
 POLL_S = 0.05  # how often waits look at the stop flag and at the requests in flight
 
 
-class TrafficError(FleetctlError):
-    """The fleet could not be driven (no answer, or not the API the demo needs); one line for the user."""
-
-
 @dataclass
 class PhaseLog:
     """One phase as it ran. Times are wall-clock (time.time()), as the store's rows are."""
@@ -44,7 +40,8 @@ class PhaseLog:
 def plan_traffic(url: str, phase_seconds: float, seed: int = 0) -> tuple[str, TrafficConfig]:
     """Ask the fleet at `url` what the traffic must fit: its model and context, its pools, and how many
     tokens its tokenizer makes of the prompt words (one short probe completion). Returns (model, config); raises
-    FleetClientError when the fleet's API does not answer, TrafficError when the rest does not."""
+    FleetClientError when the fleet's API does not answer, FleetctlError when the rest does not (UserError when
+    its model or pools cannot carry the demo)."""
     try:
         status = FleetClient(url).status()
         with httpx.Client(base_url=url, timeout=60.0) as http:
@@ -52,10 +49,10 @@ def plan_traffic(url: str, phase_seconds: float, seed: int = 0) -> tuple[str, Tr
             probe = http.post("/v1/completions", json={
                 "model": card["id"], "prompt": prompt_text(random.Random(seed), PROBE_WORDS), "max_tokens": 1,
             }).raise_for_status().json()
-    except httpx.HTTPError as exc:
-        raise TrafficError(f"the fleet at {url} did not answer the demo's probe ({exc})") from None
+    except (httpx.HTTPError, ValueError) as exc:  # ValueError: a body that is not JSON
+        raise FleetctlError(f"the fleet at {url} did not answer the demo's probe ({exc})") from None
     if "max_model_len" not in card:
-        raise TrafficError(f"the fleet at {url} does not report its context length (max_model_len in /v1/models)")
+        raise FleetctlError(f"the fleet at {url} does not report its context length (max_model_len in /v1/models)")
     workers = {role: pool.workers for role, pool in status.pools.items()}
     mixed = workers.get(WorkerRole.MIXED.value, 0)
     config = TrafficConfig(
@@ -100,7 +97,7 @@ class DemoTraffic:
         self._stop.set()
         self._thread.join()
         if self._failure is not None:
-            raise TrafficError(f"the demo traffic failed: {self._failure!r}") from self._failure
+            raise FleetctlError(f"the demo traffic failed: {self._failure!r}") from self._failure
         return self.phases
 
     def _run(self) -> None:

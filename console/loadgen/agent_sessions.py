@@ -22,7 +22,8 @@ import random
 from pathlib import Path
 
 from fleetctl.console.loadgen.requests import TraceRequest, prompt_text
-from fleetctl.engine.api.trace_file import TraceFileError, json_lines
+from fleetctl.engine.api.trace_file import json_lines
+from fleetctl.errors import UserError
 
 REFERENCE_CONTEXT = 8192  # the context the sizes below are for (smollm2-135m's); others scale them
 SYSTEM_WORDS = 1536
@@ -89,28 +90,28 @@ def is_session_trace(path: Path) -> bool:
 def _count(obj: dict, name: str, where: str, minimum: int) -> int:
     value = obj.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise TraceFileError(f"{where}: {name!r} must be an integer >= {minimum}, got {value!r}")
+        raise UserError(f"{where}: {name!r} must be an integer >= {minimum}, got {value!r}")
     return value
 
 
 def _turn(obj: dict, where: str) -> TraceRequest:
     session = obj.get("session_id")
     if isinstance(session, bool) or not isinstance(session, str | int):
-        raise TraceFileError(f"{where}: 'session_id' must be a string or an integer, got {session!r}")
+        raise UserError(f"{where}: 'session_id' must be a string or an integer, got {session!r}")
     turn = _count(obj, "turn", where, 0)
     output = _count(obj, "output_tokens", where, 1)
     arrival = obj.get("arrival_s", 0.0)
     if isinstance(arrival, bool) or not isinstance(arrival, int | float) or arrival < 0:
-        raise TraceFileError(f"{where}: 'arrival_s' must be a number >= 0, got {arrival!r}")
+        raise UserError(f"{where}: 'arrival_s' must be a number >= 0, got {arrival!r}")
     pause = obj.get("pause_s", 0.0)
     if isinstance(pause, bool) or not isinstance(pause, int | float) or pause < 0:
-        raise TraceFileError(f"{where}: 'pause_s' must be a number >= 0, got {pause!r}")
+        raise UserError(f"{where}: 'pause_s' must be a number >= 0, got {pause!r}")
     if ("prompt" in obj) == ("prompt_tokens" in obj):
-        raise TraceFileError(f"{where}: give exactly one of 'prompt' and 'prompt_tokens'")
+        raise UserError(f"{where}: give exactly one of 'prompt' and 'prompt_tokens'")
     if "prompt" in obj:
         prompt = obj["prompt"]
         if not isinstance(prompt, str) or not prompt:
-            raise TraceFileError(f"{where}: 'prompt' must be a non-empty string")
+            raise UserError(f"{where}: 'prompt' must be a non-empty string")
         words = len(prompt.split())
     else:
         words = _count(obj, "prompt_tokens", where, 1)
@@ -124,12 +125,12 @@ def read_session_trace(path: Path | str) -> list[TraceRequest]:
     path = Path(path)
     turns = [_turn(obj, where) for where, obj in json_lines(path)]
     if not turns:
-        raise TraceFileError(f"trace {path} holds no requests")
+        raise UserError(f"trace {path} holds no requests")
     sessions: dict[str, list[int]] = {}
     for t in turns:
         sessions.setdefault(t.session_id or "", []).append(t.turn)
     for session, numbers in sessions.items():
         if sorted(numbers) != list(range(len(numbers))):
-            raise TraceFileError(f"{path}: session {session!r} has turns {sorted(numbers)}: number them 0, 1, … "
-                                 f"once each")
+            raise UserError(f"{path}: session {session!r} has turns {sorted(numbers)}: number them 0, 1, … "
+                            f"once each")
     return sorted(turns, key=lambda t: (t.arrival_s, t.session_id or "", t.turn))

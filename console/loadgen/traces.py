@@ -13,7 +13,8 @@ from fleetctl.console.loadgen.agent_sessions import (
 )
 from fleetctl.console.loadgen.requests import WORDS, TraceRequest, prompt_text
 from fleetctl.console.loadgen.synthetic import TraceKind, make_trace
-from fleetctl.engine.api.trace_file import MOONCAKE_BLOCK_TOKENS, TraceFileError, TraceRecord, read_mooncake
+from fleetctl.engine.api.trace_file import MOONCAKE_BLOCK_TOKENS, TraceRecord, read_mooncake
+from fleetctl.errors import UserError
 
 
 def _prompt_of(record: TraceRecord, line: int) -> str:
@@ -35,15 +36,15 @@ def load_trace(name: str, count: int, rate: float, seed: int = 0, context: int |
                tool_s: float = 0.0) -> tuple[str, list[TraceRequest]]:
     """(name, requests) for `--trace`: a synthetic kind (`count` requests at `rate`; agent sessions sized
     for a model of `context` tokens, start at `rate`, their tool calls `tool_s` s on average), or else the path
-    of a trace file, replayed whole: a session trace or a Mooncake trace (raises TraceFileError)."""
+    of a trace file, replayed whole: a session trace or a Mooncake trace (raises UserError)."""
     if name == TraceKind.AGENT:
         return name, agent_sessions(count, rate, seed, context or REFERENCE_CONTEXT, tool_s)
     if name in TraceKind.__members__.values():
         return name, make_trace(TraceKind(name), count, rate, seed)
     if not Path(name).is_file():
         kinds = ", ".join(TraceKind)
-        raise TraceFileError(f"no trace {name!r}: use {kinds}, or the path of a trace file (JSONL: sessions or "
-                             f"Mooncake)")
+        raise UserError(f"no trace {name!r}: use {kinds}, or the path of a trace file (JSONL: sessions or "
+                        f"Mooncake)")
     if is_session_trace(Path(name)):
         return Path(name).name, read_session_trace(name)
     return Path(name).name, trace_from_file(name)

@@ -19,10 +19,6 @@ from fleetctl.console.tui.actions import ACTIONS_BY_ID
 from fleetctl.errors import UserError
 
 
-class SettingsError(UserError):
-    """The config file is unreadable or names something that does not exist."""
-
-
 @dataclass(frozen=True)
 class ConsoleSettings:
     readonly: bool = False
@@ -48,20 +44,20 @@ def load_settings(path: Path | None = None) -> ConsoleSettings:
     try:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SettingsError(f"{path}: {exc}") from None
+        raise UserError(f"{path}: {exc}") from None
     unknown = set(raw) - {"readonly", "theme", "interval", "keys"}
     if unknown:
-        raise SettingsError(f"{path}: unknown setting(s) {', '.join(sorted(unknown))}")
+        raise UserError(f"{path}: unknown setting(s) {', '.join(sorted(unknown))}")
     keys = raw.get("keys", {})
     if not isinstance(keys, dict) or not all(isinstance(v, str) for v in keys.values()):
-        raise SettingsError(f"{path}: [keys] maps binding ids to key names, e.g. migrate = \"M\"")
+        raise UserError(f"{path}: [keys] maps binding ids to key names, e.g. migrate = \"M\"")
     unknown_ids = set(keys) - set(ACTIONS_BY_ID)
     if unknown_ids:
-        raise SettingsError(f"{path}: [keys] names no console action: {', '.join(sorted(unknown_ids))} "
-                            f"(binding ids: {', '.join(ACTIONS_BY_ID)})")
+        raise UserError(f"{path}: [keys] names no console action: {', '.join(sorted(unknown_ids))} "
+                        f"(binding ids: {', '.join(ACTIONS_BY_ID)})")
     interval = raw.get("interval", 1.0)
     if not isinstance(interval, int | float) or not 0.2 <= interval <= 60:
-        raise SettingsError(f"{path}: interval must be a number of seconds in [0.2, 60]")
+        raise UserError(f"{path}: interval must be a number of seconds in [0.2, 60]")
     return ConsoleSettings(readonly=bool(raw.get("readonly", False)), theme=raw.get("theme") or remembered_theme(),
                            interval=float(interval), keys=dict(keys))
 

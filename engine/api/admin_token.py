@@ -9,10 +9,6 @@ from fleetctl.engine.paths import fleet_home
 from fleetctl.errors import UserError
 
 
-class AdminTokenError(UserError):
-    """The token file exists but holds no token (never run without one: /fleet/* would be open)."""
-
-
 def admin_token_path() -> Path:
     return fleet_home() / "admin-token"
 
@@ -25,7 +21,7 @@ def load_or_create_admin_token() -> str:
     if path.exists():
         token = path.read_text().strip()
         if not token:
-            raise AdminTokenError(f"{path} is empty: delete it and a new token is generated at the next start")
+            raise UserError(f"{path} is empty: delete it and a new token is generated at the next start")
         return token
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     token = secrets.token_urlsafe(32)

@@ -13,10 +13,6 @@ from fleetctl.errors import UserError
 MOONCAKE_BLOCK_TOKENS = 512
 
 
-class TraceFileError(UserError):
-    """A trace file that cannot be read; the message names the file and the line."""
-
-
 @dataclass(frozen=True)
 class TraceRecord:
     arrival_s: float  # since the trace's first request
@@ -28,17 +24,17 @@ class TraceRecord:
 def _field(obj: dict, name: str, where: str) -> int:
     value = obj.get(name)
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise TraceFileError(f"{where}: {name!r} must be a number >= 0, got {value!r}")
+        raise UserError(f"{where}: {name!r} must be a number >= 0, got {value!r}")
     return value
 
 
 def json_lines(path: Path) -> Iterator[tuple[str, dict]]:
-    """Each non-blank line of a JSONL trace as (`path:line` for errors, its object); TraceFileError for a file
+    """Each non-blank line of a JSONL trace as (`path:line` for errors, its object); UserError for a file
     that cannot be read or a line that is not a JSON object."""
     try:
         lines = path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise TraceFileError(f"cannot read trace {path}: {exc}") from None
+        raise UserError(f"cannot read trace {path}: {exc}") from None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -46,9 +42,9 @@ def json_lines(path: Path) -> Iterator[tuple[str, dict]]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise TraceFileError(f"{where}: not JSON ({exc.msg})") from None
+            raise UserError(f"{where}: not JSON ({exc.msg})") from None
         if not isinstance(obj, dict):
-            raise TraceFileError(f"{where}: expected a JSON object per line")
+            raise UserError(f"{where}: expected a JSON object per line")
         yield where, obj
 
 
@@ -59,13 +55,13 @@ def read_mooncake(path: Path | str) -> list[TraceRecord]:
     for where, obj in json_lines(path):
         hash_ids = obj.get("hash_ids", [])
         if not isinstance(hash_ids, list) or not all(isinstance(h, int) for h in hash_ids):
-            raise TraceFileError(f"{where}: 'hash_ids' must be a list of integers")
+            raise UserError(f"{where}: 'hash_ids' must be a list of integers")
         length, output = int(_field(obj, "input_length", where)), int(_field(obj, "output_length", where))
         if length < 1 or output < 1:
-            raise TraceFileError(f"{where}: input_length and output_length must be >= 1")
+            raise UserError(f"{where}: input_length and output_length must be >= 1")
         raw.append((float(_field(obj, "timestamp", where)), length, output, tuple(hash_ids)))
     if not raw:
-        raise TraceFileError(f"trace {path} holds no requests")
+        raise UserError(f"trace {path} holds no requests")
     raw.sort(key=lambda r: r[0])
     first = raw[0][0]
     return [TraceRecord((ts - first) / 1000, length, output, hashes) for ts, length, output, hashes in raw]

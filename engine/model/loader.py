@@ -10,7 +10,7 @@ from fleetctl.engine.model.decoder import LayerWeights, ModelWeights
 from fleetctl.engine.model.families.base import NORM_FIELDS, Shapes, TensorSpec
 from fleetctl.engine.model.families.registry import family_named
 from fleetctl.engine.model.model_config import ModelConfig
-from fleetctl.engine.model.weight_errors import WeightLoadError
+from fleetctl.errors import UserError
 
 
 def weight_files(model_dir: Path) -> list[Path]:
@@ -21,7 +21,7 @@ def weight_files(model_dir: Path) -> list[Path]:
     if index.exists():
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         return [model_dir / name for name in names]
-    raise WeightLoadError(f"{model_dir}: no model.safetensors (or model.safetensors.index.json)")
+    raise UserError(f"{model_dir}: no model.safetensors (or model.safetensors.index.json)")
 
 
 class _TensorSource:
@@ -36,10 +36,10 @@ class _TensorSource:
 
     def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         if name not in self._where:
-            raise WeightLoadError(f"weights: tensor {name} is missing")
+            raise UserError(f"weights: tensor {name} is missing")
         tensor = self._where[name].get_tensor(name)
         if tuple(tensor.shape) != shape:
-            raise WeightLoadError(f"weights: {name} has shape {tuple(tensor.shape)}, expected {shape}")
+            raise UserError(f"weights: {name} has shape {tuple(tensor.shape)}, expected {shape}")
         return tensor
 
 

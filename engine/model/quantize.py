@@ -36,7 +36,7 @@ from fleetctl.engine.model.gguf_blocks import (
 )
 from fleetctl.engine.model.gguf_params import field
 from fleetctl.engine.model.model_config import ModelConfig
-from fleetctl.engine.model.weight_errors import WeightLoadError
+from fleetctl.errors import UserError
 from fleetctl.kernels.quantized_linear import (
     QuantizationError,
     QuantizedWeight,
@@ -95,7 +95,7 @@ def quantize_weights(weights: ModelWeights, quantization: Quantization, group_si
     try:
         return _quantized(weights, quantization, group_size, model_dir, config)
     except QuantizationError as exc:
-        raise WeightLoadError(f"--quantization {quantization}: {exc}") from None
+        raise UserError(f"--quantization {quantization}: {exc}") from None
 
 
 def _quantized(weights: ModelWeights, quantization: Quantization, group_size: int, model_dir: Path,

@@ -10,16 +10,12 @@ _LATENCY = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)?\s*")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-class DurationError(UserError):
-    """A duration that does not parse or is not positive; the message is one line for the user."""
-
-
 def parse_window(text: str, what: str = "--since") -> float:
     """'90s', '10m', '2h', '1d' or plain seconds -> seconds."""
     match = _WINDOW.fullmatch(text)
     value = float(match.group(1)) * _UNITS[match.group(2)] if match else 0.0
     if value <= 0:
-        raise DurationError(f"bad {what} {text!r}: use e.g. 90s, 10m, 2h, 1d")
+        raise UserError(f"bad {what} {text!r}: use e.g. 90s, 10m, 2h, 1d")
     return value
 
 
@@ -28,7 +24,7 @@ def parse_latency(text: str, what: str = "SLO") -> float:
     match = _LATENCY.fullmatch(text)
     value = float(match.group(1)) / (1000 if match.group(2) == "ms" else 1) if match else 0.0
     if value <= 0:
-        raise DurationError(f"bad {what} {text!r}: use e.g. 2s, 200ms or 0.2 (seconds, > 0)")
+        raise UserError(f"bad {what} {text!r}: use e.g. 2s, 200ms or 0.2 (seconds, > 0)")
     return value
 
 

@@ -17,28 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetctl.domain import WorkerRole
-from fleetctl.engine.api.trace_file import TraceFileError
 from fleetctl.engine.planner.costs import DeviceCosts, fit_costs, measured_kinds
-from fleetctl.engine.planner.durations import DurationError, format_window
-from fleetctl.engine.planner.fit import FitError
-from fleetctl.engine.planner.plan_devices import DeviceSpecError, PlanDevices, parse_devices
+from fleetctl.engine.planner.durations import format_window
+from fleetctl.engine.planner.plan_devices import PlanDevices, parse_devices
 from fleetctl.engine.planner.simulator import EngineLimits, SimRequest, Timing, simulate
 from fleetctl.engine.planner.slo import Slo
-from fleetctl.engine.planner.split import Layout, Split, SplitError, splits_of, splits_up_to
+from fleetctl.engine.planner.split import Layout, Split, splits_of, splits_up_to
 from fleetctl.errors import UserError
 from fleetctl.store.db import open_db
 from fleetctl.store.plan_inputs import LiveWorker, PlanInputs, plan_inputs
 from fleetctl.store.queries import percentiles
 
 ENOUGH_PCT = 5.0  # elastic: a layout this close to the best goodput is enough, and the fewest devices win
-
-
-class PlanError(UserError):
-    """Nothing to plan from, or devices the measurements cannot cost; one line for the user."""
-
-
-# what a plan refuses with one line for the user (bad input, or nothing to plan from)
-USER_ERRORS = (PlanError, DeviceSpecError, DurationError, FitError, SplitError, TraceFileError)
 
 
 @dataclass(frozen=True)
@@ -173,21 +163,21 @@ def make_plan(inputs: PlanInputs, request: PlanRequest, workers: list[LiveWorker
         SimRequest(r.arrival_s, r.prompt_tokens, r.output_tokens, min(r.cached_tokens, r.prompt_tokens - 1), r.local)
         for r in inputs.requests]
     if not replay:
-        raise PlanError(f"no requests to replay: the last {format_window(inputs.window_s)} of the store hold none "
+        raise UserError(f"no requests to replay: the last {format_window(inputs.window_s)} of the store hold none "
                         f"(send traffic, e.g. `fleetctl bench`, widen --since, or give --trace)")
     if request.devices is not None:
         devices = parse_devices(request.devices)
     elif workers:
         devices = parse_devices(",".join(w.device for w in workers))
     else:
-        raise PlanError("the store shows no worker serving the window's requests: name the devices with --devices")
+        raise UserError("the store shows no worker serving the window's requests: name the devices with --devices")
     kinds = measured_kinds(inputs)
     if not kinds:
-        raise PlanError(f"no measured steps in the last {format_window(inputs.window_s)} of the store to fit a cost "
+        raise UserError(f"no measured steps in the last {format_window(inputs.window_s)} of the store to fit a cost "
                         f"model to")
     measured_kind = kinds[0] if devices.gpu else devices.kind
     if measured_kind not in kinds:
-        raise PlanError(f"the window has no {measured_kind.value} measurements to cost {devices.label} with "
+        raise UserError(f"the window has no {measured_kind.value} measurements to cost {devices.label} with "
                         f"(use NxGPU, e.g. 8xH100, for a what-if fleet)")
     costs, what_if = devices.costs_from(fit_costs(inputs, measured_kind))
     notes = [what_if] if what_if else []
@@ -217,7 +207,7 @@ def plan_from_store(path: Path, window_s: float, request: PlanRequest, workers: 
                     now: float | None = None) -> Plan:
     """Plan over the last `window_s` seconds of the store at `path`."""
     if not path.exists():
-        raise PlanError(f"no metrics store at {path} (run a fleet with `fleetctl serve` first, or pass --store)")
+        raise UserError(f"no metrics store at {path} (run a fleet with `fleetctl serve` first, or pass --store)")
     db = open_db(path)  # one connection per call, in the calling thread
     try:
         inputs = plan_inputs(db, window_s, now)

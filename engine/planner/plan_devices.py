@@ -15,10 +15,6 @@ MAX_DEVICES = 64
 _WHAT_IF = re.compile(r"\s*(\d+)\s*[x×]\s*(\S.*?)\s*", re.IGNORECASE)
 
 
-class DeviceSpecError(UserError):
-    """A --devices value that names no devices the planner can cost."""
-
-
 @dataclass(frozen=True)
 class PlanDevices:
     names: tuple[str, ...]  # "cpu:0", … or the GPU's name once per device of a what-if fleet
@@ -27,7 +23,7 @@ class PlanDevices:
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.names) <= MAX_DEVICES:
-            raise DeviceSpecError(f"a plan takes 1 to {MAX_DEVICES} devices, not {len(self.names)}")
+            raise UserError(f"a plan takes 1 to {MAX_DEVICES} devices, not {len(self.names)}")
 
     @property
     def label(self) -> str:
@@ -43,7 +39,7 @@ class PlanDevices:
         if self.gpu is None:
             return measured, None
         if measured.peaks is None:
-            raise DeviceSpecError("the window has no MFU/MBU samples to scale the measured devices from")
+            raise UserError("the window has no MFU/MBU samples to scale the measured devices from")
         compute = measured.peaks.peak_flops / self.gpu.tensor_flops
         bandwidth = measured.peaks.peak_bytes_per_s / self.gpu.bytes_per_s
         note = (f"what-if {self.label}: the {measured.kind.value} cost model fitted here, prefill times scaled by "
@@ -61,18 +57,18 @@ def parse_devices(text: str) -> PlanDevices:
         gpu = find_gpu_spec(what_if.group(2))
         if gpu is None:
             known = ", ".join(spec.name for spec in GPU_SPECS)
-            raise DeviceSpecError(f"unknown GPU {what_if.group(2)!r} in --devices {text!r}: the spec table knows "
-                                  f"{known}")
+            raise UserError(f"unknown GPU {what_if.group(2)!r} in --devices {text!r}: the spec table knows "
+                            f"{known}")
         return PlanDevices((gpu.name,) * int(what_if.group(1)), DeviceKind.CUDA, gpu)
     names = [name.strip() for name in text.split(",") if name.strip()]
     try:
         parsed = [parse_device_name(name, indexed=True) for name in names]
     except DeviceError as exc:
-        raise DeviceSpecError(f"{exc} (or NxGPU for a what-if fleet, e.g. 8xH100)") from None
+        raise UserError(f"{exc} (or NxGPU for a what-if fleet, e.g. 8xH100)") from None
     if not parsed:
-        raise DeviceSpecError(f"bad --devices {text!r}: use cpu:0,cpu:1,… or NxGPU, e.g. 8xH100")
+        raise UserError(f"bad --devices {text!r}: use cpu:0,cpu:1,… or NxGPU, e.g. 8xH100")
     if len(set(parsed)) != len(parsed):
-        raise DeviceSpecError(f"--devices {text!r} names a device twice")
+        raise UserError(f"--devices {text!r} names a device twice")
     if len({d.kind for d in parsed}) > 1:
-        raise DeviceSpecError(f"--devices {text!r} mixes CPU slots and GPUs: plan one kind of device at a time")
+        raise UserError(f"--devices {text!r} mixes CPU slots and GPUs: plan one kind of device at a time")
     return PlanDevices(tuple(str(d) for d in sorted(parsed, key=lambda d: d.index)), parsed[0].kind)

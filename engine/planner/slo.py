@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from fleetctl.engine.planner.durations import DurationError, parse_latency
+from fleetctl.engine.planner.durations import parse_latency
 from fleetctl.errors import UserError
 
 DEFAULT_TTFT_S = 2.0  # as `fleetctl bench`
@@ -20,15 +20,15 @@ class Slo:
 
     @classmethod
     def parse(cls, ttft: str, tpot: str) -> "Slo":
-        """From `--slo-ttft` and `--slo-tpot` as written ('2s', '200ms', '0.2'); raises DurationError."""
+        """From `--slo-ttft` and `--slo-tpot` as written ('2s', '200ms', '0.2'); raises UserError."""
         return cls(parse_latency(ttft, "--slo-ttft"), parse_latency(tpot, "--slo-tpot"))
 
     @classmethod
     def parse_pair(cls, text: str, what: str = "--autoplan-slo") -> "Slo":
-        """'2s,200ms' (TTFT,TPOT) -> Slo; raises DurationError."""
+        """'2s,200ms' (TTFT,TPOT) -> Slo; raises UserError."""
         parts = text.split(",")
         if len(parts) != 2:
-            raise DurationError(f"bad {what} {text!r}: use TTFT,TPOT, e.g. 2s,200ms")
+            raise UserError(f"bad {what} {text!r}: use TTFT,TPOT, e.g. 2s,200ms")
         return cls(parse_latency(parts[0], f"{what} TTFT"), parse_latency(parts[1], f"{what} TPOT"))
 
     def met(self, ttft_s: float, tpot_s: float | None) -> bool:

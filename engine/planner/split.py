@@ -15,10 +15,6 @@ class Layout(StrEnum):
     HYBRID = "hybrid"  # mixed workers beside prefill or decode ones
 
 
-class SplitError(UserError):
-    """A split that cannot be parsed or built; the message is one line for the user."""
-
-
 @dataclass(frozen=True, order=True)
 class Split:
     prefill: int = 0
@@ -27,10 +23,10 @@ class Split:
 
     def __post_init__(self) -> None:
         if min(self.prefill, self.decode, self.mixed) < 0:
-            raise SplitError("worker counts must be >= 0")
+            raise UserError("worker counts must be >= 0")
         if self.prefill + self.mixed < 1 or self.decode + self.mixed < 1:
-            raise SplitError(f"split {self.label} leaves a role empty: prompts and decoding each need >= 1 worker "
-                             f"(prefill or mixed, decode or mixed)")
+            raise UserError(f"split {self.label} leaves a role empty: prompts and decoding each need >= 1 worker "
+                            f"(prefill or mixed, decode or mixed)")
 
     @property
     def layout(self) -> Layout:
@@ -66,14 +62,14 @@ def parse_split(text: str) -> Split:
         return Split(mixed=int(colocated.group(1)))
     match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*(?::\s*(\d+)\s*)?", text)
     if not match:
-        raise SplitError(f"bad split {text!r}: use PREFILL:DECODE, e.g. 2:1, PREFILL:DECODE:MIXED, or colocated N")
+        raise UserError(f"bad split {text!r}: use PREFILL:DECODE, e.g. 2:1, PREFILL:DECODE:MIXED, or colocated N")
     return Split(int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
 
 
 def splits_of(devices: int) -> list[Split]:
     """Every prefill:decode split of `devices` devices, then colocated on all of them."""
     if devices < 1:
-        raise SplitError("a plan needs at least one device")
+        raise UserError("a plan needs at least one device")
     return [Split(p, devices - p) for p in range(1, devices)] + [Split(mixed=devices)]
 
 

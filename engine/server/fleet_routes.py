@@ -32,8 +32,9 @@ from fleetctl.engine.server.errors import APIError
 from fleetctl.engine.server.plan_routes import plan_router
 from fleetctl.engine.server.status import fleet_status, workers_status
 from fleetctl.engine.server.store_routes import fleet_store, store_router
+from fleetctl.errors import UserError
 from fleetctl.store.db import read_store
-from fleetctl.store.history import HistoryError, history
+from fleetctl.store.history import history
 
 MAX_HISTORY_S = 7 * 86400.0  # what the store keeps
 
@@ -155,7 +156,7 @@ def fleet_router(fleet: Fleet) -> APIRouter:
         try:
             return FleetHistory.model_validate(
                 await asyncio.to_thread(read_store, path, lambda db: history(db, since, bucket)))
-        except HistoryError as exc:
+        except UserError as exc:
             raise APIError(400, str(exc), "invalid_request_error") from None
 
     router.include_router(plan_router(fleet))  # /fleet/plan, /fleet/rebalance

@@ -14,11 +14,12 @@ from fleetctl.engine.api.reports import FleetPlan
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import OperationRefused
 from fleetctl.engine.planner.durations import parse_window
-from fleetctl.engine.planner.plan import USER_ERRORS, PlanRequest, plan_from_store
+from fleetctl.engine.planner.plan import PlanRequest, plan_from_store
 from fleetctl.engine.planner.simulator import EngineLimits
 from fleetctl.engine.planner.slo import Slo
 from fleetctl.engine.server.errors import APIError
 from fleetctl.engine.server.store_routes import fleet_store
+from fleetctl.errors import UserError
 from fleetctl.store.plan_inputs import LiveWorker
 
 
@@ -43,7 +44,7 @@ def plan_router(fleet: Fleet) -> APIRouter:
                                   limits=EngineLimits(engine.max_num_seqs, engine.max_num_batched_tokens),
                                   elastic=elastic or pool is not None)
             result = await asyncio.to_thread(plan_from_store, path, parse_window(since), request, workers)
-        except USER_ERRORS as exc:
+        except UserError as exc:
             raise APIError(400, str(exc), "invalid_request_error") from None
         return FleetPlan.model_validate(result.as_json())
 

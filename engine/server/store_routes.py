@@ -9,8 +9,9 @@ from fastapi import APIRouter, Query
 
 from fleetctl.engine.api.reports import DevicePeak, DevicePeaks, DeviceWorker, FleetClassification
 from fleetctl.engine.fleet.controller import Fleet
-from fleetctl.engine.planner.durations import DurationError, parse_window
+from fleetctl.engine.planner.durations import parse_window
 from fleetctl.engine.server.errors import APIError
+from fleetctl.errors import UserError
 from fleetctl.store.classify import classify
 from fleetctl.store.db import read_store
 from fleetctl.store.device_peak_cache import all_devices, peak_report
@@ -33,7 +34,7 @@ def store_router(fleet: Fleet) -> APIRouter:
         path = fleet_store(fleet, "no traffic to classify")
         try:
             window_s = parse_window(since)
-        except DurationError as exc:
+        except UserError as exc:
             raise APIError(400, str(exc), "invalid_request_error") from None
         classified = await asyncio.to_thread(read_store, path, lambda db: classify(db, window_s))
         return FleetClassification.model_validate(classified.as_json())

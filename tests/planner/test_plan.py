@@ -10,22 +10,22 @@ import pytest
 from support.synthetic_fleet import T0, TrueCosts, workload, write_store
 
 from fleetctl.engine.metrics.gpu_specs import find_gpu_spec
-from fleetctl.engine.planner.durations import DurationError, parse_latency, parse_window
+from fleetctl.engine.planner.durations import parse_latency, parse_window
 from fleetctl.engine.planner.plan import (
     ENOUGH_PCT,
     Candidate,
     Plan,
-    PlanError,
     PlanRequest,
     explain,
     make_plan,
     plan_from_store,
     rank,
 )
-from fleetctl.engine.planner.plan_devices import DeviceSpecError, parse_devices
+from fleetctl.engine.planner.plan_devices import parse_devices
 from fleetctl.engine.planner.simulator import SimRequest
 from fleetctl.engine.planner.slo import Slo
-from fleetctl.engine.planner.split import Split, SplitError, parse_split, splits_up_to
+from fleetctl.engine.planner.split import Split, parse_split, splits_up_to
+from fleetctl.errors import UserError
 from fleetctl.store.db import open_db
 from fleetctl.store.plan_inputs import plan_inputs
 
@@ -116,16 +116,16 @@ def test_a_what_if_fleet_scales_prefill_by_flops_and_decode_by_bandwidth(stores:
 
 def test_an_empty_window_or_unmeasured_devices_are_refused(stores: dict) -> None:
     path, now = stores["rag"]
-    with pytest.raises(PlanError, match=r"^no requests to replay: the last 10m of the store hold none"):
+    with pytest.raises(UserError, match=r"^no requests to replay: the last 10m of the store hold none"):
         plan_from_store(path, 600, PlanRequest(), now=now + 7200)
-    with pytest.raises(PlanError, match="the window has no cuda measurements to cost cuda:0,cuda:1"):
+    with pytest.raises(UserError, match="the window has no cuda measurements to cost cuda:0,cuda:1"):
         plan_of(stores, "rag", devices="cuda:0,cuda:1")
-    with pytest.raises(PlanError, match=r"^no metrics store at"):
+    with pytest.raises(UserError, match=r"^no metrics store at"):
         plan_from_store(path.parent / "none.db", 600, PlanRequest())
     db = open_db(path)
     inputs = plan_inputs(db, WINDOW, now)
     db.close()
-    with pytest.raises(PlanError, match="the store shows no worker serving the window's requests"):
+    with pytest.raises(UserError, match="the store shows no worker serving the window's requests"):
         make_plan(inputs, PlanRequest(), workers=[])
 
 
@@ -138,7 +138,7 @@ def test_an_empty_window_or_unmeasured_devices_are_refused(stores: dict) -> None
     (",", "bad --devices ','"),
 ])
 def test_bad_device_specs_get_one_line(text: str, message: str) -> None:
-    with pytest.raises(DeviceSpecError, match=message) as error:
+    with pytest.raises(UserError, match=message) as error:
         parse_devices(text)
     assert "\n" not in str(error.value)
 
@@ -147,11 +147,11 @@ def test_durations_and_splits_parse_or_say_how() -> None:
     assert [parse_latency(t) for t in ("2s", "200ms", "0.2", " 1.5 s", ".5")] == pytest.approx([2, 0.2, 0.2, 1.5, 0.5])
     assert [parse_window(t) for t in ("90s", "10m", "2h", "1d", "30")] == [90, 600, 7200, 86400, 30]
     for bad in ("2x", "", "-1s", "0ms", "1e3"):
-        with pytest.raises(DurationError, match=r"bad --slo-ttft .*: use e.g. 2s, 200ms or 0.2"):
+        with pytest.raises(UserError, match=r"bad --slo-ttft .*: use e.g. 2s, 200ms or 0.2"):
             parse_latency(bad, "--slo-ttft")
     assert parse_split(" 2 : 1 ") == Split(2, 1)
     for bad, message in (("2-1", "bad split '2-1': use PREFILL:DECODE"), ("0:3", "leaves a role empty")):
-        with pytest.raises(SplitError, match=message):
+        with pytest.raises(UserError, match=message):
             parse_split(bad)
 
 

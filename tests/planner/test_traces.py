@@ -8,7 +8,8 @@ import pytest
 
 from fleetctl.console.loadgen.synthetic import LENGTHS, TraceKind, make_trace
 from fleetctl.console.loadgen.traces import load_trace, trace_from_file
-from fleetctl.engine.api.trace_file import TraceFileError, read_mooncake
+from fleetctl.engine.api.trace_file import read_mooncake
+from fleetctl.errors import UserError
 
 EXAMPLE = Path(__file__).parent / "data" / "mooncake_small.jsonl"
 
@@ -45,7 +46,7 @@ def test_bench_prompts_share_the_blocks_their_hash_ids_share() -> None:
 def test_a_bad_trace_is_one_line_naming_the_place(tmp_path: Path, line: str, message: str) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text(line + "\n")
-    with pytest.raises(TraceFileError, match=message) as error:
+    with pytest.raises(UserError, match=message) as error:
         read_mooncake(path)
     assert "\n" not in str(error.value) and str(path) in str(error.value)
 
@@ -57,7 +58,7 @@ def test_load_trace_takes_a_kind_or_a_file(tmp_path: Path) -> None:
     path.write_text("\n".join(json.dumps({"timestamp": t, "input_length": 3, "output_length": 2}) for t in (0, 500)))
     name, requests = load_trace(str(path), 99, 2.0)  # a file is replayed whole, at its own times
     assert name == "two.jsonl" and [r.arrival_s for r in requests] == [0.0, 0.5]
-    with pytest.raises(TraceFileError, match=r"no trace 'rga': use chat, rag, agent, shift, or the path"):
+    with pytest.raises(UserError, match=r"no trace 'rga': use chat, rag, agent, shift, or the path"):
         load_trace("rga", 3, 2.0)
 
 

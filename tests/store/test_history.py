@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 
 from fleetctl.domain import EventKind, RequestOutcome, WorkerRole, WorkerState
+from fleetctl.errors import UserError
 from fleetctl.store.db import open_db
-from fleetctl.store.history import MAX_BUCKETS, HistoryError, bucket_starts, history
+from fleetctl.store.history import MAX_BUCKETS, bucket_starts, history
 from fleetctl.store.records import EventRecord, RequestRecord, WorkerRecord, WorkerSample
 from fleetctl.store.writer import MetricsWriter, WriterConfig
 
@@ -67,9 +68,9 @@ def test_bucket_starts_are_aligned_and_end_with_the_bucket_holding_now() -> None
     assert len(starts) == 60 and starts[0] == 705.0 and starts[-1] == 1000.0
     assert bucket_starts(10.0, 3.0, now=100.0) == [90.0, 93.0, 96.0, 99.0]  # ceil(10 / 3) buckets
     for window, bucket in ((0.0, 1.0), (10.0, 0.0), (-5.0, 1.0), (float("nan"), 1.0), (10.0, float("inf"))):
-        with pytest.raises(HistoryError, match="positive"):
+        with pytest.raises(UserError, match="positive"):
             bucket_starts(window, bucket, now=100.0)
-    with pytest.raises(HistoryError, match=f"at most {MAX_BUCKETS}"):
+    with pytest.raises(UserError, match=f"at most {MAX_BUCKETS}"):
         bucket_starts(7 * 86400.0, 1.0, now=100.0)
 
 

@@ -15,8 +15,9 @@ from fleetctl.engine.fleet.ops.rebalance import Rebalancer
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.planner.autoplan_policy import AutoplanPolicy, Decision, Verdict
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
-from fleetctl.engine.planner.plan import USER_ERRORS, PlanRequest, plan_from_store
+from fleetctl.engine.planner.plan import PlanRequest, plan_from_store
 from fleetctl.engine.planner.simulator import EngineLimits
+from fleetctl.errors import UserError
 from fleetctl.store.plan_inputs import LiveWorker
 
 
@@ -60,7 +61,7 @@ class Autoplanner:
             try:
                 plan = await asyncio.to_thread(plan_from_store, self.store_path, self.settings.interval_s,
                                                self.plan_request(), workers, self.clock())
-            except USER_ERRORS as exc:
+            except UserError as exc:
                 verdict = self.policy.skip(str(exc))
             else:
                 verdict = self.policy.judge(plan)

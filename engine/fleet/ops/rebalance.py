@@ -48,7 +48,8 @@ from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.fleet.ops.runner import LIVE, OperationRunner
 from fleetctl.engine.fleet.ops.switch import RoleSwitches
 from fleetctl.engine.fleet.worker_view import WorkerView
-from fleetctl.engine.planner.split import Split, SplitError, parse_split
+from fleetctl.engine.planner.split import Split, parse_split
+from fleetctl.errors import UserError
 
 POLL_S = 0.05
 R = TypeVar("R", bound=OperationResult)
@@ -158,7 +159,7 @@ class Rebalancer:
     def _parse(split: str) -> Split:
         try:
             return parse_split(split)
-        except SplitError as exc:
+        except UserError as exc:
             raise OperationRefused(400, str(exc)) from None
 
     def steps(self, target: Split, force: bool) -> RebalanceSteps:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from fleetctl.domain import WorkerState
 from fleetctl.engine.fleet.state import FleetState
-from fleetctl.engine.planner.plan import USER_ERRORS, Plan, PlanRequest, plan_from_store
+from fleetctl.engine.planner.plan import Plan, PlanRequest, plan_from_store
 from fleetctl.engine.planner.simulator import EngineLimits
+from fleetctl.errors import UserError
 from fleetctl.store.plan_inputs import LiveWorker
 
 REGRET_WINDOW_S = 300.0  # the replayed window: the console's five minutes
@@ -62,7 +63,7 @@ class SplitRegret:
         try:
             plan = await asyncio.to_thread(plan_from_store, self.store_path, REGRET_WINDOW_S, self.request, workers,
                                            now)
-        except USER_ERRORS:
+        except UserError:
             return None
         point = regret_point(plan, now)
         if point is not None:

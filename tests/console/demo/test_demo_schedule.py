@@ -14,6 +14,7 @@ from fleetctl.console.demo.schedule import (
     TrafficSchedule,
     phase_shapes,
 )
+from fleetctl.errors import UserError
 
 TINY = TrafficConfig(context_len=512, prompt_workers=1, decode_workers=2, phase_seconds=8.0)
 SMOLLM2 = TrafficConfig(context_len=8192, prompt_workers=1, decode_workers=2)
@@ -99,11 +100,11 @@ def test_poisson_gaps_have_the_rate_asked_for() -> None:
 
 
 def test_bad_configs_are_refused() -> None:
-    with pytest.raises(ValueError, match="context"):
+    with pytest.raises(UserError, match="context"):  # the fleet's: one line for the person running the demo
         TrafficConfig(context_len=64, prompt_workers=1, decode_workers=1)
-    with pytest.raises(ValueError, match="worker"):
+    with pytest.raises(UserError, match="worker"):
         TrafficConfig(context_len=512, prompt_workers=0, decode_workers=1)
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(UserError, match="positive"):
         TrafficConfig(context_len=512, prompt_workers=1, decode_workers=1, phase_seconds=0)
     with pytest.raises(ValueError, match="range"):
         PhaseShape(prompt_tokens=(10, 5), output_tokens=(1, 2), in_flight=1)

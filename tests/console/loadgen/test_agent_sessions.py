@@ -21,7 +21,7 @@ from fleetctl.console.loadgen.agent_sessions import (
 from fleetctl.console.loadgen.requests import TraceRequest
 from fleetctl.console.loadgen.runner import send_trace, turn_latencies
 from fleetctl.console.loadgen.traces import load_trace
-from fleetctl.engine.api.trace_file import TraceFileError
+from fleetctl.errors import UserError
 
 
 def by_session(turns: list[TraceRequest]) -> dict[str, list[TraceRequest]]:
@@ -97,7 +97,7 @@ def test_session_trace_files_are_read_and_told_from_mooncake(tmp_path: Path) -> 
 def test_a_bad_session_line_is_one_error_naming_the_place(tmp_path: Path, line: dict, message: str) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(line) + "\n")
-    with pytest.raises(TraceFileError, match=message) as error:
+    with pytest.raises(UserError, match=message) as error:
         read_session_trace(path)
     assert "\n" not in str(error.value) and str(path) in str(error.value)
 
