@@ -12,8 +12,8 @@ Who writes what (everyone may read):
   an id. `retired_ids`: the ids switched workers left, never given again. A view's fields: the
   worker's reports (`worker_inbox`), the requests it holds (`placement` only), its state (the part acting
   on the worker: recovery, the operations).
-- `requests`: `Fleet.submit_samples` adds, `Dispatcher` removes (every ending goes through it).
-- `queued`: `Fleet.submit_samples` appends, `Dispatcher` takes (and puts back recomputed prompts).
+- `requests`: `Admission.admit` adds, `Dispatcher` removes (every ending goes through it).
+- `queued`: `Admission.admit` appends, `Dispatcher` takes (and puts back recomputed prompts).
 - `pending_handoffs`: `HandoffRouting` (`wait_for_decode`); `Dispatcher.cancel` drops a cancelled one.
 - `restarting`: the `Supervisor`. `arriving`: the `OperationRunner` (`bringing`).
 - `closing`: `Fleet.drain`; `stopping`: `Fleet.stop`.
