@@ -3,38 +3,43 @@ streams, handoff routing, recovery, the watchdog and the supervisor (hung and de
 (`ops/`: checkpoint, restore, migrate, session moves, the pool changes start / drain / resume / stop,
 rebalance) and the inbox that routes each worker message to one of them (`worker_inbox`) — starts and stops
 the fleet, and admits requests and streams their tokens back. It is the one face the server sees: the routes
-call its methods, never its parts; each façade method is one line into the part that does the work. It holds
-no tensors and imports no torch; it runs on one asyncio loop, with a reader and a writer thread per worker
-pipe."""
+call its methods (those `facade.FleetFacade` declares), never its parts; each façade method is one line into the
+part that does the work and answers in the wire contract's models (`engine.api`), plain values, or a request's
+handle (`generation.Generation`). It holds no tensors and imports no torch; it runs on one asyncio loop, with a
+reader and a writer thread per worker pipe."""
 
 import asyncio
 import dataclasses
 import logging
 import os
 import time
-import uuid
 from collections.abc import AsyncIterator
 
-from fleetctl.domain import PHASES, WorkerRole, WorkerState
+from fleetctl.domain import WorkerRole, WorkerState
+from fleetctl.engine.api.checkpoints import CheckpointList
 from fleetctl.engine.api.device_names import DeviceError
+from fleetctl.engine.api.history import FleetHistory
 from fleetctl.engine.api.operation_results import RebalancePreview
-from fleetctl.engine.core.output import TextStream
-from fleetctl.engine.core.prompt import check_prompt
+from fleetctl.engine.api.operations import OperationInfo
+from fleetctl.engine.api.reports import DevicePeaks, FleetClassification, FleetPlan
+from fleetctl.engine.api.requests import RecentRequests
+from fleetctl.engine.api.status import FleetLogLines, FleetStatus, WorkerInfo, WorkerSessions
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.admission import Admission
 from fleetctl.engine.fleet.dispatch import Dispatcher
 from fleetctl.engine.fleet.errors import FleetStartFailed
 from fleetctl.engine.fleet.fleet_config import FleetConfig, worker_specs
+from fleetctl.engine.fleet.generation import Generation, stream_events
 from fleetctl.engine.fleet.handoff import HandoffRouting
-from fleetctl.engine.fleet.logs import FleetLogs, LogLine, sweep_dead_log_folders
+from fleetctl.engine.fleet.logs import FleetLogs, sweep_dead_log_folders
 from fleetctl.engine.fleet.ops.autoplan import Autoplanner
 from fleetctl.engine.fleet.ops.checkpoint import Checkpoints
+from fleetctl.engine.fleet.ops.checkpoint_catalog import catalog
 from fleetctl.engine.fleet.ops.lifecycle import WorkerLifecycle
 from fleetctl.engine.fleet.ops.migrate import Migrations
 from fleetctl.engine.fleet.ops.migrate_live import LiveMigration
 from fleetctl.engine.fleet.ops.moves_in_flight import MovesInFlight
 from fleetctl.engine.fleet.ops.rebalance import Rebalancer
-from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.fleet.ops.restore import Restores
 from fleetctl.engine.fleet.ops.runner import OperationRunner
 from fleetctl.engine.fleet.ops.session_move import SessionMoves
@@ -46,6 +51,8 @@ from fleetctl.engine.fleet.request import StreamEvent, TrackedRequest
 from fleetctl.engine.fleet.shutdown_budget import WORKER_EXIT_S
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.fleet.stats import FleetStats
+from fleetctl.engine.fleet.status_view import Health, StatusView
+from fleetctl.engine.fleet.store_reports import StoreReports
 from fleetctl.engine.fleet.supervisor import Supervisor
 from fleetctl.engine.fleet.tokens import TokenStreams
 from fleetctl.engine.fleet.tracing import RequestTracer
@@ -60,7 +67,6 @@ from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.launcher import Launcher, LocalLauncher
 from fleetctl.engine.worker.shm_files import sweep, sweep_dead_fleets
 from fleetctl.engine.worker.spec import WorkerSpec
-from fleetctl.store.writer import StoreFailure
 
 log = logging.getLogger("fleetctl.stats")
 STATS_LOG_S = 10.0
@@ -84,7 +90,8 @@ class Fleet:
             tracer=RequestTracer(config.otlp_endpoint) if config.otlp_endpoint else None,
         )
         self.dispatcher = Dispatcher(self.state)
-        self.admission = Admission(self.state, self.dispatcher)
+        self.admission = Admission(self.state, self.dispatcher, self.tokenizer, self.model_config.vocab_size,
+                                   self.max_model_len)
         self.handoffs = HandoffRouting(self.state, self.dispatcher)
         self.tokens = TokenStreams(self.state, self.dispatcher, self.handoffs)
         self.recovery = Recovery(self.state, self.dispatcher, self.handoffs)
@@ -110,15 +117,12 @@ class Fleet:
         self._log_handler = self.state.logs.handler()  # the controller's own records, while it runs
         store, every = config.store_path, config.split_regret_interval_s
         self.split_regret = SplitRegret(self.state, store, every) if store is not None and every > 0 else None
+        self.status_view = StatusView(self.state, self.dispatcher, self.split_regret)
+        self.reports = StoreReports(self.state, self.rebalancer)
 
     @property
     def views(self) -> dict[str, WorkerView]:
         return self.state.views
-
-    @property
-    def store_failure(self) -> StoreFailure | None:
-        """None while the metrics store takes writes (or the fleet keeps none); else why it refuses them."""
-        return self.state.recorder.writer.health if self.state.recorder else None
 
     @property
     def stats(self) -> FleetStats:
@@ -227,67 +231,86 @@ class Fleet:
             recorder.close()
 
     @property
-    def closing(self) -> bool:
-        """Shutting down: no new request is admitted."""
-        return self.state.closing
-
-    @property
     def in_flight(self) -> int:
         """Requests accepted and not yet ended."""
         return len(self.state.requests)
 
     # ---- operations: each validated at once (raises OperationRefused), then run (poll `operation`) ----
 
-    def operation(self, op_id: str) -> Operation:
-        return self.operations.get(op_id)
+    def operation(self, op_id: str) -> OperationInfo:
+        return self.operations.get(op_id).info()
 
-    def start_worker(self, role: str, device: str) -> Operation:
-        return self.lifecycle.start(role, device)
+    def start_worker(self, role: str, device: str) -> OperationInfo:
+        return self.lifecycle.start(role, device).info()
 
-    def drain_worker(self, worker_id: str, move: bool = False) -> Operation:
-        return self.lifecycle.drain(worker_id, move)
+    def drain_worker(self, worker_id: str, move: bool = False) -> OperationInfo:
+        return self.lifecycle.drain(worker_id, move).info()
 
-    def resume_worker(self, worker_id: str) -> Operation:
-        return self.lifecycle.resume(worker_id)
+    def resume_worker(self, worker_id: str) -> OperationInfo:
+        return self.lifecycle.resume(worker_id).info()
 
-    def stop_worker(self, worker_id: str, force: bool = False) -> Operation:
-        return self.lifecycle.stop(worker_id, force)
+    def stop_worker(self, worker_id: str, force: bool = False) -> OperationInfo:
+        return self.lifecycle.stop(worker_id, force).info()
 
-    def switch_worker(self, worker_id: str, role: str) -> Operation:
-        return self.switches.switch(worker_id, role)
+    def switch_worker(self, worker_id: str, role: str) -> OperationInfo:
+        return self.switches.switch(worker_id, role).info()
 
-    def checkpoint(self, worker_id: str, hold_s: float | None = None) -> Operation:
-        return self.checkpoints.checkpoint(worker_id, hold_s)
+    def checkpoint(self, worker_id: str, hold_s: float | None = None) -> OperationInfo:
+        return self.checkpoints.checkpoint(worker_id, hold_s).info()
 
-    def migrate(self, worker_id: str, to: str, via_checkpoint: bool = False) -> Operation:
-        return self.migrations.migrate(worker_id, to, via_checkpoint)
+    def migrate(self, worker_id: str, to: str, via_checkpoint: bool = False) -> OperationInfo:
+        return self.migrations.migrate(worker_id, to, via_checkpoint).info()
 
-    async def restore(self, checkpoint: str, device: str, force: bool = False) -> Operation:
-        return await self.restores.restore(checkpoint, device, force)
+    async def restore(self, checkpoint: str, device: str, force: bool = False) -> OperationInfo:
+        return (await self.restores.restore(checkpoint, device, force)).info()
 
-    def move_session(self, request_id: str, to: str) -> Operation:
-        return self.moves.move(request_id, to)
+    def move_session(self, request_id: str, to: str) -> OperationInfo:
+        return self.moves.move(request_id, to).info()
 
     def rebalance_preview(self, split: str, force: bool = False, via: str | None = None) -> RebalancePreview:
         return self.rebalancer.preview(split, force, via)
 
-    def rebalance(self, split: str, force: bool = False, via: str | None = None) -> Operation:
-        return self.rebalancer.start(split, force, via)
+    def rebalance(self, split: str, force: bool = False, via: str | None = None) -> OperationInfo:
+        return self.rebalancer.start(split, force, via).info()
 
-    def elastic_devices(self, limit: int | None = None) -> list[str] | None:
-        """The live and free devices an elastic plan lays layouts over (`limit` at most); None with no free one."""
-        return self.rebalancer.elastic_devices(limit)
+    # ---- what it reports (the wire contract's models) ------------------------------------------
 
-    def live_requests(self) -> list[dict]:
-        """Each request in flight: its timing breakdown so far and its stage, oldest first."""
-        live = sorted(self.state.requests.values(), key=lambda r: r.times.arrival)
-        return [{**req.record(), "stage": req.stage.value} for req in live]
+    def status(self) -> FleetStatus:
+        return self.status_view.status(self.model_name, self.url)
 
-    def log_lines(self, source: str | None, since: int, limit: int) -> tuple[list[LogLine], int]:
-        """The recent log lines of `source` (a worker id, "fleet", None: all) after `since`, the last `limit`,
-        read fresh from the workers' files; and the newest line's seq (the next `since`)."""
-        self.state.logs.poll()
-        return self.state.logs.lines(source, since, limit), self.state.logs.last_seq
+    def workers(self) -> list[WorkerInfo]:
+        return self.status_view.workers()
+
+    def sessions(self, worker_id: str) -> WorkerSessions:
+        return self.status_view.sessions(worker_id)
+
+    def recent_requests(self, limit: int) -> RecentRequests:
+        return self.status_view.recent_requests(limit)
+
+    def health(self) -> Health:
+        return self.status_view.health()
+
+    def metrics(self) -> bytes:
+        return self.stats.exposition(self.state.all_views())
+
+    def log_lines(self, source: str | None, since: int, limit: int) -> FleetLogLines:
+        return self.status_view.log_lines(source, since, limit)
+
+    async def checkpoint_catalog(self) -> CheckpointList:
+        """Every checkpoint on disk, each verified (hashed: in a thread)."""
+        return CheckpointList.model_validate({"checkpoints": await asyncio.to_thread(catalog)})
+
+    async def history(self, since_s: float, bucket_s: float) -> FleetHistory:
+        return await self.reports.history(since_s, bucket_s)
+
+    async def classify(self, since: str) -> FleetClassification:
+        return await self.reports.classify(since)
+
+    async def device_peaks(self) -> DevicePeaks:
+        return await self.reports.device_peaks()
+
+    async def plan(self, since: str, slo: tuple[str, str], devices: str | None, elastic: bool) -> FleetPlan:
+        return await self.reports.plan(since, slo, devices, elastic)
 
     # ---- what operations ask of the controller (runner.WorkerHost) ----------------------------
 
@@ -317,63 +340,51 @@ class Fleet:
 
     # ---- requests ----------------------------------------------------------------------------
 
+    def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_ids: list[str],
+                 session: str = "") -> list[Generation]:
+        """Admit one request per id ("" for a generated one), each followed through its handle: independent
+        samples of one prompt (parallel sampling, `n`), all admitted or none (`Admission.admit`). A `session` (an
+        agent's) has its KV retained on the workers for `--session-ttl`."""
+        admitted = self.admission.admit(prompt_token_ids, params, request_ids, session)
+        return [Generation(req, self.dispatcher.cancel) for req in admitted]
+
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "",
                session: str = "") -> TrackedRequest:
-        """Admit a request (raises PromptError, RequestIdInUse, FleetClosing, NoWorkers, FleetBusy); read its
-        events with `stream`. A `session` (an agent's) has its KV retained on the workers for `--session-ttl`."""
-        return self.submit_samples(prompt_token_ids, params, [request_id], session)[0]
-
-    def submit_samples(self, prompt_token_ids: list[int], params: SamplingParams,
-                       request_ids: list[str], session: str = "") -> list[TrackedRequest]:
-        """Admit one request per id ("" for a generated one): independent samples of one prompt (parallel
-        sampling, `n`). With a seed, sample i draws with seed + i. They go to one prefill worker, which computes
-        the prompt's full blocks once (the others reuse them from its prefix cache), and to one decode worker
-        where they fit. All are admitted or none (the same errors as `submit`)."""
-        check_prompt(prompt_token_ids, self.model_config.vocab_size, self.max_model_len)
-        eos = frozenset() if params.ignore_eos else self.tokenizer.eos_token_ids
-        for request_id in request_ids:
-            self.admission.check(request_id, len(request_ids))
-        siblings: list[TrackedRequest] = []
-        for i, request_id in enumerate(request_ids):
-            req = TrackedRequest(
-                request_id=request_id or f"req-{uuid.uuid4().hex[:16]}", prompt_token_ids=list(prompt_token_ids),
-                params=params, seed=params.seed + i if params.seed is not None else params.request_seed(),
-                stream=TextStream(self.tokenizer, params.stop, eos), siblings=siblings, session=session,
-            )
-            siblings.append(req)
-            self.state.requests[req.request_id] = req
-            self.state.queued.append(req)
-        self.dispatcher.dispatch_queued()
-        return siblings
+        """Admit one request, as the controller follows it (where it runs, its KV, its times); read its events
+        with `stream`."""
+        return self.admission.admit(prompt_token_ids, params, [request_id], session)[0]
 
     @staticmethod
-    async def stream(req: TrackedRequest) -> AsyncIterator[StreamEvent]:
-        while True:
-            event = await req.events.get()
-            yield event
-            if event.final:
-                return
+    def stream(req: TrackedRequest) -> AsyncIterator[StreamEvent]:
+        return stream_events(req)
 
     def cancel(self, req: TrackedRequest) -> None:
         """The client went away: stop the work wherever it is (a no-op for a request that ended)."""
         self.dispatcher.cancel(req)
 
-    def healthy(self) -> bool:
-        """Running workers take prompts and decode (prefill and decode ones, mixed ones, or both)."""
-        return all(self.state.covers(phase) for phase in PHASES)
-
-    def roles(self) -> list[WorkerRole]:
-        """The roles of its pools: those it started with, and any a worker has now (a switch adds mixed)."""
-        present = set(self.config.roles) | {v.role for v in self.views.values() if not v.gone}
-        return [role for role in WorkerRole if role in present]
-
-    def sessions(self, worker_id: str) -> list[dict]:
-        """The requests `worker_id` holds (prefilling, publishing or decoding them), oldest first."""
-        now = time.time()
-        held = [self.state.requests[rid] for rid in self.views[worker_id].requests if rid in self.state.requests]
-        return [{"id": r.request_id, "stage": r.stage.value, "prompt_tokens": len(r.prompt_token_ids),
-                 "output_tokens": len(r.output_token_ids), "age_s": round(now - r.times.arrival, 3)}
-                for r in sorted(held, key=lambda r: r.times.arrival)]
+    def queue_full(self, arriving: int) -> int | None:
+        """How many requests wait when `arriving` more would pass `--max-queue` (the refusal counts as any 429);
+        None while they fit. For a refusal before a request is read."""
+        return self.admission.refuse_early(arriving)
 
     def queue_length(self, role: WorkerRole) -> int:
         return self.dispatcher.queue_length(role)
+
+    # ---- the model it serves -----------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids)
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """The messages through the model's chat template (raises TokenizerError)."""
+        return self.tokenizer.apply_chat_template(messages)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.tokenizer.token_bytes(token_id)

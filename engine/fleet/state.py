@@ -13,8 +13,8 @@ Who writes what (everyone may read):
   worker's reports (`worker_inbox`), its KV blocks (`view.kv`, a `WorkerKV`, their only writer: the handlers
   tell it what happened), the requests it holds (`placement` only), its state (the part acting on the
   worker: recovery, the operations).
-- `requests`: `Fleet.submit_samples` adds, `Dispatcher` removes (every ending goes through it).
-- `queued`: `Fleet.submit_samples` appends, `Dispatcher` takes (and puts back recomputed prompts).
+- `requests`: `Admission.admit` adds, `Dispatcher` removes (every ending goes through it).
+- `queued`: `Admission.admit` appends, `Dispatcher` takes (and puts back recomputed prompts).
 - `pending_handoffs`: `HandoffRouting` (`wait_for_decode`); `Dispatcher.cancel` drops a cancelled one.
 - `restarting`: the `Supervisor`. `arriving`: the `OperationRunner` (`bringing`).
 - `closing`: `Fleet.drain`; `stopping`: `Fleet.stop`.

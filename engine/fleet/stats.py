@@ -6,7 +6,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from fleetctl.domain import Phase, WorkerRole
 from fleetctl.engine.fleet.request import TrackedRequest
@@ -183,6 +183,11 @@ class FleetStats:
         kv = max((v.kv.usage for v in views), default=0.0)
         busy = " ".join(f"{v.worker_id} {self.utilization(v.worker_id).busy:.0%}" for v in views)
         return f"generation {rate:.1f} tokens/s · running {running} · waiting {waiting} · KV max {kv:.0%} · busy {busy}"
+
+    def exposition(self, views: list[WorkerView]) -> bytes:
+        """GET /metrics: every collector in Prometheus' text format, the per-worker gauges refreshed first."""
+        self.refresh_gauges(views)
+        return generate_latest(self.registry)
 
     def refresh_gauges(self, views: list[WorkerView]) -> None:
         for v in views:

@@ -6,7 +6,7 @@ error body as the fleet's own refusal) once the queue and they together would pa
 
 from contextvars import ContextVar
 
-from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.fleet.facade import FleetFacade
 from fleetctl.engine.server.errors import RETRY_AFTER_S
 from fleetctl.engine.server.guard import ASGIApp, Receive, Scope, Send, send_error
 
@@ -36,7 +36,7 @@ def prepared() -> None:
 
 
 class AdmissionGate:
-    def __init__(self, app: ASGIApp, fleet: Fleet) -> None:
+    def __init__(self, app: ASGIApp, fleet: FleetFacade) -> None:
         self.app = app
         self.fleet = fleet
         self.preparing = 0
@@ -45,9 +45,8 @@ class AdmissionGate:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in GENERATION_PATHS:
             await self.app(scope, receive, send)
             return
-        waiting = self.fleet.admission.busy(self.preparing + 1)
+        waiting = self.fleet.queue_full(self.preparing + 1)
         if waiting is not None:
-            self.fleet.admission.refused_early(waiting)
             await send_error(send, 429, f"the fleet is busy: {waiting} requests are already waiting and "
                                         f"{self.preparing} more are being read", "rate_limit_error",
                              {"Retry-After": str(RETRY_AFTER_S)})

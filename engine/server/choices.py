@@ -1,5 +1,6 @@
 """One OpenAI call's choices: each prompt's `n` samples (choice index = prompt × n + sample, prompt-major),
-admitted together, their streams interleaved as tokens arrive, each collected with its text and logprobs."""
+admitted together, their streams interleaved as tokens arrive, each collected with its text and logprobs. A
+choice follows its request through the fleet's handle (`Generation`)."""
 
 import asyncio
 import contextlib
@@ -8,9 +9,9 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from fleetctl.engine.fleet.controller import Fleet
-from fleetctl.engine.fleet.request import StreamEvent, TrackedRequest
-from fleetctl.engine.server.errors import APIError
+from fleetctl.engine.fleet.generation import Generation
+from fleetctl.engine.fleet.request import StreamEvent
+from fleetctl.engine.server.errors import GenerationFailed
 from fleetctl.engine.server.openai_logprobs import SampledToken
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
@@ -19,7 +20,8 @@ DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its cl
 @dataclass(eq=False)
 class Choice:
     index: int
-    req: TrackedRequest
+    prompt: int  # which of the call's prompts it samples (its samples count the prompt's tokens once)
+    generation: Generation
     echo: str = ""  # the prompt's text, shown before the answer (completions' `echo`)
     text_offset: int = 0  # where the next token's text starts in the choice's text (completions' logprobs)
     text: str = ""
@@ -27,7 +29,7 @@ class Choice:
 
     @property
     def finish_reason(self) -> str:
-        return self.req.finish_reason or "stop"
+        return self.generation.finish_reason or "stop"
 
     def take(self, event: StreamEvent) -> list[SampledToken]:
         """Add one event's text and token; returns the token's logprobs entry (none when not asked for)."""
@@ -39,29 +41,28 @@ class Choice:
 
 
 class Choices:
-    def __init__(self, fleet: Fleet, choices: list[Choice], response_id: str) -> None:
-        self.fleet = fleet
+    def __init__(self, choices: list[Choice], response_id: str) -> None:
         self.choices = choices
         self.response_id = response_id
 
     def usage(self) -> dict:
         """Prompt tokens once per prompt (its samples share it), completion tokens of every choice."""
-        prompts = {id(c.req.siblings): len(c.req.prompt_token_ids) for c in self.choices}
-        completion = sum(len(c.req.output_token_ids) for c in self.choices)
+        prompts = {c.prompt: c.generation.prompt_tokens for c in self.choices}
+        completion = sum(c.generation.output_tokens for c in self.choices)
         prompt = sum(prompts.values())
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def cancel(self) -> None:
         """Stop whatever still runs (a no-op for choices that finished)."""
         for choice in self.choices:
-            self.fleet.cancel(choice.req)
+            choice.generation.cancel()
 
     async def events(self) -> AsyncIterator[tuple[Choice, StreamEvent]]:
         """Every choice's events as they come, until each has ended."""
         merged: asyncio.Queue[tuple[Choice, StreamEvent]] = asyncio.Queue()
 
         async def forward(choice: Choice) -> None:
-            async for event in self.fleet.stream(choice.req):
+            async for event in choice.generation.events():
                 merged.put_nowait((choice, event))
 
         tasks = [asyncio.create_task(forward(c)) for c in self.choices]
@@ -82,14 +83,14 @@ class Choices:
             async with contextlib.aclosing(self.events()) as events:
                 async for choice, event in events:
                     if event.error:
-                        raise APIError(503, event.error, "service_unavailable")
+                        raise GenerationFailed(event.error)
                     choice.take(event)
         finally:
             watcher.cancel()
             self.cancel()
 
     async def _cancel_when_gone(self, request: Request) -> None:
-        while not all(c.req.done for c in self.choices):
+        while not all(c.generation.done for c in self.choices):
             if await request.is_disconnected():
                 self.cancel()
                 return

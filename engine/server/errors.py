@@ -1,28 +1,37 @@
-"""Errors the HTTP routes raise, answered with OpenAI's error body."""
+"""How the server answers what goes wrong, always with OpenAI's error body: an expected failure by its family
+(`fleetctl.errors`: its `http_status` and `error_type`, and a 429 with Retry-After), a body or parameter that
+fails validation with a 400 naming the field. No route catches errors to answer them; anything else that
+escapes is a bug, and FastAPI answers it with a 500."""
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from fleetctl.engine.server.guard import TOO_LARGE
 from fleetctl.engine.server.openai_protocol import error_body
+from fleetctl.errors import FleetctlError, NotFound
 
 RETRY_AFTER_S = 1  # what a refusal for load (429 past max_queue, 503 past --limit-concurrency) asks clients to wait
 
 
-class APIError(Exception):
-    def __init__(self, status: int, message: str, kind: str, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind, self.code, self.headers = status, message, kind, code, headers
+class UnknownModel(NotFound):
+    """A request for a model this fleet does not serve: typed and coded as OpenAI answers it."""
+
+    error_type = "invalid_request_error"
+    code = "model_not_found"
 
 
-async def api_error(_: Request, exc: APIError) -> JSONResponse:
-    return JSONResponse(error_body(exc.message, exc.kind, exc.code), exc.status, headers=exc.headers)
+class GenerationFailed(FleetctlError):
+    """A request the fleet admitted ended with an error before its answer was whole (its workers failed it, or
+    the fleet shut down first)."""
+
+    http_status = 503
+    error_type = "service_unavailable"
 
 
-async def too_large(_: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse(error_body(TOO_LARGE, "invalid_request_error"), 413)
+async def fleetctl_error(_: Request, exc: FleetctlError) -> JSONResponse:
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.http_status == 429 else None
+    code = getattr(exc, "code", None)  # OpenAI's `code`, which few errors have
+    return JSONResponse(error_body(str(exc), exc.error_type, code), exc.http_status, headers=headers)
 
 
 async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:

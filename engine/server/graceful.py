@@ -10,14 +10,14 @@ from types import FrameType
 
 import uvicorn
 
-from fleetctl.engine.fleet.controller import Fleet
+from fleetctl.engine.fleet.facade import FleetFacade
 from fleetctl.engine.fleet.shutdown_budget import ShutdownBudget
 
 log = logging.getLogger("fleetctl.server")
 
 
 class GracefulServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, fleet: Fleet, grace_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, fleet: FleetFacade, grace_s: float) -> None:
         super().__init__(config)
         self.fleet = fleet
         self.grace_s = grace_s

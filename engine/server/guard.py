@@ -103,14 +103,16 @@ def _capped(receive: Receive) -> Receive:
         if message["type"] == "http.request":
             seen += len(message.get("body", b""))
             if seen > MAX_BODY_BYTES:
-                raise BodyTooLarge
+                raise BodyTooLarge(TOO_LARGE)
         return message
 
     return capped
 
 
 class BodyTooLarge(UserError):
-    """Raised inside the app when a streamed body passes the cap; answered 413 by the app's handler."""
+    """Raised inside the app when a streamed body passes the cap."""
+
+    http_status = 413
 
 
 async def send_error(send: Send, status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> None:

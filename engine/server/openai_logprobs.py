@@ -7,18 +7,19 @@
 Token strings are each token decoded alone (a piece of a multi-byte character reads U+FFFD; `bytes`
 holds its real bytes). Values are the raw model's (see core/logprobs.py)."""
 
+from collections.abc import Callable
 from functools import lru_cache
 
 from fleetctl.engine.core.output import TokenLogprobs
-from fleetctl.engine.model.tokenizer import Tokenizer
 
 TOKEN_CACHE = 65536  # token ids whose text and bytes are kept (a vocabulary's hot part)
 SampledToken = tuple[int, TokenLogprobs]  # (sampled token id, its logprobs)
 
 
 class LogprobsFormat:
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self._bytes = lru_cache(maxsize=TOKEN_CACHE)(tokenizer.token_bytes)
+    def __init__(self, token_bytes: Callable[[int], bytes]) -> None:
+        """`token_bytes`: a token id's bytes, as the model's tokenizer has them."""
+        self._bytes = lru_cache(maxsize=TOKEN_CACHE)(token_bytes)
 
     def text(self, token_id: int) -> str:
         return self._bytes(token_id).decode(errors="replace")

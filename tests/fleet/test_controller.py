@@ -16,6 +16,7 @@ from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.errors import FleetBusy, NoWorkers
 from fleetctl.engine.fleet.fleet_config import Supervision
 from fleetctl.engine.worker import protocol as m
+from fleetctl.errors import NotFound
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11], [12, 13]]
 PARAMS = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -109,10 +110,12 @@ def test_sessions_lists_what_a_worker_holds(tiny_model_dir: Path, tmp_path: Path
         req = fleet.submit(PROMPTS[1], long)
         while req.holder() is None or req.holder().startswith("prefill") or len(req.output_token_ids) < 3:
             await asyncio.sleep(0.005)
-        [session] = fleet.sessions(req.holder())
-        assert session["id"] == req.request_id and session["stage"] == "decode"
-        assert session["prompt_tokens"] == len(PROMPTS[1]) and session["output_tokens"] >= 3
-        assert fleet.sessions("prefill-0") == []
+        [session] = fleet.sessions(req.holder()).sessions
+        assert session.id == req.request_id and session.stage == "decode"
+        assert session.prompt_tokens == len(PROMPTS[1]) and session.output_tokens >= 3
+        assert fleet.sessions("prefill-0").sessions == []
+        with pytest.raises(NotFound, match="unknown worker 'decode-9'"):
+            fleet.sessions("decode-9")
         fleet.cancel(req)
 
     run(tiny_model_dir, tmp_path, scenario)

@@ -4,7 +4,6 @@ once the queue and they together would pass max_queue; a request gives its place
 
 import asyncio
 import json
-from types import SimpleNamespace
 
 from fleetctl.engine.server.admission_gate import AdmissionGate, prepared
 
@@ -12,16 +11,16 @@ MAX_QUEUE = 2
 
 
 class Queue:
-    """The fleet's admission, as the gate asks it: `waiting` admitted requests."""
+    """The fleet's queue, as the gate asks it (`FleetFacade.queue_full`): `waiting` admitted requests."""
 
     def __init__(self) -> None:
         self.waiting, self.early_refusals = 0, 0
 
-    def busy(self, arriving: int = 1) -> int | None:
-        return self.waiting if self.waiting + arriving > MAX_QUEUE else None
-
-    def refused_early(self, waiting: int) -> None:
+    def queue_full(self, arriving: int) -> int | None:
+        if self.waiting + arriving <= MAX_QUEUE:
+            return None
         self.early_refusals += 1
+        return self.waiting
 
 
 def test_requests_past_the_queue_are_refused_before_they_are_read() -> None:
@@ -39,7 +38,7 @@ def test_requests_past_the_queue_are_refused_before_they_are_read() -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    gate = AdmissionGate(route, SimpleNamespace(admission=queue))
+    gate = AdmissionGate(route, queue)  # type: ignore[arg-type]
 
     async def call(name: str, path: str = "/v1/completions") -> dict:
         sent: list[dict] = []

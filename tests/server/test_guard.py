@@ -5,15 +5,16 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from fleetctl.engine.server.errors import too_large
-from fleetctl.engine.server.guard import MAX_BODY_BYTES, BodyTooLarge, FleetGuard, is_loopback
+from fleetctl.engine.server.errors import fleetctl_error
+from fleetctl.engine.server.guard import MAX_BODY_BYTES, TOO_LARGE, FleetGuard, is_loopback
+from fleetctl.errors import FleetctlError
 
 TOKEN = "s3cret-token"
 
 
 def client(token: str | None = TOKEN, bound_host: str = "127.0.0.1") -> TestClient:
     app = FastAPI()
-    app.add_exception_handler(BodyTooLarge, too_large)
+    app.add_exception_handler(FleetctlError, fleetctl_error)
     app.add_middleware(FleetGuard, bound_host=bound_host, admin_token=token)
 
     @app.get("/fleet/status")
@@ -79,6 +80,8 @@ def test_bodies_over_the_cap_are_refused_with_or_without_a_length() -> None:
     assert api.post("/v1/completions", content=big).status_code == 413
     streamed = api.post("/v1/completions", content=iter([big[: MAX_BODY_BYTES // 2], big[MAX_BODY_BYTES // 2 :]]))
     assert streamed.status_code == 413
+    assert streamed.json()["error"] == {"message": TOO_LARGE, "type": "invalid_request_error", "param": None,
+                                        "code": None}
     assert api.post("/v1/completions", content=b"x" * 1000).json() == {"bytes": 1000}
 
 

@@ -31,7 +31,7 @@ async def finished(op: Operation) -> Operation:
 
 
 async def stood_down(fleet: Fleet, worker: str, hold_s: float) -> Path:
-    op = await finished(fleet.checkpoint(worker, hold_s))
+    op = await finished(fleet.checkpoints.checkpoint(worker, hold_s))
     assert op.state is OpState.DONE, op.error
     assert fleet.views[worker].state is WorkerState.CHECKPOINTED
     return Path(op.result.checkpoint)
@@ -49,7 +49,7 @@ def test_a_failed_restore_leaves_no_held_session_stranded(tiny_model_dir: Path, 
         launcher.faults.load_s["decode-0"] = 0.5  # the standby loads a while: a short hold runs out meanwhile
         held = [r for r in reqs if r.decode_worker == "decode-0"]
         assert held and not any(r.done for r in held)
-        op = await finished(await fleet.restore(path.name, "cpu:3"))
+        op = await finished(await fleet.restores.restore(path.name, "cpu:3"))
         assert op.state is OpState.FAILED and "fault injected at restore" in op.error
         assert used_at(path) is None  # not restored: the same checkpoint may be tried again
         errors = await ends(fleet, reqs)  # recomputed on decode-1 once the hold ran out
@@ -67,7 +67,7 @@ def test_a_checkpoint_not_written_in_time_is_called_off_and_the_migration_reaped
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
         reqs = [fleet.submit(p, PARAMS) for p in prompts(6)]
         source = launcher.workers["prefill-0"]
-        op = await finished(fleet.migrate("prefill-0", "cpu:3"))
+        op = await finished(fleet.migrations.migrate("prefill-0", "cpu:3"))
         assert op.state is OpState.FAILED
         assert op.error == ("checkpoint of prefill-0 failed: not written within 0.5 s; the writer was killed; the "
                             "source resumed on cpu:0, nothing was lost")
@@ -77,7 +77,7 @@ def test_a_checkpoint_not_written_in_time_is_called_off_and_the_migration_reaped
         assert fleet.views["prefill-0"].state is WorkerState.RUNNING
         errors = await ends(fleet, reqs)
         assert set(errors.values()) == {None}
-        again = await finished(fleet.checkpoint("prefill-0", 30))
+        again = await finished(fleet.checkpoints.checkpoint("prefill-0", 30))
         assert again.state is OpState.FAILED and fleet.views["prefill-0"].state is WorkerState.RUNNING
         await nothing_leaked(fleet, launcher)
 
@@ -96,7 +96,7 @@ def test_handoffs_parked_on_a_stood_down_prefill_worker_continue(tiny_model_dir:
         await until(lambda: len(fleet.state.pending_handoffs) == len(parked))
         path = await stood_down(fleet, "prefill-0", 30.0 if outcome == "restored" else 0.2)
         if outcome == "restored":
-            op = await finished(await fleet.restore(path.name, "cpu:3"))
+            op = await finished(await fleet.restores.restore(path.name, "cpu:3"))
             assert op.state is OpState.DONE, op.error
             assert op.result.checkpoint == str(path) and used_at(path)
         else:
@@ -117,24 +117,24 @@ def test_a_restore_that_would_replay_sessions_is_refused_unless_forced(tiny_mode
         reqs = [fleet.submit(p, LONG) for p in prompts(4)]
         await until(lambda: all(r.decode_worker and len(r.output_token_ids) > 2 for r in reqs))
         older = await stood_down(fleet, "decode-0", 30)
-        op = await finished(await fleet.restore(older.name, "cpu:1"))
+        op = await finished(await fleet.restores.restore(older.name, "cpu:1"))
         assert op.state is OpState.DONE, op.error
         newer = await stood_down(fleet, "decode-0", 0.3)
         for checkpoint, why in ((older, "restored already"), (older.with_name("x"), "no checkpoint")):
             with pytest.raises(OperationRefused, match=why):
-                await fleet.restore(checkpoint.name, "cpu:1")
+                await fleet.restores.restore(checkpoint.name, "cpu:1")
         rows = {row["name"]: row for row in await asyncio.to_thread(catalog)}
         assert rows[older.name]["used_at"] and rows[newer.name]["used_at"] is None
         assert rows[newer.name]["checkpoint"] == str(newer)
         await until(lambda: fleet.views["decode-0"].state is WorkerState.STOPPED)  # the hold ran out
         with pytest.raises(OperationRefused, match=r"session req-\w+ has progressed since .* \(it runs on decode-1"):
-            await fleet.restore(newer.name, "cpu:1")
+            await fleet.restores.restore(newer.name, "cpu:1")
         errors = await ends(fleet, reqs)
         assert set(errors.values()) == {None}
         with pytest.raises(OperationRefused, match=r"none of the \d+ session.* is in flight") as refused:
-            await fleet.restore(newer.name, "cpu:1")
+            await fleet.restores.restore(newer.name, "cpu:1")
         assert refused.value.status == 409 and "--force" in str(refused.value)
-        forced = await finished(await fleet.restore(newer.name, "cpu:1", force=True))
+        forced = await finished(await fleet.restores.restore(newer.name, "cpu:1", force=True))
         assert forced.state is OpState.DONE and fleet.views["decode-0"].state is WorkerState.RUNNING
         await nothing_leaked(fleet, launcher)  # the replayed sessions were aborted: no client wants them
 
@@ -149,14 +149,14 @@ def test_requests_wait_while_the_last_decode_worker_pauses_for_a_checkpoint(tiny
     async def scenario(fleet: Fleet, launcher: FakeLauncher) -> None:
         first = [fleet.submit(p, LONG) for p in prompts(2)]
         await until(lambda: all(r.decode_worker and r.output_token_ids for r in first))
-        op = fleet.checkpoint("decode-0", 30)
+        op = fleet.checkpoints.checkpoint("decode-0", 30)
         await until(lambda: fleet.views["decode-0"].state is WorkerState.DRAINING)
         later = [fleet.submit(p, PARAMS) for p in prompts(3, offset=40)]
         await asyncio.sleep(2.0)  # the once-a-second check for stranded requests runs meanwhile
         assert not any(r.done for r in [*first, *later])
         await finished(op)
         assert op.state is OpState.DONE, op.error
-        restored = await finished(await fleet.restore(Path(op.result.checkpoint).name, "cpu:2"))
+        restored = await finished(await fleet.restores.restore(Path(op.result.checkpoint).name, "cpu:2"))
         assert restored.state is OpState.DONE, restored.error
         errors = await ends(fleet, [*first, *later])
         assert set(errors.values()) == {None}, errors

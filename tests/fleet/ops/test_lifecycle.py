@@ -251,7 +251,7 @@ def test_refusals_say_why_and_change_nothing(tiny_model_dir: Path, tmp_path: Pat
         busy = f"another operation is running on decode-0 \\(drain {drain.id}\\)"
         refused_unchanged(lambda: lifecycle.drain("decode-0"), 409, busy)
         refused_unchanged(lambda: lifecycle.stop("decode-0", force=True), 409, busy)
-        refused_unchanged(lambda: fleet.checkpoint("decode-0"), 409, busy)
+        refused_unchanged(lambda: fleet.checkpoints.checkpoint("decode-0"), 409, busy)
         in_flight = "last running decode worker and [0-9]+ request\\(s\\) are in flight; resume decode-0 first"
         refused_unchanged(lambda: lifecycle.drain("decode-1"), 409, in_flight)
         refused_unchanged(lambda: lifecycle.stop("decode-1", force=True), 409, in_flight)

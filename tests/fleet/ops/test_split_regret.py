@@ -12,7 +12,6 @@ from support.synthetic_fleet import TrueCosts, workload, write_store
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.ops.split_regret import REGRET_WINDOW_S
 from fleetctl.engine.planner.plan import plan_from_store
-from fleetctl.engine.server.status import fleet_status
 from fleetctl.store.plan_inputs import LiveWorker
 
 
@@ -25,7 +24,7 @@ def test_the_current_layouts_share_of_the_best_goodput_is_replayed_and_served(ti
 
     async def scenario(fleet: Fleet, _: FakeLauncher) -> None:
         regret = fleet.split_regret
-        assert regret is not None and fleet_status(fleet).split_regret is None  # nothing replayed yet
+        assert regret is not None and fleet.status().split_regret is None  # nothing replayed yet
         regret.clock = lambda: clock[0]
         point = await regret.step()
         assert point is not None and point.current == "1:1"
@@ -36,7 +35,7 @@ def test_the_current_layouts_share_of_the_best_goodput_is_replayed_and_served(ti
         assert point.ratio == pytest.approx(current.goodput / plan.recommended.goodput) and point.ratio < 1
         clock[0] += 10
         await regret.step()
-        status = fleet_status(fleet).split_regret
+        status = fleet.status().split_regret
         assert status is not None and status.series == [round(point.ratio, 4)] * 2
         assert (status.current, status.best, status.at) == ("1:1", point.best, clock[0])
         clock[0] += 2 * REGRET_WINDOW_S  # a window with no requests: nothing to replay, no point
