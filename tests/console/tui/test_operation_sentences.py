@@ -15,10 +15,10 @@ from textual.geometry import Size
 from textual.widgets import Label
 
 from fleetctl.console.cli.common import operation_output
+from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.console.tui.app import FleetConsole
 from fleetctl.console.tui.screens import dialogs
 from fleetctl.console.tui.screens.dialogs import OperationDialog
-from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.engine.api.operation_results import (
     CheckpointResult,
     DrainResult,
