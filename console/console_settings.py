@@ -1,12 +1,11 @@
-"""What the operator's console runs with: `ConsoleSettings`, a pydantic-settings model whose values come from the
-settings file (`console/tui/settings.py` reads it through pydantic-settings' TOML source) under the command line's,
-and whose options (`fleetctl console --readonly --theme --interval`) are declared here. Apart from the Textual
-console, so that the command line declares them without importing it."""
+"""What the operator's console runs with: `ConsoleSettings`, whose options (`fleetctl console --readonly --theme
+--interval`) are declared here, and whose values come from the settings file (`console/tui/settings.py` reads it
+through pydantic-settings' TOML source) under the command line's. Apart from the Textual console and from
+pydantic-settings, so that the command line declares them without importing either."""
 
 from typing import Annotated, Any
 
-from pydantic import field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from fleetctl.options import CliOption
 from fleetctl.themes import THEME_NAMES
@@ -15,10 +14,8 @@ INTERVAL = CliOption("--interval", min=0.2, max=60.0, default=None,  # None on t
                      help="Seconds between refreshes (1).")
 
 
-class ConsoleSettings(BaseSettings):
-    """Made directly, it reads no file and no environment: `load_settings` gives it the file's values."""
-
-    model_config = SettingsConfigDict(frozen=True, extra="forbid")
+class ConsoleSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     readonly: Annotated[bool, CliOption(
         "--readonly", help="Disable every action (also: readonly = true in config).")] = False
@@ -26,11 +23,6 @@ class ConsoleSettings(BaseSettings):
         "--theme", help=f"{' or '.join(THEME_NAMES)} (remembered when switched with t).")] = None
     interval: Annotated[float, INTERVAL] = 1.0
     keys: dict[str, str] = {}  # binding id -> keys, comma-separated
-
-    @classmethod
-    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-                                   **_: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
 
     @field_validator("interval", mode="before")
     @classmethod

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from pydantic_settings import TomlConfigSettingsSource
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.console.tui.actions import ACTIONS_BY_ID
@@ -38,13 +38,24 @@ def state_path() -> Path:
     return Path(base).expanduser() / "fleetctl" / "console.json"
 
 
-def load_settings(path: Path | None = None, **given: Any) -> ConsoleSettings:
-    """The settings in `path` (default: `config_path()`, if there is one) under those `given` (the command
-    line's); without a theme, the one remembered."""
-    path = path or config_path()
+class SettingsFile(ConsoleSettings, BaseSettings):
+    """ConsoleSettings as pydantic-settings reads them: those given (the command line's) over the settings file's
+    (no file: none); no environment variables."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="forbid")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   **_: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, TomlConfigSettingsSource(settings_cls, toml_file=config_path())
+
+
+def load_settings(**given: Any) -> ConsoleSettings:
+    """The settings of `config_path()` under those `given` (the command line's); without a theme, the one
+    remembered."""
+    path = config_path()
     try:
-        from_file = TomlConfigSettingsSource(ConsoleSettings, toml_file=path)()  # {} where there is no file
-        settings = ConsoleSettings(**(from_file | given))
+        settings = SettingsFile(**given)
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SettingsError(f"{path}: {exc}") from None
     except ValidationError as exc:
