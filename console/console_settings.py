@@ -10,8 +10,9 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from fleetctl.options import CliOption
 from fleetctl.themes import THEME_NAMES
 
+DEFAULT_INTERVAL_S = 1.0
 INTERVAL = CliOption("--interval", min=0.2, max=60.0, default=None,  # None on the command line: the file's
-                     help="Seconds between refreshes (1).")
+                     help=f"Seconds between refreshes ({DEFAULT_INTERVAL_S:g}).")
 
 
 class ConsoleSettings(BaseModel):
@@ -21,7 +22,7 @@ class ConsoleSettings(BaseModel):
         "--readonly", help="Disable every action (also: readonly = true in config).")] = False
     theme: Annotated[str | None, CliOption(
         "--theme", help=f"{' or '.join(THEME_NAMES)} (remembered when switched with t).")] = None
-    interval: Annotated[float, INTERVAL] = 1.0
+    interval: Annotated[float, INTERVAL] = DEFAULT_INTERVAL_S
     keys: dict[str, str] = {}  # binding id -> keys, comma-separated
 
     @field_validator("interval", mode="before")
