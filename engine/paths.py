@@ -16,3 +16,8 @@ def checkpoint_root() -> Path:
 def default_store_path() -> Path:
     """The SQLite metrics store a fleet writes and the console reads."""
     return fleet_home() / "fleet.db"
+
+
+def store_file(given: str) -> Path:
+    """The metrics store a `--store` option names: the path given, else the default one."""
+    return Path(given).expanduser() if given else default_store_path()

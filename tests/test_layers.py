@@ -1,10 +1,11 @@
-"""The import graph: layers import downwards only (server → fleet → planner → worker → checkpoint → core →
-metrics → model → kernels; `store` and `paths` from anywhere, the store importing none of them; the
-domain's vocabulary, `fleetctl.domain`, from anywhere, the store included); the wire contract, `engine.api`, from
-any layer of the engine and the console, itself importing only the vocabulary and `paths`; inside the console too
-(cli → demo / loadgen / tui → client, the demo drawing on the load generator), and outside its composition root
-(`console/cli/`) the console reaches the engine only through `engine.api`; no module imports itself through
-others; and the controller and server import no torch. Lazy imports inside functions count as imports."""
+"""The import graph: layers import downwards only (server → fleet → planner → worker → checkpoint → core → metrics →
+model → kernels; `store` and `paths` from anywhere, the store importing none of them; the domain's vocabulary,
+`fleetctl.domain`, the error root, `fleetctl.errors`, and the option declarations, `fleetctl.options`, from
+anywhere, the store included); the wire contract, `engine.api`, from any layer of the engine and the console, itself
+importing only the vocabulary and `paths`; inside the console too (cli → demo / loadgen / tui → client, the demo
+drawing on the load generator; cli and tui sharing `console_settings`), and outside its composition root
+(`console/cli/`) the console reaches the engine only through `engine.api`; no module imports itself through others;
+and the controller and server import no torch. Lazy imports inside functions count as imports."""
 
 import ast
 import subprocess
@@ -33,20 +34,23 @@ API_IMPORTS = ("fleetctl.engine.api", "fleetctl.engine.paths")  # besides the vo
 CONSOLE_ENGINE = (API, "fleetctl.engine.paths")  # what the console outside cli/ may import of the engine
 COMPOSITION_ROOT = ("fleetctl.console.cli", "fleetctl.console.__main__")  # may import whatever it runs
 SELF_CONTAINED = ("fleetctl.store", "fleetctl.kernels", "fleetctl.engine.paths", "fleetctl.themes", "fleetctl.domain",
-                  "fleetctl.errors")
-# the words every layer shares (roles, states, phases) and the one root of its expected failures: import nothing
-VOCABULARY = ("fleetctl.domain", "fleetctl.errors")
+                  "fleetctl.errors", "fleetctl.options")
+# the words every layer shares (roles, states, phases), the one root of its expected failures and the way each
+# layer declares its options: import nothing
+VOCABULARY = ("fleetctl.domain", "fleetctl.errors", "fleetctl.options")
 # what each of the console's rooms may import of the console besides itself: cli → demo / loadgen / tui → client
 CONSOLE_ROOMS = {
     "fleetctl.console.__main__": ("fleetctl.console.cli",),
     "fleetctl.console.cli": ("fleetctl.console.demo", "fleetctl.console.loadgen", "fleetctl.console.tui",
-                             "fleetctl.console.client"),
+                             "fleetctl.console.client", "fleetctl.console.console_settings"),
     "fleetctl.console.demo": ("fleetctl.console.loadgen", "fleetctl.console.client"),  # it sends loadgen's requests
     "fleetctl.console.loadgen": ("fleetctl.console.client",),
-    "fleetctl.console.tui": ("fleetctl.console.client",),
+    "fleetctl.console.tui": ("fleetctl.console.client", "fleetctl.console.console_settings"),
     "fleetctl.console.client": (),
+    "fleetctl.console.console_settings": (),  # what the console runs with: the command line declares its options
 }
-CONSOLE_TOP_LEVEL = ("__init__.py", "__main__.py", "client.py")  # every other console module is in a room
+# every other console module is in a room
+CONSOLE_TOP_LEVEL = ("__init__.py", "__main__.py", "client.py", "console_settings.py")
 
 
 def module_name(path: Path) -> str:
@@ -143,7 +147,8 @@ def import_cycle(graph: dict[str, set[str]]) -> list[str]:
 
 def package_modules() -> list[Path]:
     return [p for p in ROOT.rglob("*.py") if p.parts[len(ROOT.parts)] in {"console", "engine", "kernels", "store",
-                                                                           "themes", "domain.py", "errors.py"}]
+                                                                           "themes", "domain.py", "errors.py",
+                                                                           "options.py"}]
 
 
 def test_imports_flow_one_way() -> None:
@@ -195,6 +200,9 @@ def test_engine_has_no_loose_modules() -> None:
     ("fleetctl.store.errors", "fleetctl.errors", True),
     ("fleetctl.kernels.quantized_linear", "fleetctl.errors", True),
     ("fleetctl.errors", "fleetctl.domain", False),
+    ("fleetctl.engine.core.engine_settings", "fleetctl.options", True),
+    ("fleetctl.console.tui.settings", "fleetctl.options", True),
+    ("fleetctl.options", "fleetctl.errors", False),
     ("fleetctl.engine.core.scheduler", "fleetctl.engine.api.status", True),
     ("fleetctl.engine.api.status", "fleetctl.engine.fleet.request", False),
     ("fleetctl.engine.api.status", "fleetctl.store.records", False),
@@ -213,6 +221,8 @@ def test_the_checker_tells_up_from_down(source: str, target: str, allowed: bool)
     ("fleetctl.console.tui.app", "fleetctl.console.loadgen.local_fleet", False),
     ("fleetctl.console.loadgen.traces", "fleetctl.console.demo.schedule", False),
     ("fleetctl.console.client", "fleetctl.console.tui.source", False),
+    ("fleetctl.console.tui.app", "fleetctl.console.console_settings", True),
+    ("fleetctl.console.console_settings", "fleetctl.console.tui.actions", False),
 ])
 def test_the_console_checker_tells_up_from_down(source: str, target: str, allowed: bool) -> None:
     assert (console_violations(source, {target}) == []) is allowed
@@ -234,6 +244,11 @@ def test_controller_server_and_planner_import_no_torch() -> None:
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))[:5])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_the_command_line_imports_no_torch() -> None:
+    """`fleetctl --help` stays fast: the settings models its options are declared on load no torch."""
+    assert _loaded("import fleetctl.console.cli.app", ("torch",)) == []
 
 
 def _loaded(code: str, prefixes: tuple[str, ...]) -> list[str]:

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from fleetctl.console.cli.declared import shared_option
 from fleetctl.console.client import FleetClient
-from fleetctl.domain import Quantization
-from fleetctl.engine.core.engine_settings import INT4_GROUP_SIZES
+from fleetctl.engine.core.engine_settings import EngineSettings
+from fleetctl.engine.paths import store_file
 from fleetctl.errors import FleetctlError
 
 if TYPE_CHECKING:
@@ -28,21 +29,7 @@ EXIT_INTERRUPTED = 130
 URL_OPTION = typer.Option(None, "--url", help="Fleet URL (default $FLEET_URL or http://127.0.0.1:8700).")
 JSON_OPTION = typer.Option(False, "--json", help="One JSON object on stdout.")
 TIMEOUT_OPTION = typer.Option(600.0, "--timeout", help="Seconds to follow the operation before giving up on it.")
-QUANTIZATION_OPTION = typer.Option(
-    Quantization.NONE, "--quantization", help="Linear weights: none (the model's dtype), int8 (per channel), int4 "
-                                              "(groups of --quant-group-size; a pulled GGUF's own 4-bit blocks at "
-                                              "32), or auto (int4 when the model's GGUF holds 4-bit blocks).")
-
-
-def _group_size(value: int) -> int:
-    if value not in INT4_GROUP_SIZES:
-        raise typer.BadParameter(f"must be one of {', '.join(map(str, INT4_GROUP_SIZES))}")
-    return value
-
-
-QUANT_GROUP_OPTION = typer.Option(32, "--quant-group-size", callback=_group_size,
-                                  help="Inputs per int4 scale: 32, 64 or 128.")
-STORE_OPTION = typer.Option("", "--store", help="SQLite metrics store (default $FLEET_HOME/fleet.db).")
+QUANTIZATION_OPTION = shared_option(EngineSettings, "quantization")  # of `console` and `demo`'s embedded fleet
 
 # `plan`, `classify` and `devices`: the store's reports, read from a store file or asked of a fleet (`fleet_to_ask`)
 REPORT_STORE_OPTION = typer.Option("", "--store", help="Read this SQLite metrics store file, even where $FLEET_URL "
@@ -55,9 +42,7 @@ ProgressCallback = Callable[[str, int, int], None]  # (stage, done, total)
 
 def store_path(option: str) -> Path:
     """--store, else the default store under $FLEET_HOME."""
-    from fleetctl.engine.paths import default_store_path
-
-    return Path(option).expanduser() if option else default_store_path()
+    return store_file(option)
 
 
 def existing_store(option: str, hint: str) -> Path:

@@ -2,43 +2,40 @@
 embedded one on the default model and the local devices and stop it when the console quits."""
 
 import os
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import typer
 
 from fleetctl.console.cli.common import QUANTIZATION_OPTION, fail, store_path
+from fleetctl.console.cli.declared import Options, with_options
 from fleetctl.console.cli.embedded import embedded_fleet
 from fleetctl.console.client import DEFAULT_URL, FleetClient, FleetRefused, FleetUnreachable, fleet_url
+from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.domain import Quantization
 from fleetctl.engine.model.registry import DEFAULT_MODEL
+from fleetctl.options import field_values
 from fleetctl.themes import THEME_NAMES
 
-if TYPE_CHECKING:
-    from fleetctl.console.tui.settings import ConsoleSettings
 
-
+@with_options(Options(ConsoleSettings))
 def console(
+    settings_given: dict[str, Any],
     url: str = typer.Option(None, "--url", help="Fleet to attach to (default $FLEET_URL; else a fleet on "
                                                 f"{DEFAULT_URL}; else an embedded one)."),
     token: str = typer.Option(None, "--token", help="Admin token (default $FLEET_ADMIN_TOKEN or the token file)."),
     store: str = typer.Option("", "--store", help="Read history from this metrics store instead of the fleet's API."),
-    readonly: bool = typer.Option(False, "--readonly", help="Disable every action (also: readonly = true in config)."),
-    theme: str = typer.Option(None, "--theme", help=f"{' or '.join(THEME_NAMES)} (remembered when switched with t)."),
-    interval: float = typer.Option(None, "--interval", min=0.2, max=60.0, help="Seconds between refreshes (1)."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="The embedded fleet's model."),
     quantization: Quantization = QUANTIZATION_OPTION,
     web: bool = typer.Option(False, "--web", help="Serve the console to a browser instead (textual-serve)."),
     port: int = typer.Option(8710, "--port", help="With --web: the port to serve on (127.0.0.1)."),
 ) -> None:
     """Open the fleet console: pools, workers, devices, traffic, events; actions from the keyboard."""
-    from fleetctl.console.tui.settings import load_settings  # Textual only when it is used
+    from fleetctl.console.tui.settings import load_settings  # the console's, only when it is used
 
-    settings = load_settings()
-    settings = replace(settings, readonly=readonly or settings.readonly, theme=theme or settings.theme,
-                       interval=interval or settings.interval)
-    if theme and theme not in THEME_NAMES:
+    given = {name: value for name, value in field_values(ConsoleSettings, settings_given).items() if value}
+    settings = load_settings(**given)  # the command line's settings over the config file's
+    if (theme := given.get("theme")) and theme not in THEME_NAMES:
         raise fail(f"unknown theme {theme!r}: choose {' or '.join(THEME_NAMES)}")
     target = url or os.environ.get("FLEET_URL") or (DEFAULT_URL if answers(DEFAULT_URL) else None)
     if web:
@@ -52,7 +49,7 @@ def console(
            quantization=quantization)
 
 
-def attach(url: str | None, *, token: str | None, store: Path | None, settings: "ConsoleSettings",
+def attach(url: str | None, *, token: str | None, store: Path | None, settings: ConsoleSettings,
            model: str, quantization: Quantization = Quantization.NONE) -> None:
     from fleetctl.console.tui.app import run_console
     from fleetctl.engine.metrics.gpu_sampler import GpuSampler

@@ -1,67 +1,42 @@
-"""`fleetctl generate`: one-shot generation on an embedded single engine."""
+"""`fleetctl generate`: one-shot generation on an embedded single engine. Its options are the ones the engine's
+settings (EngineConfig, EngineSettings) and a request's sampling (SamplingParams) declare."""
 
 import json
 import sys
+from typing import Any
 
 import typer
 
-from fleetctl.console.cli.common import QUANT_GROUP_OPTION, QUANTIZATION_OPTION, fail
+from fleetctl.console.cli.common import fail
+from fleetctl.console.cli.declared import Options, with_options
 from fleetctl.console.cli.models import resolve_model
-from fleetctl.domain import Quantization
-from fleetctl.engine.core.engine_settings import CompileMode, DType
-from fleetctl.engine.model.registry import DEFAULT_MODEL
+from fleetctl.engine.core.engine_settings import EngineConfig
+from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.options import build
+
+# the node's KV tiers and named sessions outlive a request: a one-shot engine has no use for them
+FLEET_ONLY = ("kv_offload_memory", "kv_offload_host_dir", "kv_offload_dir", "kv_offload_gb", "kv_offload_policy",
+              "session_ttl")
+ONE_SHOT = {"max_tokens": 64, "temperature": 0.0}  # longer and greedy: an API request's defaults are OpenAI's
 
 
-def default_device() -> str:
-    from fleetctl.engine.core.local_devices import gpu_count
-
-    return "cuda:0" if gpu_count() else "cpu"
-
-
+@with_options(Options(EngineConfig, panel="Engine", exclude=FLEET_ONLY),
+              Options(SamplingParams, panel="Sampling", defaults=ONE_SHOT))
 def generate(
+    options: dict[str, Any],
     prompts: list[str] = typer.Argument(..., help="One or more prompts (several run as one batch); - reads one "
                                                 "per line from stdin."),
-    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Store name or Hugging Face directory."),
-    max_tokens: int = typer.Option(64, "--max-tokens", "-n", help="New tokens per prompt, at most."),
-    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 is greedy."),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    top_k: int = typer.Option(0, "--top-k", help="0 disables top-k."),
-    seed: int | None = typer.Option(None, "--seed", help="Per-request seed: sampled output is reproducible."),
-    stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
-    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Keep generating past EOS (benchmarks, tests)."),
     chat: bool = typer.Option(False, "--chat", help="Wrap each prompt as a user message (chat template)."),
-    dtype: DType = typer.Option(DType.AUTO, "--dtype", help="auto: bf16 on GPUs and CPUs with native bf16, else fp32."),
-    quantization: Quantization = QUANTIZATION_OPTION,
-    quant_group_size: int = QUANT_GROUP_OPTION,
-    device: str = typer.Option("", "--device", help="cpu or cuda:N (default: cuda:0 if present, else cpu)."),
-    deterministic: bool = typer.Option(
-        False, "--deterministic", help="Batch-invariant numerics: each output independent of its batch."
-    ),
-    prefix_cache: bool = typer.Option(
-        True, "--prefix-cache/--no-prefix-cache", help="Reuse the KV of prompt prefixes already computed."
-    ),
-    compile_mode: CompileMode = typer.Option(
-        CompileMode.OFF, "--compile", help="on: the decode step compiled for each batch bucket it meets."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per prompt, one per line."),
 ) -> None:
     """Generate text for PROMPT(s) on an embedded engine: one prompt streams as it is written; several run
     as one batch and print one after another, each under its prompt."""
-    from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
     from fleetctl.engine.core.llm_engine import LLMEngine
     from fleetctl.engine.core.output import result_of
-    from fleetctl.engine.core.sequence import SamplingParams
 
     prompts = read_prompts(prompts)
-    params = SamplingParams(
-        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=tuple(stop),
-        ignore_eos=ignore_eos,
-    )
-    model_dir = resolve_model(model)
-    settings = EngineSettings(dtype=dtype, deterministic=deterministic, prefix_cache=prefix_cache,
-                              compile=compile_mode, quantization=quantization,
-                              quant_group_size=quant_group_size)
-    config = EngineConfig(model_dir=model_dir, device=device or default_device(), settings=settings)
-    engine = LLMEngine(config)
+    params = build(SamplingParams, options)
+    engine = LLMEngine(build(EngineConfig, options, model_dir=resolve_model(options["model"])))
     texts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) if chat else p for p in prompts]
     seqs = [engine.add_request(t, params, request_id=f"prompt-{i}") for i, t in enumerate(texts)]
     text_streams = [engine.text_stream(s.request_id) for s in seqs]

@@ -12,6 +12,7 @@ from textual.containers import Grid, Horizontal
 from textual.widgets import Header, Input, OptionList, Static
 
 from fleetctl.console.client import FleetClientError
+from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.console.tui.actions import ACTIONS, ACTIONS_BY_ID, READONLY_REASON
 from fleetctl.console.tui.flows import ActionFlows
 from fleetctl.console.tui.host import GpuSamples
@@ -24,7 +25,7 @@ from fleetctl.console.tui.screens.logs import ALL, LogsScreen
 from fleetctl.console.tui.screens.plan import PlanScreen
 from fleetctl.console.tui.screens.requests import RequestsScreen
 from fleetctl.console.tui.screens.worker_detail import WorkerDetail
-from fleetctl.console.tui.settings import ConsoleSettings, remember_theme
+from fleetctl.console.tui.settings import remember_theme
 from fleetctl.console.tui.source import FleetSource, HttpSource
 from fleetctl.console.tui.widgets.footer import FittingFooter
 from fleetctl.console.tui.widgets.panels import DevicesPanel, EventsPanel, TrafficPanel

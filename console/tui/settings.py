@@ -1,5 +1,6 @@
-"""The operator's console settings: `$XDG_CONFIG_HOME/fleetctl/config.toml` (read, never written) and
-the remembered theme in `$XDG_STATE_HOME/fleetctl/console.json`.
+"""The operator's console settings (`ConsoleSettings`) as read from `$XDG_CONFIG_HOME/fleetctl/config.toml` (read,
+never written) through pydantic-settings' TOML source, and the remembered theme in
+`$XDG_STATE_HOME/fleetctl/console.json`.
 
     readonly = true            # every action disabled, in every view
     theme = "fleet-light"
@@ -12,19 +13,15 @@ the remembered theme in `$XDG_STATE_HOME/fleetctl/console.json`.
 import json
 import os
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.console.tui.actions import ACTIONS_BY_ID
 from fleetctl.errors import UserError
-
-
-@dataclass(frozen=True)
-class ConsoleSettings:
-    readonly: bool = False
-    theme: str | None = None
-    interval: float = 1.0
-    keys: dict[str, str] = field(default_factory=dict)  # binding id -> keys
 
 
 def config_path() -> Path:
@@ -37,29 +34,40 @@ def state_path() -> Path:
     return Path(base).expanduser() / "fleetctl" / "console.json"
 
 
-def load_settings(path: Path | None = None) -> ConsoleSettings:
-    path = path or config_path()
-    if not path.exists():
-        return ConsoleSettings(theme=remembered_theme())
+class SettingsFile(ConsoleSettings, BaseSettings):
+    """ConsoleSettings as pydantic-settings reads them: those given (the command line's) over the settings file's
+    (no file: none); no environment variables."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="forbid")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   **_: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, TomlConfigSettingsSource(settings_cls, toml_file=config_path())
+
+
+def load_settings(**given: Any) -> ConsoleSettings:
+    """The settings of `config_path()` under those `given` (the command line's); without a theme, the one
+    remembered."""
+    path = config_path()
     try:
-        raw = tomllib.loads(path.read_text())
+        settings = SettingsFile(**given)
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise UserError(f"{path}: {exc}") from None
-    unknown = set(raw) - {"readonly", "theme", "interval", "keys"}
-    if unknown:
-        raise UserError(f"{path}: unknown setting(s) {', '.join(sorted(unknown))}")
-    keys = raw.get("keys", {})
-    if not isinstance(keys, dict) or not all(isinstance(v, str) for v in keys.values()):
-        raise UserError(f"{path}: [keys] maps binding ids to key names, e.g. migrate = \"M\"")
-    unknown_ids = set(keys) - set(ACTIONS_BY_ID)
-    if unknown_ids:
-        raise UserError(f"{path}: [keys] names no console action: {', '.join(sorted(unknown_ids))} "
-                        f"(binding ids: {', '.join(ACTIONS_BY_ID)})")
-    interval = raw.get("interval", 1.0)
-    if not isinstance(interval, int | float) or not 0.2 <= interval <= 60:
-        raise UserError(f"{path}: interval must be a number of seconds in [0.2, 60]")
-    return ConsoleSettings(readonly=bool(raw.get("readonly", False)), theme=raw.get("theme") or remembered_theme(),
-                           interval=float(interval), keys=dict(keys))
+    except ValidationError as exc:
+        raise UserError(f"{path}: {problems(exc)}") from None
+    if unknown := set(settings.keys) - set(ACTIONS_BY_ID):
+        raise UserError(f"{path}: [keys] names no console action: {', '.join(sorted(unknown))} "
+                            f"(binding ids: {', '.join(ACTIONS_BY_ID)})")
+    return settings if settings.theme else settings.model_copy(update={"theme": remembered_theme()})
+
+
+def problems(error: ValidationError) -> str:
+    """A settings file's mistakes, in one line."""
+    unknown = [str(e["loc"][0]) for e in error.errors() if e["type"] == "extra_forbidden"]
+    said = [str(e["ctx"]["error"]) if e["type"] == "value_error" else f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+            for e in error.errors() if e["type"] != "extra_forbidden"]
+    return "; ".join([f"unknown setting(s) {', '.join(sorted(unknown))}"] * bool(unknown) + said)
 
 
 def remembered_theme() -> str | None:

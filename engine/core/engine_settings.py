@@ -7,10 +7,13 @@ engine); `EngineConfig` adds what differs per engine: the model directory, the d
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Annotated
 
 from fleetctl.domain import Quantization
 from fleetctl.engine.core.block_allocator import BLOCK_SIZE
+from fleetctl.engine.model.registry import DEFAULT_MODEL
 from fleetctl.errors import UserError
+from fleetctl.options import GB, MIB, MIB_OR_NONE, ZERO_IS_NONE, CliOption, Conversion, Nested
 
 INT4_GROUP_SIZES = (32, 64, 128)  # those torch's int4 kernels take
 
@@ -50,27 +53,67 @@ class EngineSettingsError(UserError):
     """Engine settings that cannot work together or at all (the message is one line for the user)."""
 
 
+KV_PANEL = "KV cache"  # the help's section for the KV pool's options and its tiers
+
+
 @dataclass(frozen=True)
 class EngineSettings:
-    dtype: DType = DType.AUTO
-    deterministic: bool = False  # batch-invariant numerics: a sequence's tokens do not depend on its batch
-    prefix_cache: bool = True  # reuse the KV blocks of cached prompt prefixes (block_manager)
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 4096
-    kv_memory_bytes: int | None = None  # cap for the KV pool; None sizes it from free memory
-    num_kv_blocks: int | None = None  # exact pool size (tests); overrides kv_memory_bytes
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    compile: CompileMode = CompileMode.OFF  # the decode step compiled once per batch bucket
-    quantization: Quantization = Quantization.NONE  # the layers' weight format (engine/model/quantize)
-    quant_group_size: int = 32  # inputs per int4 scale: 32, 64 or 128 (32 takes a GGUF's own 4-bit blocks)
+    dtype: Annotated[DType, CliOption(
+        "--dtype", help="auto: bf16 if every device has it natively (GPUs, CPUs with AVX512-BF16/AMX), "
+                        "else fp32.")] = DType.AUTO
+    deterministic: Annotated[bool, CliOption(
+        "--deterministic", help="Batch-invariant numerics: a sequence's tokens do not depend on its batch.")] = False
+    quantization: Annotated[Quantization, CliOption(
+        "--quantization", help="Linear weights: none (the model's dtype), int8 (per channel), int4 (groups of "
+                               "--quant-group-size; a pulled GGUF's own 4-bit blocks at 32), or auto (int4 when the "
+                               "model's GGUF holds 4-bit blocks).")] = Quantization.NONE
+    quant_group_size: Annotated[int, CliOption(
+        "--quant-group-size", choices=INT4_GROUP_SIZES,
+        help=f"Inputs per int4 scale: {', '.join(map(str, INT4_GROUP_SIZES[:-1]))} or {INT4_GROUP_SIZES[-1]}.")] = 32
+    compile: Annotated[CompileMode, CliOption(
+        "--compile", envvar="FLEET_COMPILE",
+        help="on: the decode step runs compiled, once per batch bucket (inductor; not with --deterministic; a "
+             "fleet's decode workers compile theirs at start).")] = CompileMode.OFF
+    max_num_seqs: Annotated[int, CliOption("--max-num-seqs", min=1, help="Sequences per worker batch.")] = 64
+    max_num_batched_tokens: Annotated[int, CliOption(
+        "--max-num-batched-tokens", min=16,
+        help="Prompt tokens one step computes: a longer prompt is prefilled in chunks (between them a mixed worker "
+             "decodes).")] = 4096
+    max_model_len: Annotated[int | None, CliOption(  # None: the model's max_position_embeddings
+        "--max-model-len", convert=ZERO_IS_NONE, min=0,
+        help="Cap on prompt + output tokens (0: the model's context).")] = None
+    prefix_cache: Annotated[bool, CliOption(  # reuse the KV blocks of cached prompt prefixes (block_manager)
+        "--prefix-cache/--no-prefix-cache", panel=KV_PANEL,
+        help="Reuse the KV of prompts' shared leading blocks (on by default).")] = True
+    kv_memory_bytes: Annotated[int | None, CliOption(  # None sizes the pool from free memory
+        "--kv-memory", convert=MIB_OR_NONE, min=0, panel=KV_PANEL,
+        help="Cap each worker's KV pool, MiB (0: from memory).")] = None
+    num_kv_blocks: Annotated[int | None, CliOption(  # exact pool size (tests); overrides kv_memory_bytes
+        "--kv-blocks", convert=ZERO_IS_NONE, min=0, panel=KV_PANEL,
+        help="Exact KV blocks per worker (overrides --kv-memory).")] = None
     # the node-wide KV tiers under the pool (engine/core/kv_offload.py): a host-memory tier's bound and a
     # disk tier's folder and bound; 0 / None: no such tier
-    kv_offload_memory_bytes: int = 0
-    kv_offload_host_dir: Path | None = None  # the host tier's folder: None, /dev/shm/fleetctl-host-tier (node-wide)
-    kv_offload_dir: Path | None = None
-    kv_offload_disk_bytes: int = 0
-    kv_offload_policy: OffloadPolicy = OffloadPolicy.EVICT
-    session_ttl_s: float = 0.0  # a named session's blocks stay in the pool this long after its turn (0: not kept)
+    kv_offload_memory_bytes: Annotated[int, CliOption(
+        "--kv-offload-memory", convert=MIB, min=0, panel=KV_PANEL,
+        help="MiB of host memory (/dev/shm, shared by the node's workers) keeping the KV blocks the pools evict, "
+             "read back instead of recomputed (0: none; needs the prefix cache).")] = 0
+    kv_offload_host_dir: Annotated[Path | None, CliOption(
+        "--kv-offload-host-dir", panel=KV_PANEL,
+        help="The host tier's folder (default /dev/shm/fleetctl-host-tier: every fleet of the node "
+             "shares it).")] = None
+    kv_offload_dir: Annotated[Path | None, CliOption(
+        "--kv-offload-dir", panel=KV_PANEL,
+        help="A folder for a disk tier below the host one (with --kv-offload-gb).")] = None
+    kv_offload_disk_bytes: Annotated[int, CliOption(
+        "--kv-offload-gb", convert=GB, min=0.0, panel=KV_PANEL, help="The disk tier's bound, GB.")] = 0
+    kv_offload_policy: Annotated[OffloadPolicy, CliOption(
+        "--kv-offload-policy", panel=KV_PANEL,
+        help="evict: a block goes to the tiers as its pool reclaims it; write-through: as soon as it is full (a "
+             "stopped or restarted worker leaves its whole cache there).")] = OffloadPolicy.EVICT
+    session_ttl_s: Annotated[float, CliOption(
+        "--session-ttl", min=0.0, panel=KV_PANEL,
+        help="Seconds a named session's KV (X-Session-Id, or the request's `user`) stays in the pools after its "
+             "turn, reclaimed only when nothing else can be (then to the tiers, if any; 0: not kept).")] = 0.0
 
     def __post_init__(self) -> None:
         if self.dtype not in tuple(DType):
@@ -104,11 +147,24 @@ class EngineSettings:
         return min(limit, self.num_kv_blocks * BLOCK_SIZE) if self.num_kv_blocks else limit
 
 
+def this_machines_device(device: str) -> str:
+    """`--device`: the one named, else cuda:0 if there is a GPU, else cpu."""
+    from fleetctl.engine.core.local_devices import gpu_count  # NVML: only once a command builds an engine
+
+    return device or ("cuda:0" if gpu_count() else "cpu")
+
+
+# a model by its store name or a Hugging Face directory: the command resolves it (pulling a known one on first use)
+MODEL_OPTION = CliOption("--model", "-m", type=str, default=DEFAULT_MODEL, help="Store name or Hugging Face directory.")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    model_dir: Path
-    device: str = "cpu"  # cpu, cpu:N (computes on the CPU) or cuda:N
-    settings: EngineSettings = field(default_factory=EngineSettings)
+    model_dir: Annotated[Path, MODEL_OPTION]
+    device: Annotated[str, CliOption(  # cpu, cpu:N (computes on the CPU) or cuda:N
+        "--device", convert=Conversion(str, this_machines_device, str), default="",
+        help="cpu or cuda:N (default: cuda:0 if present, else cpu).")] = "cpu"
+    settings: Annotated[EngineSettings, Nested()] = field(default_factory=EngineSettings)
     detokenize: bool = True  # False in fleet workers: the controller owns text and stop strings
     prefill_only: bool = False  # park sequences after their prefill step (a prefill worker)
     memory_share: float = 1.0  # of its GPU's KV budget: 1/S for one of S workers sharing the GPU (`cuda:N#S`)

@@ -5,8 +5,10 @@ import random
 import time
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
+from typing import Annotated
 
 from fleetctl.errors import UserError
+from fleetctl.options import REPEATED, CliOption
 
 
 class SequenceStatus(Enum):
@@ -34,13 +36,17 @@ MAX_LOGPROBS = 20  # alternatives per token a request may ask for (vLLM's defaul
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int = 16
-    temperature: float = 1.0  # 0 means greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 disables
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
+    max_tokens: Annotated[int, CliOption("--max-tokens", "-n", help="New tokens per prompt, at most.")] = 16
+    temperature: Annotated[float, CliOption(
+        "--temperature", "-t", help=f"Sampling temperature in [0, {MAX_TEMPERATURE:g}]; 0 is greedy.")] = 1.0
+    top_p: Annotated[float, CliOption(
+        "--top-p", help="Sample from the fewest most likely tokens whose probabilities reach P (1: all).")] = 1.0
+    top_k: Annotated[int, CliOption("--top-k", help="Sample from the K most likely tokens (0 disables top-k).")] = 0
+    seed: Annotated[int | None, CliOption(
+        "--seed", help="Per-request seed: sampled output is reproducible.")] = None
+    stop: Annotated[tuple[str, ...], CliOption("--stop", convert=REPEATED, help="Stop string (repeatable).")] = ()
+    ignore_eos: Annotated[bool, CliOption(
+        "--ignore-eos", help="Keep generating past EOS (benchmarks, tests).")] = False
     # None: no log-probabilities; k: each sampled token's log-probability and the k most likely tokens'
     logprobs: int | None = None
 

@@ -6,17 +6,20 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 from fleetctl.domain import DeviceKind, Quantization, WorkerRole
 from fleetctl.engine.api.bodies import DEFAULT_HOLD_S
 from fleetctl.engine.api.device_names import DeviceError, gpu_clash, gpu_slots, memory_share
 from fleetctl.engine.core.auto_dtype import auto_dtype
-from fleetctl.engine.core.engine_settings import DType, EngineSettings
+from fleetctl.engine.core.engine_settings import MODEL_OPTION, DType, EngineSettings
 from fleetctl.engine.core.local_devices import check_device, gpu_count
+from fleetctl.engine.paths import store_file
 from fleetctl.engine.planner.autoplan_settings import AutoplanSettings
 from fleetctl.engine.worker.shm_files import SHM_DIR
 from fleetctl.engine.worker.spec import WorkerSpec
 from fleetctl.errors import UserError
+from fleetctl.options import COMMA_LIST, EMPTY_IS_NONE, CliOption, Combined, Conversion, Derived, Nested
 
 # Conditional disaggregation's default, measured on real fleets (`scripts/bench_agent_cache.py --local-sweep`:
 # agent sessions, smollm2-135m, 1 prefill + 1 decode CPU slot, the cache on, one fleet per threshold): later
@@ -45,16 +48,23 @@ def _one_worker_each(devices: tuple[str, ...]) -> None:
 class Supervision:
     """How the fleet survives its workers' failures (docs/architecture.md, "Failure")."""
 
-    restart: bool = True  # restart a worker that died (not one stopped or checkpointed on purpose)
+    restart: Annotated[bool, CliOption(  # not one stopped or checkpointed on purpose
+        "--restart/--no-restart", help="Restart workers that die (with backoff).")] = True
     backoff_s: float = 1.0  # before the first restart; doubled for each further crash in the window
     backoff_max_s: float = 60.0
     max_crashes: int = 5  # crashes within crash_window_s after which a worker is not restarted again
     crash_window_s: float = 600.0
-    heartbeat_s: float = 1.0  # how often a worker says it is alive
-    heartbeat_timeout_s: float = 10.0  # silence after which a worker is declared hung and killed
-    step_timeout_s: float = 120.0  # one step running longer counts as hung (its heartbeat stops)
+    # how often a worker says it is alive: from a command line, a quarter of the timeout, at most 1 s
+    heartbeat_s: Annotated[float, Derived("heartbeat_timeout_s", compute=lambda timeout: min(1.0, timeout / 4))] = 1.0
+    heartbeat_timeout_s: Annotated[float, CliOption(
+        "--heartbeat-timeout", min=0.1, help="Seconds of silence after which a worker counts as hung and is killed "
+                                             "(its sessions recomputed, the worker restarted).")] = 10.0
+    step_timeout_s: Annotated[float, CliOption(  # its heartbeat stops
+        "--step-timeout", min=0.1, help="Seconds: one model step running longer counts as hung.")] = 120.0
     max_retries: int = 2  # a request that failed on more workers than this is failed as poisoned
-    checkpoint_timeout_s: float = 300.0  # a checkpoint not written by then is called off, the worker resumed
+    checkpoint_timeout_s: Annotated[float, CliOption(
+        "--checkpoint-timeout", min=0.1,
+        help="Seconds: a checkpoint not written by then is called off; the worker serves on.")] = 300.0
     hold_s: float = DEFAULT_HOLD_S  # a checkpoint's sessions wait this long for a restore (unless it says)
 
     def __post_init__(self) -> None:
@@ -70,34 +80,68 @@ class Supervision:
             raise FleetConfigError("the heartbeat timeout must be longer than the heartbeat interval")
 
 
+RoleFormats = tuple[tuple[WorkerRole, Quantization], ...]
+
+
+def role_formats(prefill: Quantization | None, decode: Quantization | None) -> RoleFormats:
+    """`--prefill-quantization` and `--decode-quantization` as `FleetConfig.role_quantization`."""
+    return tuple((role, value) for role, value in ((WorkerRole.PREFILL, prefill), (WorkerRole.DECODE, decode))
+                 if value is not None)
+
+
 @dataclass(frozen=True)
 class FleetConfig:
-    model_dir: Path
-    prefill: int = 1
-    decode: int = 1
-    colocated: int = 0  # > 0: the baseline of N mixed workers, no handoff (prefill/decode ignored)
-    devices: tuple[str, ...] = ()  # one per worker, the first ones taken, and any beyond them free for `start`,
-    # `rebalance` and `--autoplan --max-workers` (an elastic pool); () picks cuda:0.. or cpu:0..; a GPU named twice is
-    # split into slots (`cuda:0,cuda:0` becomes `cuda:0#0,cuda:0#1`), each worker sizing its KV pool by its share
-    engine: EngineSettings = field(default_factory=EngineSettings)
-    max_queue: int = 256  # requests waiting (not yet generating: queued, prefilling, KV awaiting a handoff) beyond
-    # this get "busy" (HTTP 429)
+    model_dir: Annotated[Path, MODEL_OPTION]
+    prefill: Annotated[int, CliOption("--prefill", help="Prefill workers.")] = 1
+    decode: Annotated[int, CliOption("--decode", help="Decode workers.")] = 1
+    colocated: Annotated[int, CliOption(  # > 0: prefill/decode ignored
+        "--colocated", help="Baseline: N mixed workers, no handoff.")] = 0
+    # one per worker, the first ones taken, and any beyond them free for `start`, `rebalance` and `--autoplan
+    # --max-workers` (an elastic pool); () picks cuda:0.. or cpu:0..; a GPU named twice is split into slots
+    # (`cuda:0,cuda:0` becomes `cuda:0#0,cuda:0#1`), each worker sizing its KV pool by its share
+    devices: Annotated[tuple[str, ...], CliOption(
+        "--devices", convert=COMMA_LIST,
+        help="cuda:0,cuda:1,… or cpu:0,cpu:1,… one per worker, and any beyond them free for start, rebalance and "
+             "--max-workers; a GPU named twice (cuda:0,cuda:0) is split into slots cuda:0#0, cuda:0#1, each with an "
+             "even share of its memory (or --kv-memory).")] = ()
+    engine: Annotated[EngineSettings, Nested(panel="Engine")] = field(default_factory=EngineSettings)
+    # a role's own weight format over engine.quantization (bf16 prefill beside int4 decode); every worker of a role
+    # has its role's, a worker that changes role takes its new one's
+    role_quantization: Annotated[RoleFormats, Combined(
+        CliOption("--prefill-quantization", type=Quantization | None, default=None, panel="Engine",
+                  help="The prefill workers' linear weights (default --quantization): prefill is arithmetic-bound, "
+                       "so 16-bit weights beside 4-bit decode."),
+        CliOption("--decode-quantization", type=Quantization | None, default=None, panel="Engine",
+                  help="The decode workers' linear weights (default --quantization)."),
+        build=role_formats)] = ()
+    # conditional disaggregation (0: never; see DEFAULT_LOCAL_PREFILL_TOKENS)
+    local_prefill_tokens: Annotated[int, CliOption(
+        "--local-prefill-tokens", min=0,
+        help="A decode worker caching part of a prompt prefills it itself (no handoff) when at most this many of its "
+             "tokens are uncached there; 0: always the prefill pool.")] = DEFAULT_LOCAL_PREFILL_TOKENS
+    max_queue: Annotated[int, CliOption(  # beyond it a request is "busy"
+        "--max-queue", min=0, help="Requests waiting to generate (queued, prefilling, KV awaiting a decode worker) "
+                                   "beyond this get HTTP 429 with Retry-After.")] = 256
     ready_timeout_s: float = 300.0
-    store_path: Path | None = None  # the SQLite metrics store (None: keep metrics in memory only)
-    served_model_name: str | None = None  # the name clients ask for (default: the model directory's name)
-    otlp_endpoint: str | None = None  # OTLP/HTTP traces URL (…/v1/traces): one trace per request (fleet/tracing.py)
+    # the SQLite metrics store (None: keep metrics in memory only; a command line always names one)
+    store_path: Annotated[Path | None, CliOption(
+        "--store", convert=Conversion(str, store_file, str), default="",
+        help="SQLite metrics store (default $FLEET_HOME/fleet.db).")] = None
+    served_model_name: Annotated[str | None, CliOption(  # default: the model directory's name
+        "--served-model-name", convert=EMPTY_IS_NONE,
+        help="The model name clients use (default: the model's store name).")] = None
+    otlp_endpoint: Annotated[str | None, CliOption(  # one trace per request (fleet/tracing.py)
+        "--otlp-endpoint", convert=EMPTY_IS_NONE,
+        help="An OTLP/HTTP traces URL (a collector's http://host:4318/v1/traces): each request's trace — "
+             "admission, queue, prefill, KV handoff, decode, live moves.")] = None
     # with a store, replay the last 5 minutes this often for the current layout's share of the best one's goodput
     # (fleet/ops/split_regret.py); 0: never
     split_regret_interval_s: float = 30.0
-    supervision: Supervision = field(default_factory=Supervision)
+    supervision: Annotated[Supervision, Nested(panel="Supervision")] = field(default_factory=Supervision)
     shm_dir: Path = SHM_DIR  # where workers publish KV handoff buffers (CPU)
-    autoplan: AutoplanSettings | None = None  # plan and rebalance by itself (`fleet/autoplan.py`)
-    # conditional disaggregation: a decode worker caching part of a prompt prefills it itself when at most
-    # this many of its tokens are uncached there (0: never; see DEFAULT_LOCAL_PREFILL_TOKENS)
-    local_prefill_tokens: int = DEFAULT_LOCAL_PREFILL_TOKENS
-    # a role's own weight format over engine.quantization (bf16 prefill beside int4 decode); every worker of a role
-    # has its role's, a worker that changes role takes its new one's
-    role_quantization: tuple[tuple[WorkerRole, Quantization], ...] = ()
+    autoplan: Annotated[AutoplanSettings | None, Nested(  # plan and rebalance by itself (`fleet/autoplan.py`)
+        panel="Autoplan",
+        gate=CliOption("--autoplan", help="Plan every interval and rebalance when the gain holds."))] = None
 
     def __post_init__(self) -> None:
         if self.colocated < 0 or self.prefill < 0 or self.decode < 0:

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 from fleetctl.engine.planner.durations import parse_latency
 from fleetctl.errors import UserError
+from fleetctl.options import Conversion
 
 DEFAULT_TTFT_S = 2.0  # as `fleetctl bench`
 DEFAULT_TPOT_S = 0.2
@@ -37,6 +38,10 @@ class Slo:
 
     def describe(self) -> str:
         return f"TTFT ≤ {format_latency(self.ttft_s)}, TPOT ≤ {format_latency(self.tpot_s)}"
+
+
+# `--autoplan-slo 2s,200ms`
+SLO_PAIR = Conversion(str, Slo.parse_pair, lambda slo: f"{slo.ttft_s:g}s,{slo.tpot_s * 1000:g}ms")
 
 
 def format_latency(seconds: float) -> str:

@@ -11,11 +11,11 @@ import pytest
 from support.console_fixture import PLAN, POOLS, FixtureSource, pilot_until
 from support.fleet_harness import Stream, generate_json, serve, start_streams
 
+from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.console.tui.actions import ACTIONS, READONLY_REASON
 from fleetctl.console.tui.app import FleetConsole
 from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog, OperationDialog
 from fleetctl.console.tui.screens.plan import PlanScreen
-from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.source import HttpSource
 from fleetctl.console.tui.widgets.workers import WorkersTable
 from fleetctl.engine.api.admin_token import read_admin_token
@@ -253,7 +253,7 @@ def test_a_pool_that_appears_while_the_console_runs_gets_its_panel() -> None:
     source = FixtureSource()
 
     async def run() -> str:
-        app = FleetConsole(source, ConsoleSettings(interval=0.1))
+        app = FleetConsole(source, ConsoleSettings(interval=0.2))
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot_until(pilot, lambda: app.reading.reachable)
             source.more_pools = {"mixed": POOLS["decode"]}

@@ -9,12 +9,12 @@ import pytest
 from support.console_fixture import HISTORY, WORKERS, FixtureSource, footer_fitted, pilot_until
 from textual.widgets import Input
 
+from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.console.tui.app import FleetConsole
 from fleetctl.console.tui.screens.dialogs import ConfirmDialog
 from fleetctl.console.tui.screens.event_detail import EventDetail, event_fields
 from fleetctl.console.tui.screens.requests import RequestsScreen
 from fleetctl.console.tui.screens.worker_detail import WorkerDetail
-from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.widgets.panels import EventsPanel
 from fleetctl.console.tui.widgets.trends import fitted, trend_rows
 from fleetctl.console.tui.widgets.workers import WorkersTable

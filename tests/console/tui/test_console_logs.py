@@ -9,9 +9,9 @@ import pytest
 from support.console_fixture import PICTURE_IDS, PICTURE_SIZES, FixtureSource, pilot_until
 from textual.widgets import RichLog
 
+from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.console.tui.app import FleetConsole
 from fleetctl.console.tui.screens.logs import LogsScreen
-from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.tests.console.tui.test_console_actions import select
 
 WIDE = (120, 40)

@@ -13,9 +13,9 @@ from support.console_fixture import pilot_until
 from support.fleet_harness import serve, wait_until, worker_pids, workers
 from test_console_logs import shown
 
+from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.console.tui.app import FleetConsole
 from fleetctl.console.tui.screens.logs import LogsScreen
-from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.source import HttpSource
 from fleetctl.console.tui.widgets.workers import WorkersTable
 

@@ -9,11 +9,11 @@ import pytest
 from support.console_fixture import PICTURE_IDS, PICTURE_SIZES, FixtureSource, pilot_until
 from textual.widgets import DataTable, Label
 
+from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.console.tui.app import FleetConsole
 from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog
 from fleetctl.console.tui.screens.requests import RequestsScreen, short_id
 from fleetctl.console.tui.screens.timeline import TimelineScreen, bar
-from fleetctl.console.tui.settings import ConsoleSettings
 
 WIDE = (120, 40)
 

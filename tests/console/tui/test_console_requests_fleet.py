@@ -10,11 +10,11 @@ from support.console_fixture import pilot_until
 from support.fleet_harness import Stream, generate_json, serve, start_streams
 from textual.widgets import DataTable, Label
 
+from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.console.tui.app import FleetConsole
 from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog, OperationDialog
 from fleetctl.console.tui.screens.requests import RequestsScreen
 from fleetctl.console.tui.screens.timeline import TimelineScreen
-from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.source import HttpSource
 from fleetctl.engine.api.admin_token import read_admin_token
 from fleetctl.engine.api.operation_results import MoveResult

@@ -18,10 +18,10 @@ from support.console_fixture import (
 )
 from textual.widgets import DataTable
 
+from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.console.tui.app import FleetConsole
 from fleetctl.console.tui.screens.event_detail import EventDetail
 from fleetctl.console.tui.screens.worker_detail import WorkerDetail
-from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.console.tui.widgets.panels import DevicesPanel, EventsPanel
 from fleetctl.engine.api.status import StoreInfo
 

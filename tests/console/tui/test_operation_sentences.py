@@ -9,16 +9,15 @@ import math
 import time
 
 import pytest
-import typer
 from support.console_fixture import FixtureSource, operation, pilot_until
 from textual.geometry import Size
 from textual.widgets import Label
 
 from fleetctl.console.cli.common import operation_output
+from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.console.tui.app import FleetConsole
 from fleetctl.console.tui.screens import dialogs
 from fleetctl.console.tui.screens.dialogs import OperationDialog
-from fleetctl.console.tui.settings import ConsoleSettings
 from fleetctl.engine.api.operation_results import (
     CheckpointResult,
     DrainResult,
@@ -36,6 +35,7 @@ from fleetctl.engine.api.operation_results import (
     StopResult,
 )
 from fleetctl.engine.api.operations import OperationInfo, OpKind, OpState, describe
+from fleetctl.errors import FleetctlError
 
 CKPT = "/home/op/.local/share/fleetctl/checkpoints/decode-1-20261201T204500Z"
 OUTCOMES: dict[str, tuple[OpKind, str, OperationResult]] = {  # test id -> (kind, worker, result)
@@ -123,12 +123,13 @@ def test_a_long_result_wraps_inside_the_dialog_rather_than_being_cut() -> None:
     assert size.height >= math.ceil(len(shown) / size.width) + 1  # its lines, and "(enter to close)"
 
 
-def test_a_failure_reads_the_same_on_both(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_failure_reads_the_same_on_both() -> None:
+    """The CLI's one error line is the message of what `operation_output` raises (`Commands` prints it)."""
     failed = operation(OpKind.MIGRATE, "decode-0", None, error="cpu:5 is held by decode-1")
     _, shown = dialog_line(FixtureSource(), failed)
-    with pytest.raises(typer.Exit):
+    with pytest.raises(FleetctlError) as raised:
         operation_output(failed, as_json=False, timeout=60)
-    assert capsys.readouterr().err == f"fleetctl: error: {shown}\n"
+    assert str(raised.value) == shown
     assert shown == "migrate of decode-0 failed: cpu:5 is held by decode-1"
 
 
