@@ -25,7 +25,7 @@ from fleetctl.engine.checkpoint.format import CheckpointError, read_checkpoint
 from fleetctl.engine.core.block_allocator import OutOfBlocks
 from fleetctl.engine.core.device_errors import poisons_device
 from fleetctl.engine.core.faults import InjectedFault, fault_point
-from fleetctl.engine.core.llm_engine import EngineBusy, LLMEngine
+from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.output import RequestOutput
 from fleetctl.engine.core.prompt import PromptError
 from fleetctl.engine.core.scheduler import ScheduledStep
@@ -38,6 +38,7 @@ from fleetctl.engine.worker.kv_transport import HandoffError, KVTransport, timed
 from fleetctl.engine.worker.prefix_summary import PrefixSummary
 from fleetctl.engine.worker.session_mover import SessionMover
 from fleetctl.engine.worker.spec import WorkerSpec
+from fleetctl.errors import FleetctlError
 
 IDLE_POLL_SECONDS = 0.02
 
@@ -278,7 +279,7 @@ class Worker:
                 self.engine, self.spec.worker_id, self.spec.role, self.compat, Path(msg.root), msg.name,
                 on_writer=lambda pid: self.send(m.CheckpointStarted(pid, paused_at)),
             )
-        except (CheckpointError, OSError) as exc:
+        except (FleetctlError, OSError) as exc:  # expected: the checkpoint failed, and says why
             self.send(m.CheckpointFailed(str(exc)))
             return
         self.send(m.CheckpointDone(str(path), sessions, nbytes, time.perf_counter() - start, paused_at))
@@ -295,7 +296,7 @@ class Worker:
             if checkpoint.role is not self.spec.role:
                 raise CheckpointError(f"{path} is a {checkpoint.role} worker's checkpoint; a checkpoint never "
                                       f"changes a worker's role")
-        except (CheckpointError, InjectedFault) as exc:
+        except (FleetctlError, InjectedFault) as exc:
             self.send(m.RestoreFailed(str(exc)))
             return
         result = restore_engine(self.engine, checkpoint, self.compat)
@@ -312,7 +313,7 @@ class Worker:
         try:
             fault_point("switch", self.spec.worker_id)
             seconds = self.engine.switch_role(prefill_only=msg.role is WorkerRole.PREFILL)
-        except (EngineBusy, InjectedFault) as exc:
+        except (FleetctlError, InjectedFault) as exc:
             self.send(m.SwitchFailed(f"{type(exc).__name__}: {exc}"))
             return
         self.spec = dataclasses.replace(self.spec, role=msg.role, worker_id=msg.worker_id)

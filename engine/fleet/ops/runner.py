@@ -16,9 +16,8 @@ from fleetctl.engine.api.device_names import DeviceError, gpu_clash, memory_shar
 from fleetctl.engine.api.operation_results import OperationResult
 from fleetctl.engine.api.operations import OpState
 from fleetctl.engine.api.stages import loading_model
-from fleetctl.engine.checkpoint.format import CheckpointError
 from fleetctl.engine.core.local_devices import check_device
-from fleetctl.engine.fleet.errors import FleetError, OperationCancelled, OperationFailed, OperationRefused
+from fleetctl.engine.fleet.errors import OperationCancelled, OperationFailed, OperationRefused
 from fleetctl.engine.fleet.fleet_config import pinned_cores
 from fleetctl.engine.fleet.ops.moves_in_flight import MovesInFlight
 from fleetctl.engine.fleet.ops.record import Operation
@@ -27,6 +26,7 @@ from fleetctl.engine.fleet.worker_link import WorkerLink
 from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.spec import WorkerSpec
+from fleetctl.errors import FleetctlError
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class OperationRunner:
                 op.state, op.step, op.stage = OpState.DONE, "done", "done"
             except OperationCancelled as exc:
                 op.state, op.error = OpState.CANCELLED, str(exc)
-            except (FleetError, CheckpointError, TimeoutError) as exc:  # expected: the operation failed, and says why
+            except (FleetctlError, TimeoutError) as exc:  # expected: the operation failed, and says why
                 op.state, op.error = OpState.FAILED, str(exc)
             except Exception as exc:  # a bug (a RuntimeError included): the operation still ends, and says why
                 log.exception("operation %s (%s of %s) failed", op.id, op.kind.value, op.worker_id)
