@@ -32,6 +32,9 @@ MAX_TEMPERATURE = 2.0  # the bounds the engine, the OpenAI API and the CLI all c
 # Below this a temperature samples like argmax (its limit), and dividing logits by it would overflow to inf.
 GREEDY_BELOW_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20  # alternatives per token a request may ask for (vLLM's default max_logprobs)
+MAX_PENALTY = 2.0  # presence/frequency penalties' bound (OpenAI's)
+MAX_REPETITION_PENALTY = 10.0
+MAX_LOGIT_BIAS = 100.0  # OpenAI's bound
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,17 @@ class SamplingParams:
         "--ignore-eos", help="Keep generating past EOS (benchmarks, tests).")] = False
     # None: no log-probabilities; k: each sampled token's log-probability and the k most likely tokens'
     logprobs: int | None = None
+    # OpenAI's definitions: subtract presence_penalty once from every token already in the output, and
+    # frequency_penalty once per occurrence; repetition_penalty (HF/vLLM's, 1 = off) divides a positive logit
+    # and multiplies a negative one of every token in the prompt or the output
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), sorted by id
+    min_tokens: int = 0  # EOS (and stop tokens) refused before this many new tokens
+    # an llguidance grammar (engine/core/grammar.py) every sampled token must keep valid; carried with the
+    # session through handoff, moves and checkpoints, and replayed over the output tokens where it lands
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -63,6 +77,24 @@ class SamplingParams:
             raise SamplingError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if any(not s for s in self.stop):
             raise SamplingError("stop strings must not be empty")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
+                raise SamplingError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise SamplingError(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], got "
+                                f"{self.repetition_penalty}")
+        if any(not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS for _, bias in self.logit_bias):
+            raise SamplingError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
+        if any(token < 0 for token, _ in self.logit_bias):
+            raise SamplingError("logit_bias keys must be token ids >= 0")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise SamplingError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether anything besides temperature/top-k/top-p changes the logits a token is drawn from."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_tokens or self.grammar)
 
     @property
     def greedy(self) -> bool:

@@ -1,7 +1,7 @@
 """OpenAI-compatible request bodies, response/chunk builders and error bodies.
 
 A parameter this server does not implement is refused with a 400 that names it when its value would
-change the answer (asking for tools and getting plain text is worse than an error); the same field
+change the answer (asking for `best_of` and getting one sample is worse than an error); the same field
 at its neutral value (`presence_penalty: 0`, `best_of: 1`, …) is accepted."""
 
 import time
@@ -17,11 +17,8 @@ MAX_N = 16  # samples per prompt
 MAX_PROMPTS = 64  # prompts per completions request
 # parameter -> its neutral values (the only ones accepted)
 UNSUPPORTED: dict[str, tuple[object, ...]] = {
-    "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}), "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0), "repetition_penalty": (None, 1, 1.0), "logit_bias": (None, {}),
-    "best_of": (None, 1), "suffix": (None, ""), "guided_json": (None,), "guided_regex": (None,),
-    "prompt_logprobs": (None, 0),
+    "functions": (None, []), "function_call": (None, "none"), "best_of": (None, 1), "suffix": (None, ""),
+    "guided_json": (None,), "guided_regex": (None,), "prompt_logprobs": (None, 0),
 }
 
 
