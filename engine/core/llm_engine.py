@@ -14,6 +14,7 @@ from fleetctl.engine.core.block_allocator import KV_LAYOUT_VERSION, blocks_for
 from fleetctl.engine.core.block_hash import KVSalt, Numerics, PrefixDigest
 from fleetctl.engine.core.decode_compile import compile_refusal, use_fleet_inductor_cache
 from fleetctl.engine.core.engine_settings import EngineConfig
+from fleetctl.engine.core.grammar import Grammars
 from fleetctl.engine.core.kernel_warmup import needs_kernel_warm_up, warm_up_kernels
 from fleetctl.engine.core.kv_cache import KVCache, KVCacheSpec
 from fleetctl.engine.core.kv_offload import KVOffload, TierRead, open_tiers
@@ -57,6 +58,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(settings.dtype, self.device)
         self.model_config = ModelConfig.from_file(config.model_dir / "config.json")
         self.tokenizer = Tokenizer(config.model_dir, self.model_config.eos_token_ids)
+        self.grammars = Grammars(self.tokenizer, self.model_config.vocab_size)
         self.quantization = resolve_quantization(settings.quantization, config.model_dir)
         # names the weights' layout (none, int8, int4-g64, int4-gguf, int4-gguf-mixed) for the prefix cache's salt
         # and checkpoints
@@ -103,7 +105,7 @@ class LLMEngine:
                             settings.session_ttl_s),
             self.kv_cache.allocator,
         )
-        self.runner = ModelRunner(self.model, self.kv_cache, self.decoder)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.grammars, self.decoder)
         # a sequence may grow only as far as the pool could hold it alone: one that outgrew the whole pool
         # would be preempted forever and starve everything queued behind it
         self.max_model_len = min(requested_len, self.kv_cache.allocator.num_blocks * spec.block_size)
@@ -149,7 +151,7 @@ class LLMEngine:
         if self.decoder is None:
             self.eager_reason = compile_refusal(self.config, self.device, self.quantization is not Quantization.NONE,
                                                 self.model_config) or SWITCHED_EAGER
-        self.runner = ModelRunner(self.model, self.kv_cache, self.decoder)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.grammars, self.decoder)
         self.warm_up()
         return time.perf_counter() - start
 

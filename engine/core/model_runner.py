@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 import torch
 
 from fleetctl.domain import Phase
+from fleetctl.engine.core.grammar import Grammars
 from fleetctl.engine.core.kv_cache import KVCache
+from fleetctl.engine.core.logits_shaping import MaskJob
 from fleetctl.engine.core.logprobs import token_logprobs
 from fleetctl.engine.core.output import TokenLogprobs
 from fleetctl.engine.core.sampler import sample
@@ -32,11 +34,14 @@ class StepStats:
 
 
 class ModelRunner:
-    """`decoder`, when given, runs the decode steps (compiled); prefill steps always run eagerly."""
+    """`decoder`, when given, runs the decode steps (compiled); prefill steps always run eagerly. `grammars`
+    masks the constrained sequences' tokens (their masks computed while the forward pass runs)."""
 
-    def __init__(self, model: DecoderModel, kv_cache: KVCache, decoder: CompiledDecoder | None = None) -> None:
+    def __init__(self, model: DecoderModel, kv_cache: KVCache, grammars: Grammars,
+                 decoder: CompiledDecoder | None = None) -> None:
         self.model = model
         self.kv_cache = kv_cache
+        self.grammars = grammars
         self.decoder = decoder
         self.block_size = kv_cache.spec.block_size
 
@@ -54,19 +59,20 @@ class ModelRunner:
         seqs = step.seqs
         is_prefill = step.phase is Phase.PREFILL
         input_ids, positions, batch = self._prepare(step)
+        sampling = [i for i in range(len(seqs)) if step.completes(i)]
+        sampling_seqs = [seqs[i] for i in sampling]
+        masks = MaskJob(self.grammars, sampling_seqs)
         if compiled and self.decoder:  # (a model with windowed layers kept apart decodes eagerly)
             hidden = self.decoder.forward(input_ids, positions, batch, self.kv_cache.tensor)
         else:
             hidden = self.model.forward(input_ids, positions, batch, self.kv_cache.layers)
         if is_prefill:
             hidden = hidden[batch.cu_seqlens_q[1:].long() - 1]
-        sampling = [i for i in range(len(seqs)) if step.completes(i)]
         tokens: list[int | None] = [None] * len(seqs)
         logprobs: list[TokenLogprobs | None] = [None] * len(seqs)
         if sampling:
             logits = self.model.logits(hidden[sampling])  # [S, V]: the rows that sample
-            sampling_seqs = [seqs[i] for i in sampling]
-            sampled = sample(logits, sampling_seqs)
+            sampled = sample(logits, sampling_seqs, self.grammars.eos_token_ids, masks)
             for i, token, token_logprobs_ in zip(sampling, sampled, token_logprobs(logits, sampling_seqs, sampled),
                                                  strict=True):
                 tokens[i], logprobs[i] = token, token_logprobs_

@@ -1,9 +1,11 @@
 """Next-token choice per sequence: greedy, or temperature / top-k / top-p drawn from a generator
 seeded with (the sequence's seed, the output position). A seeded request therefore draws the same
-tokens whatever it is batched with, and continues identically after a handoff or a recompute."""
+tokens whatever it is batched with, and continues identically after a handoff or a recompute. Both draw
+from the logits as the request shaped them (penalties, bias, its grammar's mask: logits_shaping)."""
 
 import torch
 
+from fleetctl.engine.core.logits_shaping import MaskJob, shape_logits
 from fleetctl.engine.core.sequence import Sequence
 
 _MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, position) over the seed space
@@ -13,8 +15,10 @@ def position_seed(seed: int, position: int) -> int:
     return (seed * _MIX + position) % (1 << 63)
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-    """logits: [B, V] float32, row i for seqs[i] -> one token id per row."""
+def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: frozenset[int] = frozenset(),
+           masks: MaskJob | None = None) -> list[int]:
+    """logits: [B, V] float32, row i for seqs[i] -> one token id per row. `masks`: the grammar rows' masks."""
+    logits = shape_logits(logits, seqs, eos_token_ids, masks)
     choices = logits.argmax(dim=-1).tolist()
     generator: torch.Generator | None = None
     for row, seq in enumerate(seqs):

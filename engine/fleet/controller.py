@@ -24,6 +24,7 @@ from fleetctl.engine.api.operations import OperationInfo
 from fleetctl.engine.api.reports import DevicePeaks, FleetClassification, FleetPlan
 from fleetctl.engine.api.requests import RecentRequests
 from fleetctl.engine.api.status import FleetLogLines, FleetStatus, WorkerInfo, WorkerSessions
+from fleetctl.engine.core.grammar import Grammars
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.fleet.admission import Admission
 from fleetctl.engine.fleet.dispatch import Dispatcher
@@ -77,6 +78,7 @@ class Fleet:
         self.config = config
         self.model_config = ModelConfig.from_file(config.model_dir / "config.json")
         self.tokenizer = Tokenizer(config.model_dir, self.model_config.eos_token_ids)
+        self.grammars = Grammars(self.tokenizer, self.model_config.vocab_size)  # checks requests' grammars
         # an exact pool (--kv-blocks) caps every worker's sequences at what it holds: admission says so first
         self.max_model_len = config.engine.context_limit(self.model_config.max_context)
         self.model_name = config.served_model_name or config.model_dir.name
@@ -388,3 +390,8 @@ class Fleet:
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.tokenizer.token_bytes(token_id)
+
+    def compile_grammar(self, grammar: str) -> float:
+        """Compile a request's grammar for this model's tokenizer before any worker does: its seconds (0.0 from
+        the cache); GrammarError for one the workers could not use."""
+        return self.grammars.compile(grammar).seconds

@@ -62,6 +62,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
 
+    def to_json(self) -> str:
+        """The whole tokenizer as tokenizer.json holds it (the grammar matcher builds its own from it)."""
+        return self._tok.to_str()
+
     def encode(self, text: str) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids
         if self.add_bos and (not ids or ids[0] != self.bos_token_id):

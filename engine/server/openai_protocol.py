@@ -9,7 +9,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from fleetctl.engine.core.sequence import MAX_LOGPROBS, MAX_TEMPERATURE, SamplingParams
+from fleetctl.engine.core.sequence import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_PENALTY,
+    MAX_REPETITION_PENALTY,
+    MAX_TEMPERATURE,
+    SamplingParams,
+)
+from fleetctl.engine.server.response_format import ResponseFormat
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1000
@@ -56,6 +64,14 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False  # extension (benchmarks)
     n: int = Field(default=1, ge=1, le=MAX_N)
     user: str | None = Field(default=None, max_length=256)  # names the agent session a turn belongs to (KV kept)
+    presence_penalty: float = Field(default=0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    frequency_penalty: float = Field(default=0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=MAX_REPETITION_PENALTY)  # extension (vLLM-style)
+    # token id (as a string, OpenAI's form) -> added to its logit
+    logit_bias: dict[Annotated[str, Field(pattern=r"^\d{1,9}$")], Annotated[float, Field(
+        ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]] | None = Field(default=None, max_length=1024)
+    min_tokens: int = Field(default=0, ge=0)  # extension (vLLM-style)
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -66,11 +82,20 @@ class SamplingFields(BaseModel):
                     raise ValueError(f"{name} is not supported by this server")
         return raw
 
-    def sampling(self, max_tokens: int) -> SamplingParams:
+    def sampling(self, max_tokens: int, grammar: str | None = None) -> SamplingParams:
+        """`grammar`: the request's llguidance grammar (grammar()'s, or the tool calls')."""
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        bias = tuple(sorted((int(token), value) for token, value in (self.logit_bias or {}).items()))
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, seed=self.seed, stop=stop, ignore_eos=self.ignore_eos,
-                              logprobs=self.logprobs_wanted())
+                              logprobs=self.logprobs_wanted(), presence_penalty=self.presence_penalty,
+                              frequency_penalty=self.frequency_penalty,
+                              repetition_penalty=self.repetition_penalty, logit_bias=bias,
+                              min_tokens=min(self.min_tokens, max_tokens), grammar=grammar)
+
+    def grammar(self) -> str | None:
+        """The grammar `response_format` asks for, or None for free text."""
+        return self.response_format.grammar() if self.response_format else None
 
     def logprobs_wanted(self) -> int | None:
         """How many alternatives per token to report (0: only the sampled token's), or None for no logprobs."""

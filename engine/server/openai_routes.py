@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from fleetctl.engine.core.grammar import COMPILE_TIMEOUT_S, GrammarError
 from fleetctl.engine.fleet.facade import FleetFacade
 from fleetctl.engine.fleet.request import StreamEvent
 from fleetctl.engine.server import openai_protocol as oai
@@ -71,8 +72,20 @@ async def tokenize(fleet: FleetFacade, text: str) -> list[int]:
     return await asyncio.to_thread(fleet.encode, text)
 
 
+async def compiled(fleet: FleetFacade, grammar: str | None) -> str | None:
+    """The request's grammar once the fleet compiled it (off the event loop, cached by its hash), so a grammar
+    no worker could use is a 400 before anything is admitted."""
+    if grammar is not None:
+        try:
+            await asyncio.wait_for(asyncio.to_thread(fleet.compile_grammar, grammar), COMPILE_TIMEOUT_S)
+        except TimeoutError:
+            raise GrammarError(f"the grammar did not compile within {COMPILE_TIMEOUT_S:g} s") from None
+    return grammar
+
+
 def admit(fleet: FleetFacade, prompts: list[list[int]], body: oai.SamplingFields, requested: int | None,
-          default: int, request_id: str, session: str, echoes: list[str] | None = None) -> Choices:
+          default: int, request_id: str, session: str, echoes: list[str] | None = None,
+          grammar: str | None = None) -> Choices:
     """Every prompt's `n` samples, or none of them. Several choices get ids `<id>-<index>`."""
     limits = [max_tokens_for(fleet, ids, requested, default) for ids in prompts]
     n = body.n
@@ -82,7 +95,7 @@ def admit(fleet: FleetFacade, prompts: list[list[int]], body: oai.SamplingFields
     try:
         for p, (ids, limit) in enumerate(zip(prompts, limits, strict=True)):
             request_ids = [f"{base}-{p * n + i}" for i in range(n)] if many else [base]
-            generations = fleet.generate(ids, body.sampling(limit), request_ids, session)
+            generations = fleet.generate(ids, body.sampling(limit, grammar), request_ids, session)
             echo = echoes[p] if echoes else ""
             choices += [Choice(p * n + i, p, g, echo, text_offset=len(echo)) for i, g in enumerate(generations)]
     except BaseException:  # a prompt refused refuses the call: the samples admitted before it stop
@@ -137,7 +150,8 @@ async def completions(body: oai.CompletionRequest, request: Request, fleet: Serv
     prompts = body.prompts()
     ids = [await tokenize(fleet, p) if isinstance(p, str) else list(p) for p in prompts]
     echoes = [p if isinstance(p, str) else fleet.decode(p) for p in prompts] if body.echo else None
-    choices = admit(fleet, ids, body, body.max_tokens, COMPLETION_MAX_TOKENS, request_id, session, echoes)
+    grammar = await compiled(fleet, body.grammar())
+    choices = admit(fleet, ids, body, body.max_tokens, COMPLETION_MAX_TOKENS, request_id, session, echoes, grammar)
     rid, model, wanted = choices.response_id, fleet.model_name, body.logprobs is not None
     if body.stream:
         first = [oai.completion_chunk(rid, model, oai.completion_choice(c.index, c.echo, None))
@@ -160,8 +174,9 @@ async def chat(body: oai.ChatRequest, request: Request, fleet: ServedFleet, logp
     check_model(fleet, body.model)
     request_id, session = request_id_of(request), session_of(request, body)
     ids = await tokenize(fleet, fleet.chat_prompt(oai.template_messages(body.messages)))
+    grammar = await compiled(fleet, body.grammar())
     choices = admit(fleet, [ids], body, body.max_completion_tokens or body.max_tokens, fleet.max_model_len,
-                    request_id, session)
+                    request_id, session, grammar=grammar)
     rid, model = choices.response_id, fleet.model_name
 
     def chat_logprobs(tokens: list[SampledToken]) -> dict | None:
