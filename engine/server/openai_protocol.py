@@ -91,7 +91,7 @@ class SamplingFields(BaseModel):
                               logprobs=self.logprobs_wanted(), presence_penalty=self.presence_penalty,
                               frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, logit_bias=bias,
-                              min_tokens=min(self.min_tokens, max_tokens), grammar=grammar)
+                              min_tokens=self.min_tokens, grammar=grammar)
 
     def grammar(self) -> str | None:
         """The grammar `response_format` asks for, or None for free text."""

@@ -1,6 +1,7 @@
 """The OpenAI parameters beyond one prompt and one answer, on a real fleet (tiny model, deterministic fp32):
 logprobs (completions and chat, streamed and not), `n` parallel samples, a list of prompts, `echo`."""
 
+import json
 from pathlib import Path
 
 import httpx
@@ -137,7 +138,17 @@ def test_echo_prepends_the_prompt(url: str) -> None:
     ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),
     ("chat/completions", {"logprobs": True, "top_logprobs": 30}, "top_logprobs"),
     ("chat/completions", {"best_of": 2}, "best_of"),
-    ("chat/completions", {"frequency_penalty": 0.5}, "frequency_penalty"),
+    ("chat/completions", {"frequency_penalty": 2.5}, "frequency_penalty"),
+    ("chat/completions", {"repetition_penalty": 0}, "repetition_penalty"),
+    ("completions", {"logit_bias": {"abc": 1}}, "logit_bias"),
+    ("completions", {"logit_bias": {"5": 101}}, "logit_bias"),
+    ("completions", {"min_tokens": 3}, "min_tokens"),
+    ("completions", {"response_format": {"type": "json_schema"}}, "json_schema"),
+    ("chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "string", "x": "y" * 70_000}}}}}},
+     "65,536"),
+    ("chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "dependentSchemas": {"a": {}}}}}}, "grammar"),
 ])
 def test_what_is_not_implemented_or_out_of_range_is_refused_by_name(url: str, route: str, extra: dict,
                                                                     param: str) -> None:
@@ -145,3 +156,61 @@ def test_what_is_not_implemented_or_out_of_range_is_refused_by_name(url: str, ro
     body |= {"prompt": "hi"} if route == "completions" else {"messages": [{"role": "user", "content": "hi"}]}
     response = httpx.post(f"{url}/v1/{route}", json=body | extra, timeout=30)
     assert response.status_code == 400 and param in response.json()["error"]["message"], response.text
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                           "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+          "required": ["name", "age", "tags"], "additionalProperties": False}
+
+
+def valid_person(text: str) -> bool:
+    value = json.loads(text)
+    return (set(value) == {"name", "age", "tags"} and isinstance(value["name"], str) and len(value["name"]) <= 12
+            and isinstance(value["age"], int) and 0 <= value["age"] <= 120
+            and all(tag in ("a", "b") for tag in value["tags"]) and len(value["tags"]) <= 3)
+
+
+def test_json_schema_output_is_valid_at_temperature_one_chat_and_completions_streamed_or_not(url: str) -> None:
+    """A random tiny model (its free text is noise): every seeded sample parses and holds the schema."""
+    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    client = api(url)
+    texts = [client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Who?"}], temperature=1.0, seed=seed, max_tokens=120,
+        response_format=response_format).choices[0].message.content for seed in range(8)]
+    texts += [client.completions.create(model=MODEL, prompt="Who?", temperature=1.0, seed=seed, max_tokens=120,
+                                        extra_body={"response_format": response_format}).choices[0].text
+              for seed in range(8, 12)]
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Who?"}], temperature=1.0, seed=99, max_tokens=120,
+        response_format=response_format, stream=True)
+    texts.append("".join(c.choices[0].delta.content or "" for c in streamed if c.choices))
+    assert all(valid_person(text) for text in texts), texts
+    free = client.completions.create(model=MODEL, prompt="Who?", temperature=1.0, seed=0, max_tokens=40).choices[0]
+    assert not free.text.startswith("{")  # without the format the model writes no JSON at all
+
+
+def test_json_cut_by_max_tokens_ends_with_length_and_json_object_is_any_object(url: str) -> None:
+    person = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    done = api(url).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                            temperature=1.0, seed=1, response_format=person)
+    assert done.choices[0].finish_reason == "length" and done.choices[0].message.content.startswith('{"')
+    for seed in range(4):
+        anything = api(url).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=60, temperature=1.0, seed=seed,
+            response_format={"type": "json_object"}).choices[0]
+        assert anything.finish_reason == "stop" and isinstance(json.loads(anything.message.content), dict)
+
+
+def test_logit_bias_and_min_tokens_steer_greedy_decoding(url: str) -> None:
+    client = api(url)
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=0)
+    forced = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0,
+                                       logit_bias={"65": 100}, extra_body={"ignore_eos": True})
+    assert forced.usage.completion_tokens == 4 and forced.choices[0].text != plain.choices[0].text
+    eos = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0,
+                                    logit_bias={"2": 100})  # EOS (<|im_end|>): ends at once
+    assert eos.usage.completion_tokens == 1 and eos.choices[0].finish_reason == "stop"
+    held = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0,
+                                     logit_bias={"2": 100}, extra_body={"min_tokens": 4})
+    assert held.usage.completion_tokens == 5 and held.choices[0].finish_reason == "stop"

@@ -121,9 +121,9 @@ def test_bad_requests_get_openai_errors_and_server_keeps_serving(fleet_url: str)
 
 
 @pytest.mark.parametrize(("extra", "param"), [
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"n": 2, "best_of": 3}, "best_of"),
     ({"prompt_logprobs": 1}, "prompt_logprobs"),
     ({"best_of": 3}, "best_of"),
