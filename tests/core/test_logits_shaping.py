@@ -8,10 +8,11 @@ import torch
 
 from fleetctl.engine.core.logits_shaping import allowed_tokens, shape_logits
 from fleetctl.engine.core.sampler import sample
-from fleetctl.engine.core.sequence import SamplingParams, SamplingError, Sequence
+from fleetctl.engine.core.sequence import SamplingError, SamplingParams, Sequence
 
 VOCAB = 40
 EOS = frozenset({2})
+SHAPING = {"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens"}
 
 
 def logits_row(seed: int = 0) -> torch.Tensor:
@@ -47,8 +48,7 @@ def reference(raw: list[float], params: SamplingParams, prompt: list[int], outpu
     SamplingParams(logit_bias=((3, 5.0), (17, -100.0), (39, 2.5))),
     SamplingParams(min_tokens=8, frequency_penalty=0.2),
     SamplingParams(min_tokens=2, logit_bias=((2, 50.0),), repetition_penalty=1.1),
-], ids=lambda p: ",".join(f"{k}={v}" for k, v in vars(p).items() if k in {
-    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens"} and v not in (0, 1.0, ())))
+], ids=lambda p: ",".join(f"{k}={v}" for k, v in vars(p).items() if k in SHAPING and v not in (0, 1.0, ())))
 def test_each_shaping_follows_its_definition(params: SamplingParams) -> None:
     prompt, output = [1, 3, 5, 5, 9], [5, 7, 7, 7, 2, 11]
     raw = logits_row()

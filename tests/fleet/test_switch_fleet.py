@@ -5,12 +5,11 @@ serve their new roles. A lone decode worker becomes mixed and back with its sess
 (no peer decodes). `rebalance` goes from 1:2 to colocated and back by switches under streams. A switch the
 worker fails leaves it serving its old role; bad switches are refused."""
 
-import json
 from pathlib import Path
 
 import httpx
 import pytest
-from support.fleet_harness import Stream, fleetctl, generate_json, serve, start_streams, wait_until, workers
+from support.fleet_harness import Stream, cli_json, fleetctl, generate_json, serve, start_streams, wait_until, workers
 
 from fleetctl.engine.worker.shm_files import SHM_DIR, buffers
 
@@ -22,12 +21,6 @@ TOKENS = 120
 FLEET = ("--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2", "--dtype", "float32",
          "--deterministic")
 SLOW_STEPS = {"FLEET_FAULTS": "step=stall:0.05"}  # each step slowed: a session is still decoding when it moves
-
-
-def cli_json(*args: str) -> dict:
-    result = fleetctl(*args, "--json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 def decoding(url: str, worker: str) -> int:

@@ -8,7 +8,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -40,6 +40,13 @@ def generate_json(model: Path, prompts: list[str], *extra: str, env: dict | None
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
+def cli_json(*args: str) -> dict:
+    """A fleetctl command's --json answer (it must succeed)."""
+    result = fleetctl(*args, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
 def worker_pids(url: str) -> dict[str, int]:
     workers = httpx.get(f"{url}/fleet/workers", timeout=10).json()["workers"]
     return {w["id"]: w["pid"] for w in workers}
@@ -64,11 +71,12 @@ def wait_until(predicate, timeout: float = 10.0) -> bool:
 @dataclass(frozen=True)
 class Stream:
     """One streamed completion: greedy unless `temperature` (with `seed`) says otherwise; `request_id` is sent
-    as X-Request-Id (to find the session on its worker)."""
+    as X-Request-Id (to find the session on its worker); `extra_body` adds fields to the request."""
     prompt: str
     temperature: float = 0.0
     seed: int | None = None
     request_id: str | None = None
+    extra_body: dict[str, object] = field(default_factory=dict)
 
 
 def start_streams(url: str, streams: Sequence[str | Stream], max_tokens: int,
@@ -85,7 +93,8 @@ def start_streams(url: str, streams: Sequence[str | Stream], max_tokens: int,
             seed = {"seed": stream.seed} if stream.seed is not None else {}
             chunks = await api.completions.create(model=model, prompt=stream.prompt, max_tokens=max_tokens,
                                                   temperature=stream.temperature, stream=True,
-                                                  extra_body={"ignore_eos": True}, extra_headers=headers, **seed)
+                                                  extra_body={"ignore_eos": True, **stream.extra_body},
+                                                  extra_headers=headers, **seed)
             return "".join([c.choices[0].text async for c in chunks if c.choices])
 
         return await asyncio.gather(*[one(s) for s in wanted])
