@@ -59,7 +59,8 @@ def run_server(fleet: "Fleet", server: ServerSettings, listener: socket.socket) 
 
     token = load_or_create_admin_token()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    app = create_app(fleet, token, bound_host=server.host, api_key=server.api_key)
+    app = create_app(fleet, token, bound_host=server.host, api_key=server.api_key,
+                     response_ttl_s=server.response_ttl_s)
     server_config = uvicorn.Config(app, log_level="warning", access_log=server.access_log, log_config=None,
                                    timeout_graceful_shutdown=SERVER_CLOSE_S)
     logging.getLogger("uvicorn.access").setLevel(logging.INFO if server.access_log else logging.WARNING)

@@ -30,6 +30,8 @@ class RequestRecord(OpenModel):
     local_prefill: bool
     tier_cached_tokens: dict[str, int] = Field(default_factory=dict)  # of the cached ones, what a KV tier served
     session: str = ""  # the agent session it was a turn of (X-Session-Id or `user`)
+    constraint: str = ""  # what its output was held to: json_object, json_schema:NAME, tools:CHOICE ("" none)
+    mask_s: float = 0.0  # its grammar masks' compute time (beside its steps' forward passes)
     stage: str = "done"  # a live one's: queued, prefill, handoff, decode (its times so far, up to now)
 
 

@@ -4,6 +4,7 @@
 The grammar's masks are computed on a helper thread while the model runs the step (`MaskJob`): llguidance
 releases the GIL, so on a CPU worker the mask costs the step what the forward pass leaves of a core."""
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -21,21 +22,24 @@ class MaskJob:
 
     def __init__(self, grammars: Grammars, seqs: list[Sequence]) -> None:
         self.rows = [i for i, seq in enumerate(seqs) if seq.params.grammar is not None]
+        self.seconds: dict[str, float] = {}  # by request id: its mask's compute time (its matcher's catch-up too)
         self._future: Future[torch.Tensor] | None = None
         if self.rows:
             words = (grammars.vocab_size + BITS - 1) // BITS
             bitmask = torch.zeros(len(self.rows), words, dtype=torch.int32)
-            self._future = _mask_thread.submit(_fill, grammars, [seqs[i] for i in self.rows], bitmask)
+            self._future = _mask_thread.submit(self._fill, grammars, [seqs[i] for i in self.rows], bitmask)
 
     def result(self) -> torch.Tensor | None:
         return self._future.result() if self._future is not None else None
 
 
-def _fill(grammars: Grammars, seqs: list[Sequence], bitmask: torch.Tensor) -> torch.Tensor:
-    row_bytes = bitmask.shape[1] * bitmask.element_size()
-    for row, seq in enumerate(seqs):
-        grammars.fill_mask(seq, bitmask.data_ptr() + row * row_bytes, row_bytes)
-    return bitmask
+    def _fill(self, grammars: Grammars, seqs: list[Sequence], bitmask: torch.Tensor) -> torch.Tensor:
+        row_bytes = bitmask.shape[1] * bitmask.element_size()
+        for row, seq in enumerate(seqs):
+            start = time.perf_counter()
+            grammars.fill_mask(seq, bitmask.data_ptr() + row * row_bytes, row_bytes)
+            self.seconds[seq.request_id] = time.perf_counter() - start
+        return bitmask
 
 
 def allowed_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:

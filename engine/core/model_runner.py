@@ -31,6 +31,7 @@ class StepStats:
     cached_tokens: tuple[int, ...]  # per sequence: prompt tokens served from the prefix cache (0 in decode)
     # by request id: of those, the tokens a KV tier served, by tier (set by the engine, which owns the tiers)
     tier_tokens: dict[str, dict[str, int]] = field(default_factory=dict)
+    mask_seconds: dict[str, float] = field(default_factory=dict)  # by request id: its grammar mask's compute time
 
 
 class ModelRunner:
@@ -89,6 +90,7 @@ class ModelRunner:
             new_tokens=tuple(step.chunks),
             context_lens=context_lens,
             cached_tokens=tuple(step.cache_hits),
+            mask_seconds=masks.seconds,
         )
         return tokens, logprobs, stats
 

@@ -63,6 +63,7 @@ class SamplingParams:
     # an llguidance grammar (engine/core/grammar.py) every sampled token must keep valid; carried with the
     # session through handoff, moves and checkpoints, and replayed over the output tokens where it lands
     grammar: str | None = None
+    constraint: str = ""  # what the grammar enforces, named for reports: json_object, json_schema:NAME, tools:CHOICE
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:

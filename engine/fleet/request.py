@@ -88,6 +88,7 @@ class TrackedRequest:
     tier_cached_tokens: dict[str, int] = field(default_factory=dict)  # of the cached ones, what a KV tier served
     session: str = ""  # the agent session it is a turn of (`user`, X-Session-Id): its KV is retained after it
     local_prefill: bool = False  # its decode worker prefilled it (conditional disaggregation): no handoff
+    mask_s: float = 0.0  # its grammar's masks' compute time, summed over its steps (beside the forward passes)
     prefix_chains: dict[tuple[bytes, int], list[bytes]] = field(default_factory=dict)  # (root, block size) -> chain
     times: RequestTimes = field(default_factory=RequestTimes)
     moves: list[RequestMove] = field(default_factory=list)  # its session's live moves, as its trace shows them
@@ -148,4 +149,6 @@ class TrackedRequest:
             "tier_cached_tokens": dict(self.tier_cached_tokens),
             "session": self.session,
             "local_prefill": self.local_prefill,
+            "constraint": self.params.constraint,
+            "mask_s": self.mask_s,
         }

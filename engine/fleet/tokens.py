@@ -42,6 +42,7 @@ class TokenStreams:
             if req is None:
                 continue
             share = report.seconds * tokens / total
+            req.mask_s += report.mask_seconds.get(request_id, 0.0)
             if report.phase is Phase.PREFILL:
                 req.times.prefill_start = req.times.prefill_start or report.ended_at - report.seconds
                 req.prefill_model_s += share

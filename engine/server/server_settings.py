@@ -28,6 +28,10 @@ class ServerSettings:
         help=f"On SIGTERM/SIGINT: seconds the whole shutdown takes at most. Requests in flight get all but "
              f"{STOP_RESERVE_S:g} s of it (at least half) to finish (new ones get 503), the rest end with an error, "
              f"then workers get up to {WORKER_EXIT_S:g} s to exit before they are killed.")] = DEFAULT_GRACE_S
+    response_ttl_s: Annotated[float, CliOption(
+        "--response-ttl", min=0.0,
+        help="Seconds a /v1/responses answer stays continuable by `previous_response_id` (its conversation, in the "
+             "server's memory; the turns' KV stays in the pools for --session-ttl).")] = 3600.0
     store_reset: Annotated[bool, CliOption(
         "--store-reset", help="If the store is not a database (corrupt, or another file), move it aside and start a "
                               "fresh one (the new name is printed).")] = False

@@ -245,6 +245,7 @@ class Worker:
             cached_tokens={rid: hit for rid, hit in zip(stats.request_ids, stats.cached_tokens, strict=True) if hit},
             tier_tokens=stats.tier_tokens, tier_io=self.engine.tier_io(),
             prefix=self.prefix_summary.changes(self.engine.prefix_digest, time.monotonic(), urgent),
+            mask_seconds=stats.mask_seconds,
         ))
         for request_id, exc in failed.items():
             self._drop(request_id, exc)

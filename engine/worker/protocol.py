@@ -259,6 +259,7 @@ class StepReport:
     tier_tokens: dict[str, dict[str, int]] = field(default_factory=dict)  # of those, what a KV tier served, by tier
     tier_io: dict[str, TierStats] = field(default_factory=dict)  # the process's KV tier counts so far, by tier
     prefix: PrefixChanges | None = None  # what the router should know of its prefix cache, when it changed
+    mask_seconds: dict[str, float] = field(default_factory=dict)  # grammar masks' compute time, by request id
 
 
 @dataclass(frozen=True)
