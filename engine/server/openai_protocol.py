@@ -34,7 +34,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1000
 MAX_N = 16  # samples per prompt
 MAX_PROMPTS = 64  # prompts per completions request
-MAX_TOOLS_JSON = 64 * 1024  # characters of a request's `tools` as JSON: the grammar built from them stays quick
+MAX_TOOLS_JSON = 64 * 1024  # bytes of a request's `tools` as JSON: the grammar built from them compiles quickly
 TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"  # OpenAI's function names
 # parameter -> its neutral values (the only ones accepted)
 UNSUPPORTED: dict[str, tuple[object, ...]] = {
@@ -263,9 +263,9 @@ class ChatRequest(SamplingFields):
     @field_validator("tools")
     @classmethod
     def tools_within_bound(cls, tools: list[ChatTool] | None) -> list[ChatTool] | None:
-        size = len(json.dumps([tool.model_dump(exclude_none=True) for tool in tools or []]))
+        size = len(json.dumps([tool.model_dump(exclude_none=True) for tool in tools or []]).encode())
         if size > MAX_TOOLS_JSON:
-            raise ValueError(f"the tools are {size:,} characters of JSON; this server takes {MAX_TOOLS_JSON:,} at most")
+            raise ValueError(f"the tools are {size:,} bytes of JSON; this server takes {MAX_TOOLS_JSON:,} at most")
         return tools
 
     @field_validator("tool_choice")

@@ -1,6 +1,6 @@
 """The llguidance grammar that constrains an answer to tool calls, per family (tool_formats.py says the formats):
 each call is JSON of `{"name": <a tool's name>, <the family's arguments key>: <that tool's parameters>}`,
-written compactly (no free whitespace, so a sampled answer cannot drift into blank space), between the family's
+laid out as json.dumps writes it (no free whitespace, so a sampled answer cannot drift into blank space), between the family's
 opener and closer. GENERIC is always constrained when it may call (its whole answer is one JSON object, `auto`
 allowing `{"response": "…"}` beside the calls); the native families are constrained for `required` and named
 calls, and left free for `auto` (their answer may be plain text)."""
@@ -12,9 +12,9 @@ from typing import Any
 
 from llguidance import LLMatcher
 
+from fleetctl.engine.server.response_format import JSON_LAYOUT
 from fleetctl.engine.server.tool_formats import ARGUMENTS_KEY, HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN, ToolFamily
 
-COMPACT = {"whitespace_flexible": False}  # llguidance's JSON options: `{"a":1}`, never `{ "a" : 1 }`
 Tool = tuple[str, dict[str, Any]]  # (name, JSON schema of its arguments)
 TokenLiteral = Callable[[str], str]  # an opener's text -> how a Lark grammar names it (a special token by id)
 
@@ -48,7 +48,7 @@ def generic_schema(tools: list[Tool], mode: ToolChoiceMode, parallel: bool) -> d
 
 
 def _json(schema: dict[str, Any]) -> str:
-    return "%json " + json.dumps({**schema, "x-guidance": COMPACT})
+    return "%json " + json.dumps({**schema, "x-guidance": JSON_LAYOUT})
 
 
 def _native(family: ToolFamily, tools: list[Tool], parallel: bool, literal: TokenLiteral) -> str:
@@ -75,7 +75,7 @@ def tool_grammar(family: ToolFamily, tools: list[Tool], mode: ToolChoiceMode, pa
     if mode is ToolChoiceMode.NONE or not tools:
         return None
     if family is ToolFamily.GENERIC:
-        return LLMatcher.grammar_from_json_schema(generic_schema(tools, mode, parallel), overrides=COMPACT)
+        return LLMatcher.grammar_from_json_schema(generic_schema(tools, mode, parallel), overrides=JSON_LAYOUT)
     if mode is ToolChoiceMode.AUTO:
         return None
     return LLMatcher.grammar_from_lark(_native(family, tools, parallel, literal))

@@ -9,12 +9,13 @@ from typing import Any
 from fleetctl.engine.server.openai_protocol import ChatMessage
 from fleetctl.engine.server.tool_grammars import Tool, ToolChoiceMode
 
-CALLS = '{"tool_calls":[{"name":<tool name>,"arguments":{<its arguments>}}]}'
-RESPONSE = '{"response":"<your answer>"}'
+CALLS = '{"tool_calls": [{"name": <tool name>, "arguments": {<its arguments>}}]}'
+RESPONSE = '{"response": "<your answer>"}'
 
 
 def _compact(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """One line of JSON, laid out as the grammar makes the model write it (response_format.JSON_LAYOUT)."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 def instructions(tools: list[Tool], descriptions: dict[str, str], mode: ToolChoiceMode, named: str | None,
