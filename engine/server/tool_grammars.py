@@ -1,7 +1,7 @@
 """The llguidance grammar that constrains an answer to tool calls, per family (tool_formats.py says the formats):
-each call is JSON of `{"name": <a tool's name>, <the family's arguments key>: <that tool's parameters>}`,
-laid out as json.dumps writes it (no free whitespace, so a sampled answer cannot drift into blank space), between the family's
-opener and closer. GENERIC is always constrained when it may call (its whole answer is one JSON object, `auto`
+each call is JSON of `{"name": <a tool's name>, <the family's arguments key>: <that tool's parameters>}`, laid
+out as json.dumps writes it (no free whitespace a sampled answer could drift into), between the family's opener
+and closer. GENERIC is always constrained when it may call (its whole answer is one JSON object, `auto`
 allowing `{"response": "…"}` beside the calls); the native families are constrained for `required` and named
 calls, and left free for `auto` (their answer may be plain text)."""
 

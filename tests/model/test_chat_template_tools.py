@@ -58,13 +58,17 @@ Environment: ipython{% endif %}<|eot_id|>
 {%- if message.role == 'assistant' and message.tool_calls %}<|start_header_id|>assistant<|end_header_id|>
 
 <|python_tag|>
-{%- for call in message.tool_calls %}{"name": "{{ call.function.name }}", "parameters": {{ call.function.arguments | tojson }}}{% if not loop.last %}; {% endif %}{% endfor %}<|eom_id|>
+{%- for call in message.tool_calls %}
+{"name": "{{ call.function.name }}", "parameters": {{ call.function.arguments | tojson }}}
+{%- if not loop.last %}; {% endif %}
+{% endfor %}<|eom_id|>
 {%- elif message.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>
 
 {{ message.content | tojson }}<|eot_id|>
 {%- else %}<|start_header_id|>{{ message.role }}<|end_header_id|>
 
-{% if loop.last and tools is not none and message.role == 'user' %}Given these functions, answer with a function call as {"name": function name, "parameters": dictionary of argument name and its value}.
+{% if loop.last and tools is not none and message.role == 'user' %}
+Answer with a function call as {"name": function name, "parameters": dictionary of its arguments}.
 
 {% for tool in tools %}{{ tool | tojson(indent=4) }}
 
@@ -78,10 +82,15 @@ Environment: ipython{% endif %}<|eot_id|>
 MISTRAL = """{{ bos_token }}
 {%- for message in messages %}
 {%- if message.role == 'user' %}
-{%- if loop.last and tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ message.content }}[/INST]
+{%- if loop.last and tools %}
+[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}
+[INST]{{ message.content }}[/INST]
 {%- elif message.role == 'assistant' and message.tool_calls %}[TOOL_CALLS][
-{%- for call in message.tool_calls %}{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}, "id": "{{ call.id }}"}{{ ", " if not loop.last }}{% endfor %}]{{ eos_token }}
-{%- elif message.role == 'tool' %}[TOOL_RESULTS]{"call_id": "{{ message.tool_call_id }}", "content": {{ message.content | tojson }}}[/TOOL_RESULTS]
+{%- for call in message.tool_calls %}
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }},
+{{- ' "id": "' ~ call.id ~ '"}' }}{{ ", " if not loop.last }}{% endfor %}]{{ eos_token }}
+{%- elif message.role == 'tool' %}
+[TOOL_RESULTS]{"call_id": "{{ message.tool_call_id }}", "content": {{ message.content | tojson }}}[/TOOL_RESULTS]
 {%- elif message.role == 'assistant' %}{{ message.content }}{{ eos_token }}
 {%- else %}{{ raise_exception('Only user, assistant and tool roles are supported') }}
 {%- endif %}
