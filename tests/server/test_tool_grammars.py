@@ -47,6 +47,20 @@ CASES = [
     (ToolFamily.MISTRAL, {"tool_choice": "required"}, f"[TOOL_CALLS][{PARIS}, {ADD}]", True),
     (ToolFamily.MISTRAL, {"tool_choice": "required", "parallel_tool_calls": False},
      f"[TOOL_CALLS][{PARIS}, {ADD}]", False),
+    # auto: free text, but once the opener is written, valid calls
+    (ToolFamily.HERMES, {}, "It is <b>sunny</b>, no tool needed.", True),
+    (ToolFamily.HERMES, {}, f"Let me look.\n<tool_call>\n{PARIS}\n</tool_call>\n<tool_call>\n{ADD}\n</tool_call>",
+     True),
+    (ToolFamily.HERMES, {}, '<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>', False),
+    (ToolFamily.HERMES, {}, "Checking <tool_call> the weather", False),
+    (ToolFamily.HERMES, {"parallel_tool_calls": False},
+     f"<tool_call>\n{PARIS}\n</tool_call>\n<tool_call>\n{ADD}\n</tool_call>", False),
+    (ToolFamily.LLAMA3_JSON, {}, "Paris is sunny {mostly}.", True),
+    (ToolFamily.LLAMA3_JSON, {}, '{"name": "add", "parameters": {"a": 1}}', True),
+    (ToolFamily.LLAMA3_JSON, {}, '{"answer": "sunny"}', False),
+    (ToolFamily.MISTRAL, {}, "Sunny.", True),
+    (ToolFamily.MISTRAL, {}, f"Sure. [TOOL_CALLS][{ADD}]", True),
+    (ToolFamily.MISTRAL, {}, "Sure. [TOOL_CALLS] no", False),
 ]
 
 
@@ -77,21 +91,30 @@ def test_grammar_accepts_exactly_its_familys_calls(smollm2: tuple, family: ToolF
     assert accepts(grammars, grammar, tokenizer.encode(answer)) is accepted
 
 
-def test_native_auto_and_none_are_free(smollm2: tuple) -> None:
+def test_none_is_free(smollm2: tuple) -> None:
     tokenizer, _ = smollm2
-    assert calling(ToolFamily.HERMES, tokenizer).grammar is None
-    assert calling(ToolFamily.GENERIC, tokenizer, tool_choice="none").grammar is None
+    for family in ToolFamily:
+        assert calling(family, tokenizer, tool_choice="none").grammar is None
 
 
 def test_a_special_token_opener_is_named_by_id(smollm2: tuple) -> None:
     """An opener the model has as a special token (here smollm2's `<|im_start|>`) is matched as that token."""
     tokenizer, grammars = smollm2
-    literal = token_literal(tokenizer)  # type: ignore[arg-type]
     special = tokenizer.encode("<|im_start|>")[-1]
+    literal = token_literal(tokenizer)  # type: ignore[arg-type]
     assert literal("<|im_start|>") == f"<[{special}]>" and literal("[TOOL_CALLS]") == '"[TOOL_CALLS]"'
-    grammar = f'start: {literal("<|im_start|>")} "ok"'
-    assert accepts(grammars, grammar, [special, *tokenizer.encode("ok")])
-    assert not accepts(grammars, grammar, tokenizer.encode("<|im_start|>ok".replace("|", "")))
+
+    def as_special(text: str) -> str:  # smollm2 standing in for a model with [TOOL_CALLS] as a special token
+        return literal("<|im_start|>" if text == "[TOOL_CALLS]" else text)
+
+    body = ChatRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                       "tools": TOOLS})
+    for choice, text in (("required", []), ("auto", tokenizer.encode("Sure. "))):
+        grammar = ToolCalling(body.model_copy(update={"tool_choice": choice}), "[TOOL_CALLS]", as_special).grammar
+        assert grammar is not None and f"<[{special}]>" in grammar
+        assert accepts(grammars, grammar, [*text, special, *tokenizer.encode(f"[{ADD}]")])
+        assert not accepts(grammars, grammar, [*text, special, *tokenizer.encode("no call")])
+        assert accepts(grammars, grammar, tokenizer.encode(f"[TOOL_CALLS][{ADD}]")) is (choice == "auto")  # text
 
 
 STRICT_ROLES = ("{% for m in messages %}{% if m.role not in ('system', 'user', 'assistant') %}"
