@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.api.checkpoints import CheckpointList
@@ -384,9 +385,13 @@ class Fleet:
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids)
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
-        """The messages through the model's chat template (raises TokenizerError)."""
-        return self.tokenizer.apply_chat_template(messages)
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The messages (and OpenAI tool dicts) through the model's chat template (raises TokenizerError)."""
+        return self.tokenizer.apply_chat_template(messages, tools)
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.tokenizer.chat_template
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.tokenizer.token_bytes(token_id)

@@ -2,9 +2,12 @@
 rendering, and incremental detokenization for streaming."""
 
 import json
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from jinja2 import TemplateError
+from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders
@@ -35,6 +38,21 @@ def _byte_level_alphabet() -> dict[str, int]:
 
 
 BYTE_LEVEL = _byte_level_alphabet()
+
+
+def _tojson(value: object, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """JSON as the templates' authors expect it (transformers' filter): no HTML escaping, unlike Jinja's own."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _template_environment() -> ImmutableSandboxedEnvironment:
+    """The names and filters chat templates use, as transformers provides them (Llama 3.x's read the date)."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
 
 
 class Tokenizer:
@@ -83,14 +101,16 @@ class Tokenizer:
             return bytes(BYTE_LEVEL[c] for c in piece)
         return self.decode([token_id], skip_special_tokens=False).encode()
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            add_generation_prompt: bool = True) -> str:
+        """`tools`: OpenAI tool dicts (`{"type": "function", "function": {...}}`), handed to the template as
+        transformers does; messages may carry `tool_calls` (arguments as dicts), `tool_call_id` and `name`."""
         if not self.chat_template:
             raise TokenizerError("this model has no chat template (tokenizer_config.json)")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise_exception
         try:
-            return env.from_string(self.chat_template).render(
+            return _template_environment().from_string(self.chat_template).render(
                 messages=messages,
+                tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",

@@ -4,10 +4,21 @@ A parameter this server does not implement is refused with a 400 that names it w
 change the answer (asking for `best_of` and getting one sample is worse than an error); the same field
 at its neutral value (`presence_penalty: 0`, `best_of: 1`, …) is accepted."""
 
+import json
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from llguidance import LLMatcher
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from fleetctl.engine.core.sequence import (
     MAX_LOGIT_BIAS,
@@ -23,6 +34,8 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1000
 MAX_N = 16  # samples per prompt
 MAX_PROMPTS = 64  # prompts per completions request
+MAX_TOOLS_JSON = 64 * 1024  # bytes of a request's `tools` as JSON: the grammar built from them compiles quickly
+TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"  # OpenAI's function names
 # parameter -> its neutral values (the only ones accepted)
 UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "functions": (None, []), "function_call": (None, "none"), "best_of": (None, 1), "suffix": (None, ""),
@@ -140,21 +153,97 @@ class TextPart(BaseModel):
     text: Text
 
 
+def _json_object_text(text: str) -> str:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ValueError("must be a JSON object as text") from None
+    if not isinstance(value, dict):
+        raise ValueError("must be a JSON object as text")
+    return text
+
+
+class CalledFunction(BaseModel):
+    name: Text
+    arguments: Annotated[Text, AfterValidator(_json_object_text)]
+
+
+class ToolCall(BaseModel):
+    """A call an assistant message made (the history of a conversation with tools)."""
+
+    id: Text
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+    def template_dict(self) -> dict[str, Any]:
+        """As chat templates take it: the arguments as a dict."""
+        return {"id": self.id, "type": self.type,
+                "function": {"name": self.function.name, "arguments": json.loads(self.function.arguments)}}
+
+
+def _enforceable_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A function's `parameters`: a JSON schema of an object that the grammar matcher can enforce."""
+    if schema.get("type", "object") != "object":
+        raise ValueError("must be a JSON schema of an object (`type: object`)")
+    refusal = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(schema))
+    if refusal:
+        raise ValueError(f"is not a JSON schema this server can enforce: {refusal}")
+    return schema
+
+
+class FunctionSpec(BaseModel):
+    name: Annotated[str, Field(pattern=TOOL_NAME)]
+    description: Text | None = None
+    parameters: Annotated[dict[str, Any], AfterValidator(_enforceable_schema)] | None = None
+    strict: bool | None = None
+
+    def arguments_schema(self) -> dict[str, Any]:
+        return self.parameters if self.parameters is not None else {"type": "object", "properties": {}}
+
+
+class ChatTool(BaseModel):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class FunctionName(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: FunctionName
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: Text | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant: the calls it made (its content may be null)
+    tool_call_id: Text | None = None  # tool: the call it answers
+    name: Text | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
         return self.content or ""
 
+    def template_dict(self) -> dict[str, Any]:
+        """As the chat template takes it (transformers' and vLLM's shape)."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [call.template_dict() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            message["name"] = self.name
+        return message
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as the chat template takes them."""
-    return [{"role": m.role, "content": m.text()} for m in messages]
+    return [m.template_dict() for m in messages]
 
 
 class ChatRequest(SamplingFields):
@@ -162,6 +251,34 @@ class ChatRequest(SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @property
+    def tool_choice_mode(self) -> str | NamedToolChoice:
+        """OpenAI's default: `auto` with tools, `none` without."""
+        return self.tool_choice or ("auto" if self.tools else "none")
+
+    @field_validator("tools")
+    @classmethod
+    def tools_within_bound(cls, tools: list[ChatTool] | None) -> list[ChatTool] | None:
+        size = len(json.dumps([tool.model_dump(exclude_none=True) for tool in tools or []]).encode())
+        if size > MAX_TOOLS_JSON:
+            raise ValueError(f"the tools are {size:,} bytes of JSON; this server takes {MAX_TOOLS_JSON:,} at most")
+        return tools
+
+    @field_validator("tool_choice")
+    @classmethod
+    def tool_choice_among_tools(cls, choice: object, info: ValidationInfo) -> object:
+        if "tools" not in info.data:
+            return choice  # the tools failed validation: that is the error to report
+        names = [tool.function.name for tool in info.data["tools"] or []]
+        if (choice == "required" or isinstance(choice, NamedToolChoice)) and not names:
+            raise ValueError("a tool call was asked for, but the request has no tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"names `{choice.function.name}`, which is not among the tools ({', '.join(names)})")
+        return choice
 
     @model_validator(mode="after")
     def top_logprobs_needs_logprobs(self) -> "ChatRequest":
@@ -195,8 +312,9 @@ def chat_body(rid: str, model: str, choices: list[dict], use: dict) -> dict:
             "usage": use}
 
 
-def chat_choice(index: int, text: str, reason: str, logprobs: dict | None = None) -> dict:
-    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+def chat_choice(index: int, message: dict, reason: str, logprobs: dict | None = None) -> dict:
+    """`message`: the answer's `content` (text or None) and, when it called tools, `tool_calls`."""
+    return {"index": index, "message": {"role": "assistant", **message}, "logprobs": logprobs,
             "finish_reason": reason}
 
 

@@ -1,5 +1,6 @@
 """The OpenAI-compatible routes: /v1/completions (one prompt or a list), /v1/chat/completions (both with `n`
-samples, logprobs, SSE streaming, usage; completions with `echo`) and /v1/models."""
+samples, logprobs, SSE streaming, usage; completions with `echo`, chat with tools: tool_calls.py) and
+/v1/models."""
 
 import asyncio
 import contextlib
@@ -20,6 +21,7 @@ from fleetctl.engine.server.choices import Choice, Choices
 from fleetctl.engine.server.depends import Logprobs, ServedFleet
 from fleetctl.engine.server.errors import GenerationFailed, UnknownModel
 from fleetctl.engine.server.openai_logprobs import LogprobsFormat, SampledToken
+from fleetctl.engine.server.tool_calls import ToolCalling
 from fleetctl.errors import UserError
 
 # (choice, its event, the event's token with logprobs if asked for) -> one SSE payload
@@ -173,8 +175,9 @@ async def completions(body: oai.CompletionRequest, request: Request, fleet: Serv
 async def chat(body: oai.ChatRequest, request: Request, fleet: ServedFleet, logprobs_format: Logprobs) -> object:
     check_model(fleet, body.model)
     request_id, session = request_id_of(request), session_of(request, body)
-    ids = await tokenize(fleet, fleet.chat_prompt(oai.template_messages(body.messages)))
-    grammar = await compiled(fleet, body.grammar())
+    tools = ToolCalling.of(body, fleet)
+    ids = await tokenize(fleet, tools.prompt(fleet))
+    grammar = await compiled(fleet, tools.grammar or body.grammar())
     choices = admit(fleet, [ids], body, body.max_completion_tokens or body.max_tokens, fleet.max_model_len,
                     request_id, session, grammar=grammar)
     rid, model = choices.response_id, fleet.model_name
@@ -185,12 +188,16 @@ async def chat(body: oai.ChatRequest, request: Request, fleet: ServedFleet, logp
     if body.stream:
         first = [oai.chat_chunk(rid, model, c.index, {"role": "assistant", "content": ""}, None)
                  for c in choices.choices]
-        return sse(choices, first, lambda choice, event, tokens: oai.chat_chunk(
-            rid, model, choice.index, {"content": event.text} if event.text else {}, event.finish_reason,
-            chat_logprobs(tokens)), "chat.completion.chunk", model, body.include_usage)
+
+        def chunk(choice: Choice, event: StreamEvent, tokens: list[SampledToken]) -> dict:
+            delta, reason = tools.delta(choice.index, event.text, event.finish_reason)
+            return oai.chat_chunk(rid, model, choice.index, delta, reason, chat_logprobs(tokens))
+
+        return sse(choices, first, chunk, "chat.completion.chunk", model, body.include_usage)
     await choices.collect(request)
-    return oai.chat_body(rid, model, [oai.chat_choice(
-        c.index, c.text, c.finish_reason, chat_logprobs(c.tokens)) for c in choices.choices], choices.usage())
+    answers = [(c, *tools.message(c.text, c.finish_reason)) for c in choices.choices]
+    return oai.chat_body(rid, model, [oai.chat_choice(c.index, message, reason, chat_logprobs(c.tokens))
+                                      for c, message, reason in answers], choices.usage())
 
 
 @router.get("/v1/models")
