@@ -35,10 +35,14 @@ async def fleetctl_error(_: Request, exc: FleetctlError) -> JSONResponse:
 
 
 async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-    """A body or parameter that fails validation: 400 naming the first bad field."""
-    first = exc.errors()[0] if exc.errors() else {}
+    """A body or parameter that fails validation: 400 naming the bad field. Of a union's failed branches, the one
+    that got deepest into the value says what is wrong (a list item's unknown `type` rather than "not a string");
+    pydantic's names for the branches themselves are left out of the field's path."""
+    errors = exc.errors()
+    first = max(errors, key=lambda error: len(error.get("loc", ()))) if errors else {}
     if first.get("type") == "json_invalid":
         return JSONResponse(error_body("the request body is not valid JSON", "invalid_request_error"), 400)
-    where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
+    where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path") and not (
+        isinstance(p, str) and "[" in p))
     message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
     return JSONResponse(error_body(message, "invalid_request_error", param=where or None), 400)

@@ -28,7 +28,7 @@ from fleetctl.engine.core.sequence import (
     MAX_TEMPERATURE,
     SamplingParams,
 )
-from fleetctl.engine.server.response_format import ResponseFormat
+from fleetctl.engine.server.response_format import Constraint, ResponseFormat
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1000
@@ -95,8 +95,8 @@ class SamplingFields(BaseModel):
                     raise ValueError(f"{name} is not supported by this server")
         return raw
 
-    def sampling(self, max_tokens: int, grammar: str | None = None) -> SamplingParams:
-        """`grammar`: the request's llguidance grammar (grammar()'s, or the tool calls')."""
+    def sampling(self, max_tokens: int, constraint: Constraint | None = None) -> SamplingParams:
+        """`constraint`: what the output is held to (constraint()'s, or the tool calls')."""
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         bias = tuple(sorted((int(token), value) for token, value in (self.logit_bias or {}).items()))
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
@@ -104,11 +104,12 @@ class SamplingFields(BaseModel):
                               logprobs=self.logprobs_wanted(), presence_penalty=self.presence_penalty,
                               frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, logit_bias=bias,
-                              min_tokens=self.min_tokens, grammar=grammar)
+                              min_tokens=self.min_tokens, grammar=constraint.grammar if constraint else None,
+                              constraint=constraint.label if constraint else "")
 
-    def grammar(self) -> str | None:
-        """The grammar `response_format` asks for, or None for free text."""
-        return self.response_format.grammar() if self.response_format else None
+    def constraint(self) -> Constraint | None:
+        """What `response_format` holds the output to, or None for free text."""
+        return self.response_format.constraint() if self.response_format else None
 
     def logprobs_wanted(self) -> int | None:
         """How many alternatives per token to report (0: only the sampled token's), or None for no logprobs."""

@@ -21,6 +21,7 @@ from fleetctl.engine.server.choices import Choice, Choices
 from fleetctl.engine.server.depends import Logprobs, ServedFleet
 from fleetctl.engine.server.errors import GenerationFailed, UnknownModel
 from fleetctl.engine.server.openai_logprobs import LogprobsFormat, SampledToken
+from fleetctl.engine.server.response_format import Constraint
 from fleetctl.engine.server.tool_calls import ToolCalling
 from fleetctl.errors import UserError
 
@@ -74,20 +75,20 @@ async def tokenize(fleet: FleetFacade, text: str) -> list[int]:
     return await asyncio.to_thread(fleet.encode, text)
 
 
-async def compiled(fleet: FleetFacade, grammar: str | None) -> str | None:
-    """The request's grammar once the fleet compiled it (off the event loop, cached by its hash), so a grammar
-    no worker could use is a 400 before anything is admitted."""
-    if grammar is not None:
+async def compiled(fleet: FleetFacade, constraint: Constraint | None) -> Constraint | None:
+    """The request's constraint once the fleet compiled its grammar (off the event loop, cached by its hash), so
+    a grammar no worker could use is a 400 before anything is admitted."""
+    if constraint is not None:
         try:
-            await asyncio.wait_for(asyncio.to_thread(fleet.compile_grammar, grammar), COMPILE_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.to_thread(fleet.compile_grammar, constraint.grammar), COMPILE_TIMEOUT_S)
         except TimeoutError:
             raise GrammarError(f"the grammar did not compile within {COMPILE_TIMEOUT_S:g} s") from None
-    return grammar
+    return constraint
 
 
 def admit(fleet: FleetFacade, prompts: list[list[int]], body: oai.SamplingFields, requested: int | None,
           default: int, request_id: str, session: str, echoes: list[str] | None = None,
-          grammar: str | None = None) -> Choices:
+          constraint: Constraint | None = None) -> Choices:
     """Every prompt's `n` samples, or none of them. Several choices get ids `<id>-<index>`."""
     limits = [max_tokens_for(fleet, ids, requested, default) for ids in prompts]
     n = body.n
@@ -97,7 +98,7 @@ def admit(fleet: FleetFacade, prompts: list[list[int]], body: oai.SamplingFields
     try:
         for p, (ids, limit) in enumerate(zip(prompts, limits, strict=True)):
             request_ids = [f"{base}-{p * n + i}" for i in range(n)] if many else [base]
-            generations = fleet.generate(ids, body.sampling(limit, grammar), request_ids, session)
+            generations = fleet.generate(ids, body.sampling(limit, constraint), request_ids, session)
             echo = echoes[p] if echoes else ""
             choices += [Choice(p * n + i, p, g, echo, text_offset=len(echo)) for i, g in enumerate(generations)]
     except BaseException:  # a prompt refused refuses the call: the samples admitted before it stop
@@ -152,8 +153,9 @@ async def completions(body: oai.CompletionRequest, request: Request, fleet: Serv
     prompts = body.prompts()
     ids = [await tokenize(fleet, p) if isinstance(p, str) else list(p) for p in prompts]
     echoes = [p if isinstance(p, str) else fleet.decode(p) for p in prompts] if body.echo else None
-    grammar = await compiled(fleet, body.grammar())
-    choices = admit(fleet, ids, body, body.max_tokens, COMPLETION_MAX_TOKENS, request_id, session, echoes, grammar)
+    constraint = await compiled(fleet, body.constraint())
+    choices = admit(fleet, ids, body, body.max_tokens, COMPLETION_MAX_TOKENS, request_id, session, echoes,
+                    constraint)
     rid, model, wanted = choices.response_id, fleet.model_name, body.logprobs is not None
     if body.stream:
         first = [oai.completion_chunk(rid, model, oai.completion_choice(c.index, c.echo, None))
@@ -177,9 +179,9 @@ async def chat(body: oai.ChatRequest, request: Request, fleet: ServedFleet, logp
     request_id, session = request_id_of(request), session_of(request, body)
     tools = ToolCalling.of(body, fleet)
     ids = await tokenize(fleet, tools.prompt(fleet))
-    grammar = await compiled(fleet, tools.grammar or body.grammar())
+    constraint = await compiled(fleet, tools.constraint or body.constraint())
     choices = admit(fleet, [ids], body, body.max_completion_tokens or body.max_tokens, fleet.max_model_len,
-                    request_id, session, grammar=grammar)
+                    request_id, session, constraint=constraint)
     rid, model = choices.response_id, fleet.model_name
 
     def chat_logprobs(tokens: list[SampledToken]) -> dict | None:

@@ -2,6 +2,7 @@
 (llguidance's) the engine masks the request's tokens with."""
 
 import json
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import llguidance
@@ -11,6 +12,15 @@ MAX_SCHEMA_BYTES = 64 * 1024  # a schema's JSON text, at most
 # compact JSON, as json.dumps writes it: no run of whitespace a small model could loop on until max_tokens
 JSON_LAYOUT: dict[str, Any] = {
     "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a request's output is held to: the grammar, and its name in reports (`constraint` on /fleet/requests,
+    the kind in /metrics)."""
+
+    grammar: str
+    label: str  # json_object, json_schema:NAME, tools:MODE
 
 
 class SchemaError(ValueError):
@@ -48,12 +58,12 @@ class ResponseFormat(BaseModel):
     def schema_given_and_usable(self) -> "ResponseFormat":
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("response_format of type json_schema needs `json_schema`")
-        self.grammar()  # refuses a schema too large or not JSON-schema-shaped now, as a 400
+        self.constraint()  # refuses a schema too large or not JSON-schema-shaped now, as a 400
         return self
 
-    def grammar(self) -> str | None:
+    def constraint(self) -> Constraint | None:
         if self.type == "json_object":
-            return json_schema_grammar({"type": "object"})
+            return Constraint(json_schema_grammar({"type": "object"}), "json_object")
         if self.type == "json_schema" and self.json_schema is not None:
-            return json_schema_grammar(self.json_schema.json_schema)
+            return Constraint(json_schema_grammar(self.json_schema.json_schema), f"json_schema:{self.json_schema.name}")
         return None

@@ -69,9 +69,9 @@ async def responses(body: ResponsesRequest, request: Request, fleet: ServedFleet
     turn = Turn(response_id, body, fleet.model_name, history + chat_messages(body.items()), session)
     tools = ToolCalling.of(chat, fleet)
     ids = await tokenize(fleet, tools.prompt(fleet))
-    grammar = await compiled(fleet, tools.grammar or chat.grammar())
+    constraint = await compiled(fleet, tools.constraint or chat.constraint())
     choices = admit(fleet, [ids], chat, chat.max_tokens, fleet.max_model_len, response_id, session,
-                    grammar=grammar)
+                    constraint=constraint)
     if body.stream:
         return StreamingResponse(events(turn, choices, tools, kept), media_type="text/event-stream")
     await choices.collect(request)

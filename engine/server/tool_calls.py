@@ -14,6 +14,7 @@ from llguidance import LLMatcher
 
 from fleetctl.engine.fleet.facade import FleetFacade
 from fleetctl.engine.server.openai_protocol import ChatRequest, NamedToolChoice, template_messages
+from fleetctl.engine.server.response_format import Constraint
 from fleetctl.engine.server.tool_formats import FORMATS, Answer, FunctionCall, ToolFamily, family_of
 from fleetctl.engine.server.tool_grammars import TokenLiteral, Tool, ToolChoiceMode, tool_grammar
 from fleetctl.engine.server.tool_prompt import generic_messages, instructions
@@ -70,6 +71,11 @@ class ToolCalling:
         self._system = instructions(tools, {t.function.name: t.function.description or "" for t in body.tools or []},
                                     self.mode, named, self.parallel) if tools else ""
         self._streams: dict[int, _Stream] = {}
+
+    @property
+    def constraint(self) -> Constraint | None:
+        """What the answers are held to (None: nothing, e.g. `tool_choice: none`)."""
+        return Constraint(self.grammar, f"tools:{self.mode.value}") if self.grammar else None
 
     @classmethod
     def of(cls, body: ChatRequest, fleet: FleetFacade) -> "ToolCalling":

@@ -2,16 +2,9 @@
 fleet of fake workers; a good one is admitted with its tools rendered (the fakes' scripted text has no calls, so it
 comes back as content, finish_reason `stop`/`length`)."""
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from fastapi.testclient import TestClient
-from support.fake_workers import FakeLauncher
 
-from fleetctl.engine.fleet.controller import Fleet
-from fleetctl.engine.fleet.fleet_config import FleetConfig
-from fleetctl.engine.server.app import create_app
 from fleetctl.engine.server.openai_protocol import MAX_TOOLS_JSON
 
 MODEL = "tiny-llama0"
@@ -19,17 +12,8 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
-@pytest.fixture(scope="module")
-def client(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    shm = tmp_path_factory.mktemp("shm")
-    fleet = Fleet(FleetConfig(tiny_model_dir, prefill=1, decode=1, devices=("cpu:0", "cpu:1"), shm_dir=shm),
-                  launcher=FakeLauncher(shm))
-    with TestClient(create_app(fleet, "token"), base_url="http://127.0.0.1:8700") as test_client:
-        yield test_client
-
-
-def chat(client: TestClient, **fields: object):
-    return client.post("/v1/chat/completions", json={
+def chat(fake_client: TestClient, **fields: object):
+    return fake_client.post("/v1/chat/completions", json={
         "model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 4} | fields)
 
 
@@ -63,22 +47,22 @@ def refused(response, param: str, words: str) -> None:
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}]},
      "messages.1.tool_calls.0.function.arguments", "a JSON object as text"),
 ])
-def test_bad_tool_requests_are_400_naming_the_field(client: TestClient, fields: dict, param: str,
+def test_bad_tool_requests_are_400_naming_the_field(fake_client: TestClient, fields: dict, param: str,
                                                     words: str) -> None:
-    refused(chat(client, **fields), param, words)
+    refused(chat(fake_client, **fields), param, words)
 
 
-def test_a_tool_request_is_answered(client: TestClient) -> None:
+def test_a_tool_request_is_answered(fake_client: TestClient) -> None:
     history = [{"role": "user", "content": "Weather in Paris?"},
                {"role": "assistant", "content": None, "tool_calls": [
                    {"id": "call_1", "type": "function",
                     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
                {"role": "tool", "tool_call_id": "call_1", "content": "12 C"}]
     for choice in ("auto", "none", "required"):
-        done = chat(client, tools=[WEATHER], tool_choice=choice, messages=history)
+        done = chat(fake_client, tools=[WEATHER], tool_choice=choice, messages=history)
         assert done.status_code == 200, done.text
         answer = done.json()["choices"][0]
         assert answer["finish_reason"] in ("stop", "length") and isinstance(answer["message"]["content"], str)
         assert "tool_calls" not in answer["message"]
-    prompt = client.post("/v1/chat/completions", json={"model": MODEL, "messages": history, "max_tokens": 4})
+    prompt = fake_client.post("/v1/chat/completions", json={"model": MODEL, "messages": history, "max_tokens": 4})
     assert prompt.status_code == 200  # tool history without tools: the template gets it as it is
