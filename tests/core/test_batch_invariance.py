@@ -57,10 +57,10 @@ def recorded_logits() -> Iterator[dict[tuple[str, int], torch.Tensor]]:
     rows: dict[tuple[str, int], torch.Tensor] = {}
     sample = model_runner.sample
 
-    def recording(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+    def recording(logits: torch.Tensor, seqs: list[Sequence], *rest: object) -> list[int]:
         for row, seq in zip(logits, seqs, strict=True):
             rows[(seq.request_id, len(seq.output_token_ids))] = row.clone()
-        return sample(logits, seqs)
+        return sample(logits, seqs, *rest)
 
     model_runner.sample = recording
     try:
