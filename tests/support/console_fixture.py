@@ -115,7 +115,8 @@ REQUESTS = RecentRequests(
     requests=[_request("req-0017", "done", 41.0, 0.021, 0.180, 3.10, 48, "decode-0"),
               _request("req-0018", "done", 38.5, 4.612, 0.201, 7.95, 52, "decode-1", tier_cached_tokens={"host": 160}),
               _request("req-0019", "done", 30.2, 0.018, 0.175, 2.40, 40, "decode-2", session="agent-7")],
-    live=[_request("req-0020", "decode", 6.0, 0.030, 0.190, 6.0, 71, "decode-0"),
+    live=[_request("req-0020", "decode", 6.0, 0.030, 0.190, 6.0, 71, "decode-0", constraint="tools:required",
+                   mask_s=0.0123),
           _request("req-0021", "decode", 3.5, 0.025, 0.185, 3.5, 40, "decode-1"),
           _request("req-0022", "queued", 0.4, 0.4, 0.0, 0.4, 0, None)])
 # what /fleet/logs answers: the controller's lines, a warning, and decode-5's last words before it failed

@@ -1,7 +1,7 @@
 """`R`: the requests in flight and those that finished last (`GET /fleet/requests`): stage, workers, prompt /
 cached (hit) / output tokens, age and TTFT (once there is a first token), refreshed every interval; `s` sorts by the
 next column, `/` filters by words, `enter` opens a request's timeline, `m` moves a decoding session to another
-worker live."""
+worker live. A request held to tools or a format is found by filtering for it (`tools`, `json_schema`)."""
 
 from contextlib import suppress
 
@@ -50,7 +50,8 @@ def short_id(request_id: str) -> str:
 
 
 def matches(record: RequestRecord, words: str, now: float) -> bool:
-    haystack = " ".join(cells(record, now)).lower() + f" {record.request_id} {record.session}".lower()
+    extra = f" {record.request_id} {record.session} {record.constraint}"
+    haystack = " ".join(cells(record, now)).lower() + extra.lower()
     return all(word in haystack for word in words.lower().split())
 
 

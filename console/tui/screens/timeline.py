@@ -1,6 +1,6 @@
 """One request's timeline (from the requests view): queue → prefill → handoff → first decode → decode, each
 drawn to scale against the whole request, with the workers, what the prefix cache (and the KV tiers) served,
-and the KV bytes its handoff moved — where a slow TTFT went."""
+the KV bytes its handoff moved — where a slow TTFT went — and what its output was held to (tools, a format)."""
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -58,6 +58,9 @@ def summary(record: RequestRecord) -> list[str]:
         lines.append(f"recomputed {record.recomputes}× (a worker it was on failed or moved it)")
     if record.session:
         lines.append(f"session {record.session}")
+    if record.constraint:
+        lines.append(f"output held to {record.constraint} · its grammar's masks took {seconds(record.mask_s)} "
+                     f"beside the steps")
     return lines
 
 

@@ -45,6 +45,8 @@ def test_requests_listed_sorted_filtered_and_one_opened_and_moved() -> None:
             seen["by ttft"] = rows(screen)[3:]
             await pilot.press("slash", *"agent-7", "enter")
             seen["filtered"] = rows(screen)
+            await pilot.press("slash", *["backspace"] * 7, *"tools", "enter")
+            seen["held to tools"] = rows(screen)
             await pilot.press("escape")  # the filter is kept: enter closed its field; escape leaves the view
             await pilot.pause(0.1)
             screen = await opened(pilot)
@@ -68,8 +70,10 @@ def test_requests_listed_sorted_filtered_and_one_opened_and_moved() -> None:
                               ("req-0017", "done"), ("req-0018", "done"), ("req-0019", "done")]
     assert [rid for rid, _ in seen["by ttft"]] == ["req-0018", "req-0017", "req-0019"]
     assert seen["filtered"] == [("req-0019", "done")]
+    assert seen["held to tools"] == [("req-0020", "decoding")]
     assert "workers prefill-0 → decode-0" in seen["timeline"] and "320 of 480 prompt tokens cached" in seen["timeline"]
     assert "1.5 MB of KV handed over" in seen["timeline"]
+    assert "output held to tools:required · its grammar's masks took 12 ms" in seen["timeline"]
     assert [line.split()[0] for line in seen["bars"].strip().splitlines()[:5]] == [
         "queue", "prefill", "handoff", "first", "decode"]
     assert source.posted[-1] == ("/fleet/requests/req-0020/move", {"to": "decode-2"})
