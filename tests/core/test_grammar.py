@@ -9,7 +9,9 @@ import llguidance
 import pytest
 import torch
 
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.grammar import MAX_GRAMMAR_BYTES, GrammarError, Grammars
+from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.logits_shaping import MaskJob, allowed_tokens
 from fleetctl.engine.core.sampler import sample
 from fleetctl.engine.core.sequence import SamplingParams, Sequence
@@ -92,3 +94,19 @@ def test_an_output_that_broke_its_grammar_fails_that_sequence_only(grammars: Gra
         MaskJob(grammars, [broken]).result()
     healthy = constrained([1])
     assert masks(grammars, [healthy]).any()
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda:0", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_an_engine_samples_under_the_mask_and_penalties_on_its_device(tiny_model_dir: Path, device: str) -> None:
+    """The mask (and the penalties beside it) applied to the logits where they are: every seeded sample is JSON of
+    the schema; the free run of the same seeds is not."""
+    engine = LLMEngine(EngineConfig(tiny_model_dir, device=device, settings=EngineSettings(dtype="float32")))
+    prompts = [f"Name {i}:" for i in range(6)]
+    held = SamplingParams(max_tokens=48, temperature=1.0, seed=5, grammar=GRAMMAR, frequency_penalty=0.3,
+                          logit_bias=((5, 2.0),))
+    for result in engine.generate(prompts, held):
+        value = json.loads(result.text)
+        assert set(value) == {"name", "n"} and isinstance(value["n"], int), result.text
+    free = engine.generate(prompts, SamplingParams(max_tokens=48, temperature=1.0, seed=5))
+    assert not any(result.text.startswith('{"name"') for result in free)
