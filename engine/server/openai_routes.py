@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from fleetctl.engine.core.grammar import COMPILE_TIMEOUT_S, GrammarError
+from fleetctl.engine.core.grammar import COMPILE_WAIT_S, GrammarError
 from fleetctl.engine.fleet.facade import FleetFacade
 from fleetctl.engine.fleet.request import StreamEvent
 from fleetctl.engine.server import openai_protocol as oai
@@ -80,9 +80,9 @@ async def compiled(fleet: FleetFacade, constraint: Constraint | None) -> Constra
     a grammar no worker could use is a 400 before anything is admitted."""
     if constraint is not None:
         try:
-            await asyncio.wait_for(asyncio.to_thread(fleet.compile_grammar, constraint.grammar), COMPILE_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.to_thread(fleet.compile_grammar, constraint.grammar), COMPILE_WAIT_S)
         except TimeoutError:
-            raise GrammarError(f"the grammar did not compile within {COMPILE_TIMEOUT_S:g} s") from None
+            raise GrammarError(f"the grammar did not compile within {COMPILE_WAIT_S:g} s") from None
     return constraint
 
 
