@@ -16,8 +16,8 @@ from fleetctl.engine.core.grammar import Grammars
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.server.response_format import json_schema_grammar
-from fleetctl.engine.server.tool_grammars import ToolChoiceMode, tool_grammar
 from fleetctl.engine.server.tool_formats import ToolFamily
+from fleetctl.engine.server.tool_grammars import ToolChoiceMode, tool_grammar
 
 PROMPT = "Write a note about the lighthouse keeper's day, as JSON."
 # the note never completes within the bench's tokens: every decoded token is masked

@@ -2,8 +2,9 @@
 template: the prompt (tools handed to a template that speaks a tool format, or described in the system message of
 one that does not: tool_prompt.py), the grammar its answers are sampled under (tool_grammars.py), and each answer
 read back (tool_formats.py) as OpenAI's message or stream deltas with `tool_calls`. `tool_choice: none` renders
-the tools but neither constrains nor reads calls. Streams show content as soon as it is sure to stay content;
-a call comes whole (its arguments in one piece) once the answer has ended."""
+the tools but reads no calls (GENERIC's answer is then held to its plain-answer form and read back as content).
+Streams show content as soon as it is sure to stay content; a call comes whole (its arguments in one piece) once
+the answer has ended."""
 
 import json
 import uuid
@@ -62,14 +63,15 @@ class ToolCalling:
         tools: list[Tool] = [(t.function.name, t.function.arguments_schema()) for t in body.tools or []]
         callable_tools = [tool for tool in tools if named in (None, tool[0])]
         self._names = frozenset(name for name, _ in callable_tools)
-        reads_calls = bool(tools) and self.mode is not ToolChoiceMode.NONE
+        # GENERIC's answers are JSON whatever the choice (`none`: only `{"response": ...}`, read back as content)
+        reads_calls = bool(tools) and (self.mode is not ToolChoiceMode.NONE or self.family is ToolFamily.GENERIC)
         self._format = FORMATS[self.family if reads_calls else None]
         self.grammar = tool_grammar(self.family, callable_tools, self.mode, self.parallel, literal)
         refusal = LLMatcher.validate_grammar(self.grammar) if self.grammar else ""
         if refusal:
             raise UserError(f"tools: the grammar for these tools is refused: {refusal}")
         self._system = instructions(tools, {t.function.name: t.function.description or "" for t in body.tools or []},
-                                    self.mode, named, self.parallel) if tools else ""
+                                    self.parallel) if tools else ""
         self._streams: dict[int, _Stream] = {}
 
     @property

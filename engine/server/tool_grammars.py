@@ -35,7 +35,12 @@ def call_schema(tools: list[Tool], arguments_key: str) -> dict[str, Any]:
 
 
 def generic_schema(tools: list[Tool], mode: ToolChoiceMode, parallel: bool) -> dict[str, Any]:
-    """GENERIC's whole answer: `{"tool_calls": [...]}`, or with `auto` also `{"response": "..."}`."""
+    """GENERIC's whole answer: `{"tool_calls": [...]}`, or with `auto` also `{"response": "..."}`, or with `none`
+    only that (the prompt is the same for every tool choice, so a conversation's turns share their prefix)."""
+    response = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
+                "additionalProperties": False}
+    if mode is ToolChoiceMode.NONE:
+        return response
     calls: dict[str, Any] = {"type": "array", "items": call_schema(tools, "arguments"), "minItems": 1}
     if not parallel:
         calls["maxItems"] = 1
@@ -43,8 +48,6 @@ def generic_schema(tools: list[Tool], mode: ToolChoiceMode, parallel: bool) -> d
                   "additionalProperties": False}
     if mode is not ToolChoiceMode.AUTO:
         return with_calls
-    response = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
-                "additionalProperties": False}
     return {"anyOf": [with_calls, response]}
 
 
@@ -85,9 +88,11 @@ def tool_grammar(family: ToolFamily, tools: list[Tool], mode: ToolChoiceMode, pa
                  literal: TokenLiteral) -> str | None:
     """The grammar for an answer (None: unconstrained). `tools`: those the answer may call (the named one only,
     for a named tool_choice)."""
-    if mode is ToolChoiceMode.NONE or not tools:
+    if not tools:
         return None
     if family is ToolFamily.GENERIC:
         return LLMatcher.grammar_from_json_schema(generic_schema(tools, mode, parallel), overrides=JSON_LAYOUT)
+    if mode is ToolChoiceMode.NONE:
+        return None
     free = mode is ToolChoiceMode.AUTO
     return LLMatcher.grammar_from_lark(_native(family, tools, parallel, free, literal))

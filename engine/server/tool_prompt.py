@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from fleetctl.engine.server.openai_protocol import ChatMessage
-from fleetctl.engine.server.tool_grammars import Tool, ToolChoiceMode
+from fleetctl.engine.server.tool_grammars import Tool
 
 CALLS = '{"tool_calls": [{"name": <tool name>, "arguments": {<its arguments>}}]}'
 RESPONSE = '{"response": "<your answer>"}'
@@ -18,20 +18,16 @@ def _compact(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def instructions(tools: list[Tool], descriptions: dict[str, str], mode: ToolChoiceMode, named: str | None,
-                 parallel: bool) -> str:
-    """What the system message tells the model about its tools and how to answer."""
+def instructions(tools: list[Tool], descriptions: dict[str, str], parallel: bool) -> str:
+    """What the system message tells the model about its tools and how to answer. The same whatever the tool
+    choice (the grammar holds each turn to its choice), so a conversation's turns share their prompt's prefix
+    and a later turn finds the earlier ones' KV."""
     listed = [{"name": name, "description": descriptions.get(name, ""), "parameters": schema}
               for name, schema in tools]
-    text = f"You have these tools (the parameters are JSON schemas of their arguments):\n{_compact(listed)}\n\n"
-    if mode is ToolChoiceMode.NONE:
-        return text + "Answer in plain text, without calling a tool."
     at_most = "" if parallel else " Call one tool at most."
-    if mode is ToolChoiceMode.AUTO:
-        return text + (f"Answer with one JSON object and nothing else: {CALLS} to call tools, or {RESPONSE} to "
-                       f"answer directly.{at_most}")
-    which = f"Call the tool `{named}`" if named else "Call one or more of the tools"
-    return text + f"{which}: answer with one JSON object and nothing else: {CALLS}.{at_most}"
+    return (f"You have these tools (the parameters are JSON schemas of their arguments):\n{_compact(listed)}\n\n"
+            f"Answer with one JSON object and nothing else: {CALLS} to call tools, or {RESPONSE} to answer "
+            f"directly.{at_most}")
 
 
 def _calls_text(message: ChatMessage) -> str:

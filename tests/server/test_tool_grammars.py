@@ -12,7 +12,6 @@ from fleetctl.engine.model.tokenizer import Tokenizer
 from fleetctl.engine.server.openai_protocol import ChatMessage, ChatRequest
 from fleetctl.engine.server.tool_calls import ToolCalling, token_literal
 from fleetctl.engine.server.tool_formats import ToolFamily
-from fleetctl.engine.server.tool_grammars import ToolChoiceMode
 from fleetctl.engine.server.tool_prompt import generic_messages, instructions
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": {
@@ -91,10 +90,26 @@ def test_grammar_accepts_exactly_its_familys_calls(smollm2: tuple, family: ToolF
     assert accepts(grammars, grammar, tokenizer.encode(answer)) is accepted
 
 
-def test_none_is_free(smollm2: tuple) -> None:
-    tokenizer, _ = smollm2
+def test_none_is_free_in_a_native_format_and_a_plain_answer_in_the_generic_one(smollm2: tuple) -> None:
+    tokenizer, grammars = smollm2
     for family in ToolFamily:
-        assert calling(family, tokenizer, tool_choice="none").grammar is None
+        none = calling(family, tokenizer, tool_choice="none")
+        if family is not ToolFamily.GENERIC:
+            assert none.grammar is None
+            continue
+        assert none.grammar is not None
+        assert accepts(grammars, none.grammar, tokenizer.encode('{"response": "It is sunny."}'))
+        assert not accepts(grammars, none.grammar, tokenizer.encode(
+            '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'))
+        assert none.message('{"response": "It is sunny."}', "stop") == ({"content": "It is sunny."}, "stop")
+
+
+def test_the_generic_prompt_is_the_same_for_every_tool_choice(smollm2: tuple) -> None:
+    """So a conversation's turns share their prefix whatever each turn's tool choice (its KV is reused)."""
+    tokenizer, _ = smollm2
+    prompts = {choice: calling(ToolFamily.GENERIC, tokenizer, tool_choice=choice).template_input()
+               for choice in ("none", "auto", "required")}
+    assert prompts["none"] == prompts["auto"] == prompts["required"]
 
 
 def test_a_special_token_opener_is_named_by_id(smollm2: tuple) -> None:
@@ -131,8 +146,7 @@ def test_generic_conversation_renders_in_any_template(tmp_path: Path, smollm2_di
             {"id": "call_2", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "12 C"},
         {"role": "tool", "tool_call_id": "call_2", "content": "2"}]]
-    system = instructions([("get_weather", {"type": "object"})], {"get_weather": "Weather now"},
-                          ToolChoiceMode.AUTO, None, True)
+    system = instructions([("get_weather", {"type": "object"})], {"get_weather": "Weather now"}, True)
     rendered = generic_messages(messages, system)
     assert [m["role"] for m in rendered] == ["system", "user", "assistant", "user"]
     assert rendered[0]["content"].startswith("Be brief.\n\nYou have these tools")
