@@ -3,7 +3,8 @@ measure TTFT / TPOT / E2E at the client, and reads the fleet's own KV-handoff ti
 Options a vLLM user expects: fixed input/output lengths (`--input-len`: prompts of exactly that many
 tokens, cut from random words tokenized by the fleet's /tokenize and sent as token ids), a cap on
 requests in flight, warm-up requests that are not measured, and a progress callback. A session's turns
-go one after another, each prompt the previous turn's prompt and answer plus its own."""
+go one after another, each prompt the previous turn's prompt and answer plus its own (or, with `bench --tools` /
+`--response-format`, chat requests with the conversation so far: agent_tools.py, chat_stream.py)."""
 
 import asyncio
 import contextlib
