@@ -15,6 +15,7 @@ from fleetctl.console.cli.common import (
 )
 from fleetctl.console.cli.models import resolve_model
 from fleetctl.console.client import FleetClient, FleetClientError, FleetRefused, fleet_url
+from fleetctl.console.loadgen.agent_tools import AgentApi
 from fleetctl.console.loadgen.requests import TraceRequest
 from fleetctl.console.loadgen.synthetic import TraceKind
 from fleetctl.engine.model.registry import DEFAULT_MODEL
@@ -33,6 +34,13 @@ def bench(
     seed: int = typer.Option(0, "--seed"),
     tool_time: float = typer.Option(0.0, "--tool-time", min=0.0, help="Agent sessions: the mean seconds of a "
                                     "tool call, waited between a turn's end and the next turn (0: none)."),
+    tools: bool = typer.Option(False, "--tools", help="Agent sessions speak the chat API with four function tools "
+                               "(real JSON schemas): each turn a call (`tool_choice: required`) answered by a `tool` "
+                               "message, the last turn a free answer; adds the schema-valid rate and constrained vs "
+                               "free TPOT."),
+    response_format: bool = typer.Option(False, "--response-format", help="Agent sessions speak the chat API, each "
+                                         "turn but the last asking for a ReAct step as `response_format` json_schema; "
+                                         "adds the schema-valid rate and constrained vs free TPOT."),
     compare_layouts: bool = typer.Option(False, "--compare-layouts", help="Start the fleets itself: colocated on "
                                          "--devices, then the split `plan` picks from that run; their goodput ratio."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="With --compare-layouts: the model to serve."),
@@ -58,10 +66,12 @@ def bench(
 
     import httpx
 
+    from fleetctl.console.loadgen.outcome import Outcome
     from fleetctl.console.loadgen.report import print_results, save_results
-    from fleetctl.console.loadgen.runner import Outcome, fixed_lengths, run_bench
+    from fleetctl.console.loadgen.runner import fixed_lengths, run_bench
     from fleetctl.console.loadgen.traces import load_trace
 
+    api = _agent_api(trace, tools, response_format, input_len, compare_layouts)
     target = fleet_url(url)
     context = _context_of(target) if trace == TraceKind.AGENT and not compare_layouts else None
     name, requests_ = load_trace(trace, requests, rate, seed, context, tool_time)
@@ -75,7 +85,7 @@ def bench(
         async with httpx.AsyncClient(base_url=target, timeout=60.0) as http:
             trace_ = await fixed_lengths(http, requests_, input_len, output_len, seed)
         return await run_bench(target, trace_, name, slo_ttft, slo_tpot, max_concurrency=max_concurrency,
-                               warmup=warmup, progress=progress, details=outcomes)
+                               warmup=warmup, progress=progress, details=outcomes, api=api)
 
     outcomes: list[Outcome] = []
     try:
@@ -89,6 +99,21 @@ def bench(
         print(json.dumps(result))
         return
     print_results(result)
+
+
+def _agent_api(trace: str, tools: bool, response_format: bool, input_len: int, compare_layouts: bool) -> AgentApi:
+    """How agent sessions' turns are sent, or one error line for options that do not go together."""
+    if not (tools or response_format):
+        return AgentApi.COMPLETIONS
+    flag = "--tools" if tools else "--response-format"
+    if tools and response_format:
+        raise fail("give one of --tools and --response-format")
+    if trace != TraceKind.AGENT:
+        raise fail(f"{flag} is for --trace agent (synthetic agent sessions), not {trace!r}")
+    if input_len or compare_layouts:
+        other = "--input-len" if input_len else "--compare-layouts"
+        raise fail(f"{flag} sends chat messages: it does not go with {other}")
+    return AgentApi.TOOLS if tools else AgentApi.RESPONSE_FORMAT
 
 
 def _context_of(url: str) -> int | None:

@@ -34,11 +34,38 @@ TURNS = (4, 12)
 FILL = 0.8  # of the context a session may use: words are about one token each, not exactly one
 
 
-def system_prompt(words: int) -> str:
-    """The system prompt and tool descriptions every session shares (the same text for every run)."""
+TOOL_NAMES = ("search", "read", "run", "write")
+TASK = "Task: "
+OBSERVATION = "\nObservation: "
+THOUGHT = "\nThought:"
+
+
+def system_parts(words: int) -> tuple[str, dict[str, str]]:
+    """The shared system prompt's prose and each tool's description (the same text for every run)."""
     rng = random.Random("agent-system")
-    tools = "\n".join(f"Tool {name}: {prompt_text(rng, words // 8)}" for name in ("search", "read", "run", "write"))
-    return f"System: {prompt_text(rng, words // 2)}\n{tools}\n"
+    descriptions = {name: prompt_text(rng, words // 8) for name in TOOL_NAMES}
+    return prompt_text(rng, words // 2), descriptions
+
+
+def system_prompt(words: int) -> str:
+    """The system prompt and tool descriptions every session shares."""
+    prose, descriptions = system_parts(words)
+    tools = "\n".join(f"Tool {name}: {text}" for name, text in descriptions.items())
+    return f"System: {prose}\n{tools}\n"
+
+
+def first_turn_parts(prompt: str) -> tuple[str, dict[str, str], str]:
+    """A synthetic session's first prompt read back as (the system prompt's prose, the tools' descriptions, the
+    task): what `bench --tools` sends as chat messages and function tools."""
+    system, _, task = prompt.partition(TASK)
+    prose, *tools = system.strip().split("\n")
+    descriptions = dict(line.removeprefix("Tool ").split(": ", 1) for line in tools)
+    return prose.removeprefix("System: "), descriptions, task.strip()
+
+
+def observation_of(prompt: str) -> str:
+    """A synthetic session's later turn read back as the tool result it holds."""
+    return prompt.removeprefix(OBSERVATION).removesuffix(THOUGHT)
 
 
 def agent_sessions(count: int, rate: float, seed: int = 0, context: int = REFERENCE_CONTEXT,
@@ -59,13 +86,13 @@ def agent_sessions(count: int, rate: float, seed: int = 0, context: int = REFERE
     session = 0
     while len(turns) < count:
         used = system_words + draw(TASK_WORDS)
-        first = f"{system}Task: {prompt_text(rng, used - system_words)}\n"
+        first = f"{system}{TASK}{prompt_text(rng, used - system_words)}\n"
         for turn in range(min(rng.randint(*TURNS), count - len(turns))):
             answer = draw(ANSWER_TOKENS)
             words = used - system_words if turn == 0 else draw(TOOL_RESULT_WORDS)
             if turn and used + words + answer > context * FILL:
                 break
-            text = first if turn == 0 else f"\nObservation: {prompt_text(rng, words)}\nThought:"
+            text = first if turn == 0 else f"{OBSERVATION}{prompt_text(rng, words)}{THOUGHT}"
             pause = tools.expovariate(1 / tool_s) if turn and tool_s > 0 else 0.0
             turns.append(TraceRequest(text, words, answer, clock, session_id=f"s{session}", turn=turn,
                                       pause_s=pause))

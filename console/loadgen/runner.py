@@ -3,50 +3,27 @@ measure TTFT / TPOT / E2E at the client, and reads the fleet's own KV-handoff ti
 Options a vLLM user expects: fixed input/output lengths (`--input-len`: prompts of exactly that many
 tokens, cut from random words tokenized by the fleet's /tokenize and sent as token ids), a cap on
 requests in flight, warm-up requests that are not measured, and a progress callback. A session's turns
-go one after another, each prompt the previous turn's prompt and answer plus its own."""
+go one after another, each prompt the previous turn's prompt and answer plus its own (or, with `bench --tools` /
+`--response-format`, chat requests with the conversation so far: agent_tools.py, chat_stream.py)."""
 
 import asyncio
 import contextlib
 import json
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from functools import partial
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetctl.console.loadgen.agent_tools import AgentApi, Conversation
+from fleetctl.console.loadgen.chat_stream import send_chat
+from fleetctl.console.loadgen.outcome import Outcome, constrained_summary, percentile_json
 from fleetctl.console.loadgen.requests import WORDS, TraceRequest
-from fleetctl.store.queries import percentiles
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
-
-
-@dataclass
-class Outcome:
-    ttft_s: float = 0.0
-    e2e_s: float = 0.0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    error: str | None = None
-    start_s: float = 0.0  # when it was sent, seconds after its run (warm-up or measured) began
-    text: str = ""  # the answer (a session's next turn appends it)
-    turn: int = 0  # the turn of its session (0 for a single request)
-
-    @property
-    def tpot_s(self) -> float:
-        return (self.e2e_s - self.ttft_s) / (self.completion_tokens - 1) if self.completion_tokens > 1 else 0.0
-
-    def as_json(self) -> dict:
-        seconds = {name: round(getattr(self, name), 5) for name in ("start_s", "ttft_s", "tpot_s", "e2e_s")}
-        return seconds | {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                          "error": self.error}
-
-
-def percentile_json(values: list[float]) -> dict[str, float]:
-    """{"p50", "p90", "p99"} in seconds (0.0 when nothing succeeded)."""
-    cuts = percentiles(values)
-    return {name: round(getattr(cuts, name) or 0.0, 5) for name in ("p50", "p90", "p99")}
 
 
 async def stream_request(http: httpx.AsyncClient, model: str, req: TraceRequest, start: float) -> Outcome:
@@ -133,11 +110,12 @@ def _metric_sums(text: str) -> dict[str, float]:
 
 
 async def send_trace(http: httpx.AsyncClient, model: str, trace: list[TraceRequest], cap: int = 0,
-                     stage: str = "requests", progress: Progress | None = None, paced: bool = True) -> list[Outcome]:
+                     stage: str = "requests", progress: Progress | None = None, paced: bool = True,
+                     api: AgentApi = AgentApi.COMPLETIONS) -> list[Outcome]:
     """Every request at its arrival time (or at once), at most `cap` in flight (0: no cap). A session's turns
     go in order, each sent once the previous one ended and its `pause_s` passed (and not before its own arrival),
-    its prompt appended
-    to that turn's prompt and answer; a turn that fails ends its session (the turns left count as errors)."""
+    its prompt appended to that turn's prompt and answer (or, with a chat `api`, the conversation so far:
+    agent_tools.py); a turn that fails ends its session (the turns left count as errors)."""
     gate = asyncio.Semaphore(cap) if cap else None
     done = 0
     start = time.perf_counter()
@@ -149,26 +127,32 @@ async def send_trace(http: httpx.AsyncClient, model: str, trace: list[TraceReque
             progress(stage, done, len(trace))
         return out
 
-    async def one(req: TraceRequest) -> Outcome:
+    async def one(req: TraceRequest, send: Callable[[], Awaitable[Outcome]]) -> Outcome:
         if paced:
             await asyncio.sleep(max(0.0, start + req.arrival_s - time.perf_counter()))
         async with gate or contextlib.nullcontext():
             sent = time.perf_counter()
-            out = await _send(http, model, req)
+            out = await send()
         out.start_s = sent - start
         return finished(out)
 
     async def session(turns: list[TraceRequest]) -> list[Outcome]:
         outcomes: list[Outcome] = []
         history = ""
-        for req in sorted(turns, key=lambda r: r.turn):
+        chat = Conversation(api, model) if api is not AgentApi.COMPLETIONS else None
+        ordered = sorted(turns, key=lambda r: r.turn)
+        for req in ordered:
             if outcomes and outcomes[-1].error:
                 outcomes.append(finished(Outcome(error="an earlier turn of its session failed", turn=req.turn)))
                 continue
             if outcomes and req.pause_s:
                 await asyncio.sleep(req.pause_s)  # the tool the previous turn called runs
-            out = await one(replace(req, prompt=history + req.prompt))
-            history += req.prompt + out.text
+            if chat is None:
+                out = await one(req, partial(_send, http, model, replace(req, prompt=history + req.prompt)))
+                history += req.prompt + out.text
+            else:
+                out = await one(req, partial(send_chat, http, chat.body(req, last=req is ordered[-1]), req.turn))
+                chat.answered(out)
             outcomes.append(out)
         return outcomes
 
@@ -178,22 +162,23 @@ async def send_trace(http: httpx.AsyncClient, model: str, trace: list[TraceReque
             sessions.setdefault(req.session_id, []).append(req)
     if progress:
         progress(stage, 0, len(trace))
-    results = await asyncio.gather(*(one(r) for r in trace if r.session_id is None),
+    results = await asyncio.gather(*(one(r, partial(_send, http, model, r)) for r in trace if r.session_id is None),
                                    *(session(turns) for turns in sessions.values()))
     return [o for result in results for o in (result if isinstance(result, list) else [result])]
 
 
 async def run_bench(url: str, trace: list[TraceRequest], trace_name: str, slo_ttft: float, slo_tpot: float, *,
                     max_concurrency: int = 0, warmup: int = 0, progress: Progress | None = None,
-                    details: list[Outcome] | None = None) -> dict:
-    """The run's summary (`bench --json`); `details`, when given, receives every measured request's outcome."""
+                    details: list[Outcome] | None = None, api: AgentApi = AgentApi.COMPLETIONS) -> dict:
+    """The run's summary (`bench --json`); `details`, when given, receives every measured request's outcome.
+    `api`: how sessions' turns are sent (agent_tools.py)."""
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0)) as http:
         model = (await http.get("/v1/models")).json()["data"][0]["id"]
         if warmup:
-            await send_trace(http, model, trace[:warmup], max_concurrency, "warm-up", progress, paced=False)
+            await send_trace(http, model, trace[:warmup], max_concurrency, "warm-up", progress, paced=False, api=api)
         before = _metric_sums((await http.get("/metrics")).text)
         start = time.perf_counter()
-        outcomes = await send_trace(http, model, trace, max_concurrency, "requests", progress)
+        outcomes = await send_trace(http, model, trace, max_concurrency, "requests", progress, api=api)
         duration = time.perf_counter() - start
         after = _metric_sums((await http.get("/metrics")).text)
     if details is not None:
@@ -224,4 +209,6 @@ async def run_bench(url: str, trace: list[TraceRequest], trace_name: str, slo_tt
         "max_concurrency": max_concurrency or None,
         "warmup": warmup,
         **(turn_latencies(outcomes) if any(r.session_id is not None for r in trace) else {}),
+        "agent_api": api.value,
+        **constrained_summary(outcomes),
     }

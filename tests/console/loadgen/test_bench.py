@@ -10,7 +10,8 @@ import pytest
 from rich.console import Console
 from support.fleet_harness import fleetctl, serve
 
-from fleetctl.console.loadgen.report import header, results_table
+from fleetctl.console.loadgen.outcome import Outcome, constrained_summary
+from fleetctl.console.loadgen.report import header, results_table, save_results
 from fleetctl.console.loadgen.runner import run_bench
 from fleetctl.console.loadgen.synthetic import TraceKind, make_trace
 
@@ -72,3 +73,34 @@ def test_results_table_lists_every_number_without_a_fleet() -> None:
     for expected in ("512 in / trace out tokens", "max concurrency 4", "warm-up 2", "100.0", "200.0", "300.0",
                      "1.80", "900.0", "120.0", "1.50 req/s", "7/10 met", "TTFT ≤ 2 s, TPOT ≤ 0.2 s"):
         assert expected in text, expected
+
+
+def test_constrained_turns_add_the_schema_valid_rate_and_their_tpot_beside_the_free_turns(tmp_path: Path) -> None:
+    outcomes = [Outcome(ttft_s=0.1, e2e_s=1.1, completion_tokens=11, constrained=True),  # TPOT 100 ms
+                Outcome(ttft_s=0.1, e2e_s=2.1, completion_tokens=11, constrained=True, schema_problem="no tool call"),
+                Outcome(ttft_s=0.1, e2e_s=0.6, completion_tokens=11),  # free: TPOT 50 ms
+                Outcome(constrained=True, error="HTTP 400: no")]  # a failed request stays an error, not invalid
+    summary = constrained_summary(outcomes)
+    assert (summary["constrained_requests"], summary["schema_valid_requests"], summary["schema_valid_rate"]) == (
+        2, 1, 0.5)
+    assert summary["tpot_constrained_s"]["p50"] == pytest.approx(0.15) and summary["tpot_constrained_s"]["p90"] > 0.15
+    assert summary["tpot_unconstrained_s"]["p50"] == pytest.approx(0.05)
+    assert constrained_summary(outcomes[2:3])["schema_valid_rate"] is None
+    cuts = {"p50": 0.1, "p90": 0.2, "p99": 0.3}
+    result = {"trace": "agent", "requests": 4, "duration_s": 5.0, "goodput_rps": 0.2, "ttft_s": cuts, "tpot_s": cuts,
+              "e2e_s": cuts, "handoff_share_of_e2e": 0.0, "errors": 1, "request_throughput_rps": 0.6,
+              "input_tokens_per_s": 9.0, "output_tokens_per_s": 6.0, "good_requests": 1,
+              "slo": {"ttft_s": 2.0, "tpot_s": 0.2}, "max_concurrency": None, "warmup": 0, "input_len": None,
+              "output_len": None, "agent_api": "tools", **summary}
+    console = Console(record=True, width=160)
+    console.print(results_table(result))
+    text = header(result) + console.export_text()
+    for expected in ("turns sent as chat (tools)", "TPOT constrained turns (ms)", "150.0", "TPOT free turns (ms)",
+                     "50.0", "schema-valid rate", "50.0%", "1/2 valid"):
+        assert expected in text, expected
+    saved = tmp_path / "saved.json"
+    save_results(saved, result, outcomes)
+    rows = json.loads(saved.read_text())["per_request"]
+    assert [(r["constrained"], r["schema_valid"]) for r in rows] == [(True, True), (True, False), (False, None),
+                                                                      (True, None)]
+    assert rows[1]["schema_problem"] == "no tool call"
