@@ -65,7 +65,8 @@ async def responses(body: ResponsesRequest, request: Request, fleet: ServedFleet
     history = previous.messages if previous else []
     chat = body.as_chat(history)
     response_id = request_id_of(request) or new_id("resp")
-    session = previous.session if previous else session_of(request, chat) or response_id
+    # a conversation's turns are one session (its KV kept for --session-ttl); one never to be continued is none
+    session = previous.session if previous else session_of(request, chat) or (response_id if body.store else "")
     turn = Turn(response_id, body, fleet.model_name, history + chat_messages(body.items()), session)
     tools = ToolCalling.of(chat, fleet)
     ids = await tokenize(fleet, tools.prompt(fleet))
