@@ -1,6 +1,7 @@
 """Helpers for integration tests against a real `fleetctl serve` process on 127.0.0.1."""
 
 import asyncio
+import copy
 import json
 import os
 import socket
@@ -33,11 +34,19 @@ def fleetctl(*args: str, env: dict | None = None, timeout: float = 300) -> subpr
                           env={**os.environ, **(env or {})})
 
 
+_generated: dict[tuple, list[dict]] = {}  # generate_json's answers, by its arguments
+
+
 def generate_json(model: Path, prompts: list[str], *extra: str, env: dict | None = None) -> list[dict]:
-    """`fleetctl generate --json` for the prompts (one batch), parsed; `env` adds to the environment."""
-    result = fleetctl("generate", "--model", str(model), "--json", *extra, *prompts, env=env)
-    assert result.returncode == 0, result.stderr
-    return [json.loads(line) for line in result.stdout.splitlines()]
+    """`fleetctl generate --json` for the prompts (one batch), parsed; `env` adds to the environment. Run once a test
+    session for the same arguments: tests compare a fleet's streams with it, several modules with the same run
+    (a process that loads the model and decodes hundreds of tokens)."""
+    key = (model, tuple(prompts), extra, tuple(sorted((env or {}).items())))
+    if key not in _generated:
+        result = fleetctl("generate", "--model", str(model), "--json", *extra, *prompts, env=env)
+        assert result.returncode == 0, result.stderr
+        _generated[key] = [json.loads(line) for line in result.stdout.splitlines()]
+    return copy.deepcopy(_generated[key])
 
 
 def cli_json(*args: str) -> dict:
