@@ -96,7 +96,8 @@ def test_langchain_binds_tools_and_gets_structured_output(url: str) -> None:
 
     llm = ChatOpenAI(base_url=f"{url}/v1", api_key="unused", model=MODEL, temperature=0, max_tokens=60,
                      max_retries=0)
-    named = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("What is the weather in Paris?")
+    named = llm.bind_tools([get_weather], tool_choice="get_weather", parallel_tool_calls=False).invoke(
+        "What is the weather in Paris?")
     assert named.tool_calls and all(c["name"] == "get_weather" and set(c["args"]) == {"city"}
                                     for c in named.tool_calls), named
     for method in ("json_schema", "function_calling"):
