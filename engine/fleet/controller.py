@@ -397,6 +397,5 @@ class Fleet:
         return self.tokenizer.token_bytes(token_id)
 
     def compile_grammar(self, grammar: str) -> float:
-        """Compile a request's grammar for this model's tokenizer before any worker does: its seconds (0.0 from
-        the cache); GrammarError for one the workers could not use."""
+        """A request's grammar compiled here first (seconds, 0.0 if cached); GrammarError if workers can't use it."""
         return self.grammars.compile(grammar).seconds
