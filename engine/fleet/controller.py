@@ -396,6 +396,5 @@ class Fleet:
     def token_bytes(self, token_id: int) -> bytes:
         return self.tokenizer.token_bytes(token_id)
 
-    def compile_grammar(self, grammar: str) -> float:
-        """A request's grammar compiled here first (seconds, 0.0 if cached); GrammarError if workers can't use it."""
+    def compile_grammar(self, grammar: str) -> float:  # seconds (0.0 cached); GrammarError if workers can't use it
         return self.grammars.compile(grammar).seconds
