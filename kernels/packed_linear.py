@@ -1,40 +1,75 @@
-"""Weight matrices packed once, at load, into the CPU GEMM library's own blocked layout (oneDNN).
+"""Dense weight matrices laid out once, at load, for the CPU's products at every row count.
 
-`F.linear` on a CPU tensor hands oneDNN a plain row-major weight, which it reorders into its blocked
-layout on every call: for decode's few rows that reorder costs more than the product itself. Measured on
-this project's 2-core AVX-512 machine (smollm2's matrices, weights out of cache): a packed weight runs
-1.6-2.4x faster than `F.linear` in bf16 and 1.2-3x in fp32 at 1-16 rows, and is no slower at 2,048. bf16
-results are bit-identical to `F.linear`'s (oneDNN computes both); fp32 ones differ in the last bits
-(`F.linear` uses another GEMM for fp32).
+- A few rows (decode: up to `cpu_gemv.max_rows()`): this package's streaming kernel (`cpu_gemv`) over the plain
+  row-major weight, at the memory's bandwidth.
+- More rows (prefill, big decode batches): oneDNN's GEMM on its own blocked layout, packed once here where the CPU
+  has bf16 instructions — `F.linear` on a plain bf16 weight reorders it into that layout on every call, which
+  costs more than the product at tens of rows; in float32 `F.linear` runs MKL's GEMM on the plain weight, no
+  slower than a packed one, so float32 weights stay plain.
 
-The cost: a packed copy is the worker's own memory, where the plain weights are a memory-map that
-workers on one machine share in the page cache.
+The cost of a bf16 `PackedWeight`: the blocked copy is the worker's own memory, beside the plain weights (a
+memory-map that workers on one machine share in the page cache).
 """
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-PACKABLE = (torch.bfloat16, torch.float32)
+from fleetctl.kernels import cpu_gemv
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A dense [N, K] weight and oneDNN's blocked copy of it (opaque: shape and dtype, no indexing)."""
+
+    plain: torch.Tensor
+    blocked: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.plain.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.plain.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.plain.device
+
+    def numel(self) -> int:
+        return self.plain.numel()
+
+    def element_size(self) -> int:
+        return self.plain.element_size()
+
+
+DenseWeight = torch.Tensor | PackedWeight
 
 
 def can_pack(weight: torch.Tensor) -> bool:
     """oneDNN packs bf16 only on a CPU with bf16 instructions (AVX-512 BF16, AVX-NE-CONVERT, or AVX-512's
     emulation of them): an AVX2-only CPU multiplies bf16 weights through `F.linear`, unpacked."""
-    if weight.device.type != "cpu" or weight.dtype not in PACKABLE or not torch.backends.mkldnn.is_available():
-        return False
-    return weight.dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] -> an opaque oneDNN tensor that `linear` multiplies by (the weight itself where it
-    cannot be packed: on a GPU, or in another dtype). The packed tensor keeps shape and dtype, not indexing."""
+def pack(weight: torch.Tensor) -> DenseWeight:
+    """weight [N, K] -> a PackedWeight where oneDNN packs it, else the weight itself (contiguous on a CPU, as the
+    streaming kernel reads it)."""
+    if weight.device.type == "cpu":
+        weight = weight.contiguous()
     if not can_pack(weight):
         return weight
-    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+    return PackedWeight(weight, torch.ops.mkldnn._reorder_linear_weight(weight, None))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: DenseWeight) -> torch.Tensor:
     """x [T, K] @ weight [N, K]ᵀ -> [T, N], weight plain or packed."""
-    if weight.is_mkldnn:
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, None, "none", [], "")
+    plain = weight.plain if isinstance(weight, PackedWeight) else weight
+    if cpu_gemv.takes(x, plain) and plain.is_contiguous():
+        return cpu_gemv.gemv(x, cpu_gemv.dense_format(plain.dtype), plain, plain.shape[0])
+    if isinstance(weight, PackedWeight):
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight.blocked, None, "none", [], "")
     return F.linear(x, weight)

@@ -1,10 +1,14 @@
 """Weight-only quantized linear layers: int8 per output channel, int4 in groups along the input dimension, and
 8-bit codes in groups of 32 held as two int4 halves (int8-split).
 
-The products run in torch's own weight-only kernels, never a hand-written matmul:
+On a CPU, decode's few rows run in this package's streaming kernel (`cpu_gemv`), more rows in torch's
+weight-only kernels; on CUDA, torch's kernels at every row count:
 - int8: `aten._weight_int8pack_mm(x, q [N, K] int8, scales [N])`, w = q · scale (CPU and CUDA);
 - int4: `aten._weight_int4pack_mm_for_cpu` on a CPU and `aten._weight_int4pack_mm` (tinygemm) on CUDA, with
-  codes q in 0..15 and per group of `group_size` inputs a scale s and a zero z: w = (q − 8) · s + z;
+  codes q in 0..15 and per group of `group_size` inputs a scale s and a zero z: w = (q − 8) · s + z. On a CPU
+  the codes are kept in llama.cpp-style blocks of 32 inputs (`q4_blocks`: what the streaming kernel reads, and
+  what the prepared-weights cache stores, the same on every CPU); torch's own layout, which depends on the
+  CPU it was made on, is derived from them at load (`gemm_data`);
 - int8-split: w = q · d + m per group of 32, q in −128..127 (llama.cpp's Q8_0, Q5_0, Q5_1 and 4-bit blocks all
   take this form). Torch has no grouped int8 kernel, so q = 16 · hi + lo (hi = q >> 4 in −8..7, lo = q & 15)
   is held as two int4 layouts over the same inputs — hi with scale 16d and zero 0, lo with scale d and zero
@@ -27,6 +31,7 @@ from enum import StrEnum
 import torch
 
 from fleetctl.errors import UserError
+from fleetctl.kernels import cpu_gemv
 
 INT4_GROUP_SIZES = (32, 64, 128)  # as engine/core/engine_settings says (kernels import nothing of the engine)
 SPLIT_GROUP = 32  # int8-split's group: a llama.cpp block
@@ -51,9 +56,10 @@ class QuantizedWeight:
     out_features: int
     in_features: int
     group_size: int  # inputs sharing one scale: in_features for int8 (per channel)
-    data: torch.Tensor  # int8: [N, K] int8; int4 CPU: [N, K/2] uint8; int4 CUDA: tinygemm's int32 tiles
+    data: torch.Tensor  # int8: [N, K] int8; int4 CPU: [N, K/2] uint8 q4 blocks; int4 CUDA: tinygemm's int32 tiles
     scales: torch.Tensor  # int8: [N]; int4: [K/group, N, 2] scale and zero, in the compute dtype
     # int8-split: data and scales as int4's over 2K inputs (the hi codes of every input, then the lo codes)
+    gemm_data: torch.Tensor | None = None  # int4 on a CPU: the codes in torch's layout, for its kernel's many rows
 
     @property
     def dtype(self) -> torch.dtype:
@@ -65,7 +71,7 @@ class QuantizedWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes one product reads: the codes and their scales (and zeros)."""
+        """Bytes one decode product reads: the codes and their scales (and zeros)."""
         return self.data.numel() * self.data.element_size() + self.scales.numel() * self.scales.element_size()
 
     @property
@@ -147,19 +153,44 @@ def int4_from_codes(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
     if scales.shape != (rows, cols // group_size) or zeros.shape != scales.shape:
         raise QuantizationError(f"int4 scales {tuple(scales.shape)} do not fit codes {tuple(codes.shape)} "
                                 f"in groups of {group_size}")
+    scales_and_zeros = torch.stack([scales.T, zeros.T], dim=-1).contiguous()  # [K/group, N, 2]
     if codes.device.type == "cuda":
         pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
         data = torch.ops.aten._convert_weight_to_int4pack(pairs.contiguous(), _CUDA_INNER_K_TILES)
-    else:
-        data = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
-    scales_and_zeros = torch.stack([scales.T, zeros.T], dim=-1).contiguous()  # [K/group, N, 2]
-    return QuantizedWeight(QuantFormat.INT4, rows, cols, group_size, data, scales_and_zeros)
+        return QuantizedWeight(QuantFormat.INT4, rows, cols, group_size, data, scales_and_zeros)
+    return with_gemm_layout(QuantizedWeight(QuantFormat.INT4, rows, cols, group_size, q4_blocks(codes),
+                                            scales_and_zeros))
+
+
+def q4_blocks(codes: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] in 0..15 -> [N, K/2] uint8: per block of 32 inputs, byte j holds input j (low nibble) and
+    input j + 16 (high)."""
+    rows, cols = codes.shape
+    halves = codes.to(torch.uint8).reshape(rows, cols // 32, 2, 16)
+    return (halves[:, :, 0] | halves[:, :, 1] << 4).reshape(rows, cols // 2)
+
+
+def q4_codes(blocks: torch.Tensor) -> torch.Tensor:
+    """`q4_blocks` undone: [N, K/2] uint8 -> codes [N, K] int32."""
+    rows = blocks.shape[0]
+    pairs = blocks.reshape(rows, -1, 1, 16)
+    return torch.cat([pairs & 15, pairs >> 4], dim=2).reshape(rows, -1).to(torch.int32)
+
+
+def with_gemm_layout(weight: QuantizedWeight) -> QuantizedWeight:
+    """A CPU int4 or int8-split weight with torch's layout of its codes beside its q4 blocks (built at load)."""
+    if weight.format is QuantFormat.INT8 or weight.device.type != "cpu":
+        return weight
+    gemm = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4_codes(weight.data).contiguous(), 1)
+    return replace(weight, gemm_data=gemm)
 
 
 def unpack_int4(weight: QuantizedWeight) -> torch.Tensor:
-    """The codes [N, packed_features] (int32, 0..15) of an int4 or int8-split weight, recovered by multiplying
-    the identity."""
-    dtype = torch.bfloat16 if weight.device.type == "cuda" else torch.float32  # tinygemm computes in bf16 only
+    """The codes [N, packed_features] (int32, 0..15) of an int4 or int8-split weight: from the q4 blocks on a
+    CPU, by multiplying the identity through tinygemm on CUDA."""
+    if weight.device.type == "cpu":
+        return q4_codes(weight.data)
+    dtype = torch.bfloat16
     eye = torch.eye(weight.packed_features, dtype=dtype, device=weight.device)
     unit = torch.stack([torch.ones_like(weight.scales[..., 0]), torch.full_like(weight.scales[..., 0], 8)], dim=-1)
     ones = replace(weight, format=QuantFormat.INT4, in_features=weight.packed_features, scales=unit.to(dtype))
@@ -172,12 +203,19 @@ def linear(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
         raise QuantizationError(f"a {weight.format} weight computing in {weight.dtype} got {x.dtype} inputs")
     x = x.contiguous()
     if weight.format is QuantFormat.INT8:
+        if cpu_gemv.takes(x, weight.data):
+            return cpu_gemv.gemv(x, cpu_gemv.WeightFormat.I8, weight.data, weight.out_features, weight.scales)
         return torch.ops.aten._weight_int8pack_mm(x, weight.data, weight.scales)
     if weight.format is QuantFormat.INT8_SPLIT:
         x = torch.cat([x, x], dim=-1)  # [T, 2K]: the high halves' inputs, then the low halves'
     if weight.device.type == "cuda":
         return torch.ops.aten._weight_int4pack_mm(x, weight.data, weight.group_size, weight.scales)
-    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight.data, weight.group_size, weight.scales)
+    if cpu_gemv.takes(x, weight.data):
+        return cpu_gemv.gemv(x, cpu_gemv.WeightFormat.Q4, weight.data, weight.out_features, weight.scales,
+                             weight.group_size)
+    if weight.gemm_data is None:
+        raise QuantizationError("a CPU int4 weight without torch's layout: build it with_gemm_layout at load")
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight.gemm_data, weight.group_size, weight.scales)
 
 
 def _check_int4_shape(in_features: int, group_size: int) -> None:

@@ -7,7 +7,7 @@ CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON …" pip install llama-cpp-python
 (`llama_cpp_decode.py`: that many sequences decoding together). Prints ratios, not absolute claims.
 
     python scripts/bench_quantized.py [--model smollm2-135m] [--quantization none,int8,int4] [--batches 1,16,64]
-        [--llama-python /path/to/venv/bin/python]
+        [--llama-python /path/to/venv/bin/python] [--dtype bfloat16|float32]
 """
 
 import argparse
@@ -22,6 +22,7 @@ from fleetctl.console.cli.models import resolve_model
 from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.engine.model.decoder import matrix_bytes
 from fleetctl.engine.model.model_store import SOURCE_GGUF
 
 PREFILL_LENGTHS = (500, 2000)
@@ -38,7 +39,7 @@ def read_bandwidth(threads: int, megabytes: int = 1024) -> float:
 def step_bytes(engine: LLMEngine, batch: int, context: int) -> int:
     """Bytes a decode step reads: layer matrices as stored, the lm_head once, and each sequence's KV."""
     weights = engine.model.weights
-    head = weights.lm_head.numel() * weights.lm_head.element_size()
+    head = matrix_bytes(weights.lm_head)
     spec = engine.kv_cache.spec
     return weights.layer_matrix_bytes + head + batch * context * spec.bytes_per_block // spec.block_size
 
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--dtype", default="bfloat16", help="The dtype dense weights and activations compute in.")
     parser.add_argument("--llama-python", default="", help="An interpreter with llama_cpp (skipped when empty).")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -80,7 +82,7 @@ def main() -> None:
     print(f"{'weights':<10} {'batch':>5} {'tok/s':>8} {'vs llama':>9} {'ceiling':>8} {'of ceil':>8} {'MB/step':>8}")
     prefill: dict[str, dict[int, float]] = {}
     for name in args.quantization.split(","):
-        settings = EngineSettings(dtype="bfloat16", quantization=name, num_kv_blocks=2048, max_num_seqs=max(batches),
+        settings = EngineSettings(dtype=args.dtype, quantization=name, num_kv_blocks=2048, max_num_seqs=max(batches),
                                   max_num_batched_tokens=max(PREFILL_LENGTHS), prefix_cache=False)
         engine = LLMEngine(EngineConfig(model_dir, settings=settings))
         label = engine.weights_label

@@ -12,10 +12,10 @@ import torch
 from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.model.rope import rope_tables
 from fleetctl.kernels import ops
-from fleetctl.kernels.packed_linear import pack
+from fleetctl.kernels.packed_linear import DenseWeight, pack
 from fleetctl.kernels.quantized_linear import QuantizedWeight
 
-Matrix = torch.Tensor | QuantizedWeight  # a layer's weight matrix: dense, or weight-only quantized
+Matrix = DenseWeight | QuantizedWeight  # a layer's weight matrix: dense (plain or packed), or weight-only quantized
 
 
 @dataclass
@@ -38,12 +38,11 @@ class ModelWeights:
     embed: torch.Tensor  # [V, D]
     layers: list[LayerWeights]
     final_norm: torch.Tensor  # [D]
-    lm_head: torch.Tensor  # [V, D]; the embedding itself when tied
+    lm_head: DenseWeight  # [V, D]; the embedding itself when tied
 
     def packed(self) -> "ModelWeights":
-        """The dense weight matrices packed for the CPU's GEMM (kernels/packed_linear; unchanged on a GPU or
-        quantized); the embedding and norms as they are. A tied head becomes a packed copy, the embedding stays
-        indexable."""
+        """The dense weight matrices laid out for the CPU's products (kernels/packed_linear; unchanged on a GPU or
+        quantized); the embedding and norms as they are. A tied head gets a packed copy beside the embedding."""
         layers = [replace(layer, qkv=_pack(layer.qkv), o_proj=_pack(layer.o_proj), gate_up=_pack(layer.gate_up),
                           down=_pack(layer.down)) for layer in self.layers]
         return replace(self, layers=layers, lm_head=pack(self.lm_head))
@@ -51,11 +50,12 @@ class ModelWeights:
     @property
     def layer_matrix_bytes(self) -> int:
         """Bytes of the decoder layers' matrices as stored (quantized: codes and scales): what a step reads."""
-        return sum(_matrix_bytes(getattr(layer, name)) for layer in self.layers
+        return sum(matrix_bytes(getattr(layer, name)) for layer in self.layers
                    for name in ("qkv", "o_proj", "gate_up", "down"))
 
 
-def _matrix_bytes(matrix: Matrix) -> int:
+def matrix_bytes(matrix: Matrix) -> int:
+    """Bytes a decode step reads of one matrix (quantized: its codes and scales)."""
     if isinstance(matrix, QuantizedWeight):
         return matrix.nbytes
     return matrix.numel() * matrix.element_size()

@@ -25,13 +25,13 @@ from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.model.model_store import MANIFEST
 from fleetctl.engine.model.quantize import quantize_weights, weight_source
 from fleetctl.engine.paths import fleet_home
-from fleetctl.kernels.quantized_linear import QuantFormat, QuantizedWeight
+from fleetctl.kernels.quantized_linear import QuantFormat, QuantizedWeight, with_gemm_layout
 
 LAYER_FIELDS = [f.name for f in fields(LayerWeights)]
 BUILD_TIMEOUT_S = 600.0  # a slow disk converting a large model; waiters then fall back to plain copies
 # part of every cache key: bumped whenever a layout is built differently, so no file of the old build is mapped
-# (2: a non-llama GGUF's 4-bit Q/K blocks had been un-permuted as llama's)
-LAYOUT_VERSION = 2
+# (2: a non-llama GGUF's 4-bit Q/K blocks had been un-permuted as llama's; 3: CPU int4 codes as q4 blocks)
+LAYOUT_VERSION = 3
 
 
 def weights_key(model_dir: Path) -> str:
@@ -78,7 +78,7 @@ def _unflatten(flat: dict[str, torch.Tensor], metadata: dict[str, str], num_laye
             return QuantizedWeight(fmt, scales.shape[0], data.shape[1], group_size, data, scales)
         packed_cols = scales.shape[0] * group_size  # int8-split packs its two halves over twice its inputs
         cols = packed_cols // 2 if fmt is QuantFormat.INT8_SPLIT else packed_cols
-        return QuantizedWeight(fmt, scales.shape[1], cols, group_size, data, scales)
+        return with_gemm_layout(QuantizedWeight(fmt, scales.shape[1], cols, group_size, data, scales))
 
     layers = [LayerWeights(**{name: field(f"layers.{i}.{name}") for name in LAYER_FIELDS}) for i in range(num_layers)]
     embed = flat["embed"]

@@ -10,7 +10,7 @@ from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.prompt import PromptError
 from fleetctl.engine.core.sequence import SamplingError, SamplingParams
-from fleetctl.kernels.packed_linear import pack
+from fleetctl.kernels.packed_linear import PackedWeight, pack
 
 PROMPTS = [
     "The quick brown fox",
@@ -119,17 +119,23 @@ def test_max_tokens_and_stop_strings(tiny_model_dir: Path) -> None:
     assert stopped.text == full.text[: full.text.index(stop)]
 
 
-def test_weights_are_packed_on_a_cpu(tiny_model_dir: Path) -> None:
-    weights = make_engine(tiny_model_dir).model.weights
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_weights_are_packed_where_bf16_is_native(tiny_model_dir: Path, dtype: str) -> None:
+    """float32 matrices stay plain (MKL takes them as they are); bf16 ones get oneDNN's blocked copy beside them
+    where the CPU has bf16 instructions."""
+    weights = make_engine(tiny_model_dir, dtype=dtype).model.weights
     matrices = [weights.lm_head, *(m for w in weights.layers for m in (w.qkv, w.o_proj, w.gate_up, w.down))]
-    assert all(m.is_mkldnn for m in matrices) and not weights.embed.is_mkldnn  # the embedding stays indexable
+    packs = dtype == "bfloat16" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert all(isinstance(m, PackedWeight) is packs for m in matrices)
+    assert isinstance(weights.embed, torch.Tensor)  # the embedding stays indexable
 
 
 def test_eos_stops_generation(tiny_model_dir: Path) -> None:
     engine = make_engine(tiny_model_dir)
     eos = next(iter(engine.tokenizer.eos_token_ids))
-    # make the model always pick EOS by biasing its output row (of the head unpacked, then packed again)
-    head = engine.model.weights.lm_head.to_dense()
+    # make the model always pick EOS by biasing its output row (of a copy of the plain head, then packed again)
+    head = engine.model.weights.lm_head
+    head = (head.plain if isinstance(head, PackedWeight) else head).clone()
     head[eos] = head.abs().max() * 50
     engine.model.weights.lm_head = pack(head)
     result = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=10, temperature=0.0))[0]

@@ -1,0 +1,241 @@
+/* Decode's matrix products on a CPU: y [T, N] = x [T, K] @ W [N, K]^T for a few rows T (1..GEMV_MAX_ROWS).
+ *
+ * At decode's row counts the product is a stream over W: each weight is read once and multiplied into every row
+ * of x, kept in registers, so the time is W's bytes over the memory's bandwidth. The weight formats:
+ *   f32   W float32
+ *   bf16  W bfloat16 (widened to float32 by a shift)
+ *   i8    W int8, one float32 scale per output row: w = q * s
+ *   q4    W in llama.cpp-style blocks of 32 inputs: 16 bytes, byte j holding input j (low nibble) and
+ *         input j + 16 (high nibble), codes 0..15; per group of G inputs (a multiple of 32) a scale s and a zero z
+ *         : w = (q - 8) * s + z, so a row's sum is s * dot(x, q) + (z - 8 s) * sum(x) per group.
+ * x, y and the scales are float32 or bfloat16 (x_bf16); sums run in float32, in a fixed order per row whatever T is.
+ * Built with -march=native at first use (kernels/cpu_gemv.py); GCC's vector extensions pick the machine's widest
+ * registers. Threads split the output rows (OpenMP, `threads` of them).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_ROWS 8
+#define LANES 8
+
+typedef float vf __attribute__((vector_size(LANES * 4)));
+typedef uint16_t vu16 __attribute__((vector_size(LANES * 2), aligned(2)));
+typedef uint32_t vu32 __attribute__((vector_size(LANES * 4)));
+typedef int8_t vi8 __attribute__((vector_size(LANES), aligned(1)));
+typedef uint8_t vu8 __attribute__((vector_size(LANES), aligned(1)));
+typedef uint8_t vu8x16 __attribute__((vector_size(16), aligned(1)));
+typedef float vf_u __attribute__((vector_size(LANES * 4), aligned(4)));
+
+int gemv_max_rows(void) { return MAX_ROWS; }
+
+static inline vf load_f32(const float *p) { return *(const vf_u *)p; }
+
+#ifdef __AVX2__ /* GCC's generic conversions go through 128-bit halves on some tunings (znver) */
+#include <immintrin.h>
+static inline vf widen_bf16(const uint16_t *p) {
+    return (vf)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16);
+}
+static inline vf widen_i8(const int8_t *p) {
+    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+static inline vf widen_u8(const vu8x16 *v, int half) {
+    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)((const uint8_t *)v + half))));
+}
+#else
+static inline vf widen_bf16(const uint16_t *p) {
+    vu32 wide = __builtin_convertvector(*(const vu16 *)p, vu32) << 16;
+    vf out;
+    memcpy(&out, &wide, sizeof out);
+    return out;
+}
+static inline vf widen_i8(const int8_t *p) { return __builtin_convertvector(*(const vi8 *)p, vf); }
+static inline vf widen_u8(const vu8x16 *v, int half) {
+    return __builtin_convertvector(*(const vu8 *)((const uint8_t *)v + half), vf);
+}
+#endif
+
+static inline float hsum(vf v) {
+    float s = 0.0f;
+    for (int i = 0; i < LANES; i++) s += v[i];
+    return s;
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline float scalar_at(const void *p, size_t i, int bf16) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40); /* NaN stays NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* One weight row (dense formats) against T rows of x: two accumulators per row of x, K a multiple of 16
+ * (the Python side checks). */
+#define DENSE_ROW(NAME, WTYPE, WIDEN)                                                                       \
+    static inline __attribute__((always_inline)) void NAME(const WTYPE *w, const float *x, int T, int K,    \
+                                                           float *out) {                                   \
+        vf acc[MAX_ROWS][2];                                                                                \
+        for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = (vf){0};                                        \
+        for (int k = 0; k < K; k += 2 * LANES) {                                                            \
+            vf w0 = WIDEN(w + k), w1 = WIDEN(w + k + LANES);                                                \
+            for (int t = 0; t < T; t++) {                                                                   \
+                acc[t][0] += w0 * load_f32(x + (size_t)t * K + k);                                          \
+                acc[t][1] += w1 * load_f32(x + (size_t)t * K + k + LANES);                                  \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int t = 0; t < T; t++) out[t] = hsum(acc[t][0] + acc[t][1]);                                   \
+    }
+
+DENSE_ROW(row_f32, float, load_f32)
+DENSE_ROW(row_bf16, uint16_t, widen_bf16)
+DENSE_ROW(row_i8, int8_t, widen_i8)
+
+/* The inputs of a q4 product: x [T, K] in float32, its per-group sums (the zeros' term, [T, K / G]) and, where the
+ * integer dot product runs (AVX2, and x in bfloat16: 8 bits of precision already), x rounded to int8 per block of
+ * 32 with one scale each, as llama.cpp's Q8 activations are; xq is NULL otherwise (float products). */
+typedef struct {
+    const float *x, *xsum, *xscale; /* xscale: [T, K / 32] */
+    const int8_t *xq;               /* [T, K] */
+} Q4Inputs;
+
+#ifdef __AVX2__
+/* dot(x block, q block) of 32 inputs as int8 x times u8 codes, in int32, as float lanes. */
+static inline vf block_dot(__m256i codes, const int8_t *xq) {
+    const __m256i pairs = _mm256_maddubs_epi16(codes, _mm256_loadu_si256((const __m256i *)xq));
+    return (vf)_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+#endif
+
+/* One q4 row: per block of 32 inputs dot(x, q), scaled by the group's s (and x's block scale); the zeros' term
+ * from the per-group sums of x. */
+static inline __attribute__((always_inline)) void row_q4(const uint8_t *w, const void *scales_zeros, int aux_bf16,
+                                                         int N, int n, Q4Inputs in, int T, int K, int G,
+                                                         float *out) {
+    vf acc[MAX_ROWS];
+    float zero_term[MAX_ROWS];
+    for (int t = 0; t < T; t++) acc[t] = (vf){0}, zero_term[t] = 0.0f;
+    const int groups = K / G;
+    for (int g = 0; g < groups; g++) {
+        const size_t at = ((size_t)g * N + n) * 2;
+        const float s = scalar_at(scales_zeros, at, aux_bf16), z = scalar_at(scales_zeros, at + 1, aux_bf16);
+        for (int b = g * G; b < (g + 1) * G; b += 32) {
+#ifdef __AVX2__
+            if (in.xq) {
+                const __m128i packed = _mm_loadu_si128((const __m128i *)(w + b / 2)), low4 = _mm_set1_epi8(15);
+                const __m256i codes = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4),
+                                                       _mm_and_si128(packed, low4));
+                for (int t = 0; t < T; t++) {
+                    const float scale = s * in.xscale[((size_t)t * K + b) / 32];
+                    acc[t] += block_dot(codes, in.xq + (size_t)t * K + b) * scale;
+                }
+                continue;
+            }
+#endif
+            const vu8x16 block = *(const vu8x16 *)(w + b / 2), lo = block & 15, hi = block >> 4;
+            const vf q0 = widen_u8(&lo, 0), q1 = widen_u8(&lo, 8), q2 = widen_u8(&hi, 0), q3 = widen_u8(&hi, 8);
+            for (int t = 0; t < T; t++) {
+                const float *xb = in.x + (size_t)t * K + b;
+                acc[t] += (q0 * load_f32(xb) + q1 * load_f32(xb + 8) + q2 * load_f32(xb + 16) +
+                           q3 * load_f32(xb + 24)) * s;
+            }
+        }
+        for (int t = 0; t < T; t++) zero_term[t] += (z - 8.0f * s) * in.xsum[(size_t)t * groups + g];
+    }
+    for (int t = 0; t < T; t++) out[t] = hsum(acc[t]) + zero_term[t];
+}
+
+/* x [T, K] rounded to int8 per block of 32 (round to nearest; the block's largest magnitude maps to 127). */
+static void quantize_blocks(const float *x, size_t count, int8_t *xq, float *xscale) {
+    for (size_t b = 0; b < count / 32; b++) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            const float v = x[b * 32 + j] < 0 ? -x[b * 32 + j] : x[b * 32 + j];
+            amax = v > amax ? v : amax;
+        }
+        const float scale = amax / 127.0f, inverse = amax > 0 ? 127.0f / amax : 0.0f;
+        xscale[b] = scale;
+        for (int j = 0; j < 32; j++) xq[b * 32 + j] = (int8_t)__builtin_lrintf(x[b * 32 + j] * inverse);
+    }
+}
+
+enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2, W_Q4 = 3 };
+
+/* Rows of one weight format with T fixed at compile time (so the accumulators stay in registers). */
+#define DISPATCH_T(BODY)                        \
+    switch (T) {                                \
+    case 1: { const int TT = 1; BODY; } break;  \
+    case 2: { const int TT = 2; BODY; } break;  \
+    case 3: { const int TT = 3; BODY; } break;  \
+    case 4: { const int TT = 4; BODY; } break;  \
+    case 5: { const int TT = 5; BODY; } break;  \
+    case 6: { const int TT = 6; BODY; } break;  \
+    case 7: { const int TT = 7; BODY; } break;  \
+    default: { const int TT = 8; BODY; } break; \
+    }
+
+static void rows(int format, const void *w, const void *aux, int aux_bf16, int N, int n0, int n1, Q4Inputs in,
+                 int T, int K, int G, float *y) {
+    const float *x = in.x;
+    float out[MAX_ROWS];
+    for (int n = n0; n < n1; n++) {
+        switch (format) {
+        case W_F32: DISPATCH_T(row_f32((const float *)w + (size_t)n * K, x, TT, K, out)); break;
+        case W_BF16: DISPATCH_T(row_bf16((const uint16_t *)w + (size_t)n * K, x, TT, K, out)); break;
+        case W_I8:
+            DISPATCH_T(row_i8((const int8_t *)w + (size_t)n * K, x, TT, K, out));
+            for (int t = 0; t < T; t++) out[t] *= scalar_at(aux, n, aux_bf16);
+            break;
+        default:
+            DISPATCH_T(row_q4((const uint8_t *)w + (size_t)n * K / 2, aux, aux_bf16, N, n, in, TT, K, G, out));
+        }
+        for (int t = 0; t < T; t++) y[(size_t)t * N + n] = out[t];
+    }
+}
+
+/* y [T, N] (float32 or bfloat16 as x) = x [T, K] @ W^T. aux: the i8 scales [N] or the q4 scales and zeros
+ * [K / G, N, 2], in x's dtype; G: the q4 group. Returns 0, or -1 when a buffer could not be had. */
+int gemv(int format, const void *w, const void *aux, int N, int K, int G, const void *x, int x_bf16, int T,
+         void *y, int threads) {
+    const size_t inputs = (size_t)T * K, groups = format == W_Q4 ? (size_t)K / G : 0;
+#ifdef __AVX2__
+    const size_t blocks = format == W_Q4 && x_bf16 ? inputs / 32 : 0;
+#else
+    const size_t blocks = 0;
+#endif
+    /* one buffer: x and y in float32, the per-group sums and block scales of x, then x in int8 */
+    float *xf = malloc(sizeof(float) * (inputs + (size_t)T * groups + blocks + (size_t)T * N) + blocks * 32);
+    if (!xf) return -1;
+    float *xsum = xf + inputs, *xscale = xsum + (size_t)T * groups, *yf = xscale + blocks;
+    int8_t *xq = (int8_t *)(yf + (size_t)T * N);
+    for (size_t i = 0; i < inputs; i++) xf[i] = x_bf16 ? bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+    for (int t = 0; t < T; t++)
+        for (size_t g = 0; g < groups; g++) {
+            float s = 0.0f;
+            for (size_t k = g * G; k < (g + 1) * G; k++) s += xf[(size_t)t * K + k];
+            xsum[(size_t)t * groups + g] = s;
+        }
+    if (blocks) quantize_blocks(xf, inputs, xq, xscale);
+    const Q4Inputs in = {xf, xsum, xscale, blocks ? xq : NULL};
+    float *dest = x_bf16 ? yf : (float *)y;
+    const int chunk = 16; /* rows per scheduling unit: a cache line of y per row of x at least */
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int c = 0; c < (N + chunk - 1) / chunk; c++) {
+        const int n0 = c * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+        rows(format, w, aux, x_bf16, N, n0, n1, in, T, K, G, dest);
+    }
+    if (x_bf16)
+        for (size_t i = 0; i < (size_t)T * N; i++) ((uint16_t *)y)[i] = f32_to_bf16(yf[i]);
+    free(xf);
+    return 0;
+}

@@ -1,0 +1,99 @@
+"""The CPU streaming kernel (kernels/cpu_gemv): every weight format against its float reference at each row count
+it takes, with odd output counts (a partial chunk per thread) and one thread or two; the build cache."""
+
+import pytest
+import torch
+
+from fleetctl.kernels import cpu_gemv
+from fleetctl.kernels.cpu_gemv import WeightFormat, gemv
+from fleetctl.kernels.quantized_linear import q4_blocks, q4_codes, quantize_int4, quantize_int8
+
+ROWS = list(range(1, 9))
+
+
+def _x(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows)).to(dtype)
+
+
+def test_it_builds_here() -> None:
+    """CI's machines have a C compiler: the kernel is part of the product, not an option."""
+    assert cpu_gemv.available() and cpu_gemv.max_rows() == 8
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", ROWS)
+def test_dense_products_are_the_float_product(rows: int, dtype: torch.dtype, threads: int) -> None:
+    weight = torch.randn(101, 96, generator=torch.Generator().manual_seed(0)).to(dtype)
+    x = _x(rows, 96, dtype)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = gemv(x, cpu_gemv.dense_format(dtype), weight, 101)
+    finally:
+        torch.set_num_threads(previous)
+    reference = x.float() @ weight.float().T
+    assert out.shape == (rows, 101) and out.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+    else:  # float32 sums, one rounding to bf16 at the end
+        torch.testing.assert_close(out.float(), reference, rtol=8e-3, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", ROWS)
+def test_int8_rows_are_the_product_with_the_dequantized_weight(rows: int, dtype: torch.dtype) -> None:
+    weight = quantize_int8(torch.randn(75, 64, generator=torch.Generator().manual_seed(1)).to(dtype))
+    x = _x(rows, 64, dtype)
+    out = gemv(x, WeightFormat.I8, weight.data, 75, weight.scales)
+    reference = x.float() @ weight.dequantize().T
+    tolerance = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=8e-3, atol=2e-2)
+    torch.testing.assert_close(out.float(), reference, **tolerance)
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_q4_rows_in_float32_are_exact_to_rounding(rows: int, group: int) -> None:
+    weight = quantize_int4(torch.randn(48, 256, generator=torch.Generator().manual_seed(group)), group)
+    x = _x(rows, 256, torch.float32)
+    out = gemv(x, WeightFormat.Q4, weight.data, 48, weight.scales, group)
+    torch.testing.assert_close(out, x @ weight.dequantize().T, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 8])
+def test_q4_rows_in_bf16_round_x_to_8_bits_per_block(rows: int) -> None:
+    """bf16 inputs take the integer dot product (x rounded per block of 32, as llama.cpp's Q8): each input moves
+    at most half its block's step (max |x| / 254), and the output rounds once to bf16."""
+    weight = quantize_int4(torch.randn(48, 256, generator=torch.Generator().manual_seed(2)).bfloat16(), 32)
+    x = _x(rows, 256, torch.bfloat16)
+    out = gemv(x, WeightFormat.Q4, weight.data, 48, weight.scales, 32).float()
+    dense = weight.dequantize()
+    reference = x.float() @ dense.T
+    half_step = (x.float().abs().reshape(rows, -1, 32).amax(dim=2) / 254).repeat_interleave(32, dim=1)
+    bound = half_step @ dense.abs().T + reference.abs() * 2**-8 + 1e-4
+    assert ((out - reference).abs() <= bound).all()
+    assert (out - reference).abs().max() > 0  # the integer path ran: float products would be exact here
+
+
+def test_q4_blocks_round_trip_and_hold_input_j_beside_j_plus_16() -> None:
+    codes = torch.randint(0, 16, (6, 64), generator=torch.Generator().manual_seed(3))
+    blocks = q4_blocks(codes)
+    assert blocks.shape == (6, 32) and blocks.dtype == torch.uint8
+    assert int(blocks[2, 5]) == int(codes[2, 5]) | int(codes[2, 21]) << 4
+    assert torch.equal(q4_codes(blocks), codes.to(torch.int32))
+
+
+def test_the_build_is_cached_per_source_and_machine(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("FLEET_KERNEL_CACHE", str(tmp_path))
+    first = cpu_gemv.build()
+    assert first.parent == tmp_path and first.exists()
+    modified = first.stat().st_mtime_ns
+    assert cpu_gemv.build() == first and first.stat().st_mtime_ns == modified  # not compiled twice
+
+
+def test_a_compiler_that_fails_is_one_clear_error(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("FLEET_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "false")
+    with pytest.raises(cpu_gemv.KernelBuildError, match=r"compiling cpu_gemv\.c failed"):
+        cpu_gemv.build()
+    assert not list(tmp_path.glob("*.so"))
