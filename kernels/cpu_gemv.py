@@ -1,32 +1,19 @@
-"""Decode's matrix products on a CPU through this package's own kernel (`cpu_gemv.c`): a stream over the weight
-at a few rows, where torch's GEMMs spend a decode step's time on blocking and reordering (see the C file).
-
-The kernel is compiled once per machine at first use — `cc -O3 -march=native -fopenmp` into
-`$FLEET_KERNEL_CACHE` (default `~/.cache/fleetctl/kernels`), under a name that hashes the source, the compiler
-and the CPU's flags, so a home shared by two machines holds one build each — and loaded with ctypes (which
-drops the GIL for the call). It links the OpenMP runtime torch already loaded, so both share one thread pool.
-`make install` builds it; a machine without a C compiler is refused with the command that would fix it.
+"""Decode's matrix products on a CPU through this package's own kernel (`cpu_gemv.c`, built by `cpu_build`): a
+stream over the weight at a few rows, where torch's GEMMs spend a decode step's time on blocking and reordering
+(see the C file).
 """
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import warnings
 from enum import IntEnum
 from functools import cache
 from pathlib import Path
 
 import torch
 
-from fleetctl.errors import FleetctlError
+from fleetctl.kernels import cpu_build
 
 SOURCE = Path(__file__).with_name("cpu_gemv.c")
 K_MULTIPLE = 16  # the dense rows stream 16 inputs at a time; q4 blocks are 32
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 
 
 class WeightFormat(IntEnum):
@@ -38,74 +25,27 @@ class WeightFormat(IntEnum):
     Q4 = 3  # 4-bit blocks of 32 inputs, a scale and a zero per group (cpu_gemv.c)
 
 
-class KernelBuildError(FleetctlError):
-    """The CPU kernel could not be compiled on this machine."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("FLEET_KERNEL_CACHE") or "~/.cache/fleetctl/kernels").expanduser()
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as info:
-            return next((line for line in info if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        return ""
-
-
-def _compiler() -> str:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        raise KernelBuildError("fleetctl's CPU kernels need a C compiler: install gcc (apt-get install gcc)")
-    return compiler
-
-
-def build() -> Path:
-    """The shared library for this machine, compiled when it is not in the cache yet (atomically: workers that
-    start together each compile to a temporary name and rename)."""
-    compiler = _compiler()
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("|".join((SOURCE.read_text(), version, platform.machine(), _cpu_flags(), *FLAGS))
-                         .encode()).hexdigest()[:16]
-    target = cache_dir() / f"cpu_gemv-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        built = Path(scratch) / target.name
-        run = subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE)], capture_output=True, text=True)
-        if run.returncode:
-            raise KernelBuildError(f"compiling {SOURCE.name} failed:\n{run.stderr.strip()}")
-        os.replace(built, target)
-    return target
-
-
 @cache
-def _library() -> ctypes.CDLL:
-    library = ctypes.CDLL(str(build()))
-    library.gemv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                             ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
-    library.gemv.restype = ctypes.c_int
+def _library() -> ctypes.CDLL | None:
+    library = cpu_build.library("cpu_gemv")
+    if library is not None:
+        library.gemv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                 ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                 ctypes.c_int]
+        library.gemv.restype = ctypes.c_int
     return library
+
+
+def available() -> bool:
+    """Whether this machine has the kernel (built now if need be)."""
+    return _library() is not None
 
 
 @cache
 def max_rows() -> int:
     """The most rows of x one call takes (the kernel keeps each row's sums in registers)."""
-    return int(_library().gemv_max_rows())
-
-
-@cache
-def available() -> bool:
-    """Whether this machine has the kernel (built now if need be); without a compiler, torch's kernels compute
-    and a warning says why, once."""
-    try:
-        _library()
-    except (KernelBuildError, OSError) as error:
-        warnings.warn(f"{error}; decode's matrix products fall back to torch's kernels", stacklevel=2)
-        return False
-    return True
+    library = _library()
+    return int(library.gemv_max_rows()) if library is not None else 0
 
 
 def dense_format(dtype: torch.dtype) -> WeightFormat:
@@ -139,7 +79,10 @@ def _gemv(x: torch.Tensor, weight_format: WeightFormat, weight: torch.Tensor, ou
     x = x.contiguous()
     rows, in_features = x.shape
     y = torch.empty(rows, out_features, dtype=x.dtype)
-    status = _library().gemv(int(weight_format), weight.data_ptr(), 0 if aux is None else aux.data_ptr(),
+    library = _library()
+    if library is None:
+        raise cpu_build.KernelBuildError("the CPU kernel is not built on this machine: check takes() first")
+    status = library.gemv(int(weight_format), weight.data_ptr(), 0 if aux is None else aux.data_ptr(),
                              out_features, in_features, group_size, x.data_ptr(), int(x.dtype == torch.bfloat16),
                              rows, y.data_ptr(), torch.get_num_threads())
     if status:

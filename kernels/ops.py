@@ -3,8 +3,9 @@
 Every function here has a torch reference (the fast path on CPU) and a Triton kernel behind the same
 signature. `FLEET_KERNELS` selects, once, when this module is first imported (see triton_support):
 
-- `auto` (default): Triton for CUDA tensors when triton is installed, the torch references otherwise;
-- `torch`: the references everywhere;
+- `auto` (default): Triton for CUDA tensors when triton is installed; on a CPU this package's C kernels where they
+  are built (`cpu_build`: decode's matrix products, RMSNorm), the torch references otherwise;
+- `torch`: the references everywhere (no C kernel either);
 - `interpret`: the Triton kernels for every tensor, CPU tensors through Triton's interpreter
   (this module sets TRITON_INTERPRET=1 on import, so import it before anything imports triton;
   slow: for tests and debugging).
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from fleetctl.errors import FleetctlError
-from fleetctl.kernels import packed_linear, quantized_linear, triton_support
+from fleetctl.kernels import cpu_rows, packed_linear, quantized_linear, triton_support
 from fleetctl.kernels.batch_invariant import invariant_attention, per_row_tile
 from fleetctl.kernels.glu import glu_ref, glu_triton
 from fleetctl.kernels.paged_attention import (
@@ -60,6 +61,8 @@ def rms_norm(
     """x, residual: [T, D]; weight: [D] -> (normed [T, D], new residual [T, D])."""
     if _use_triton(x):
         return rms_norm_triton(x, weight, eps, residual)
+    if cpu_rows.takes(x, weight, residual):
+        return cpu_rows.rms_norm(x, weight, eps, residual)
     return rms_norm_ref(x, weight, eps, residual)
 
 

@@ -4,7 +4,7 @@ it takes, with odd output counts (a partial chunk per thread) and one thread or 
 import pytest
 import torch
 
-from fleetctl.kernels import cpu_gemv
+from fleetctl.kernels import cpu_build, cpu_gemv
 from fleetctl.kernels.cpu_gemv import WeightFormat, gemv
 from fleetctl.kernels.quantized_linear import q4_blocks, q4_codes, quantize_int4, quantize_int8
 
@@ -85,15 +85,16 @@ def test_q4_blocks_round_trip_and_hold_input_j_beside_j_plus_16() -> None:
 
 def test_the_build_is_cached_per_source_and_machine(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("FLEET_KERNEL_CACHE", str(tmp_path))
-    first = cpu_gemv.build()
-    assert first.parent == tmp_path and first.exists()
-    modified = first.stat().st_mtime_ns
-    assert cpu_gemv.build() == first and first.stat().st_mtime_ns == modified  # not compiled twice
+    built = cpu_build.build_all()
+    assert sorted(p.name.split("-")[0] for p in built) == ["cpu_gemv", "cpu_rows"]
+    assert all(p.parent == tmp_path and p.exists() for p in built)
+    modified = [p.stat().st_mtime_ns for p in built]
+    assert cpu_build.build_all() == built and [p.stat().st_mtime_ns for p in built] == modified  # not compiled twice
 
 
 def test_a_compiler_that_fails_is_one_clear_error(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("FLEET_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "false")
-    with pytest.raises(cpu_gemv.KernelBuildError, match=r"compiling cpu_gemv\.c failed"):
-        cpu_gemv.build()
+    with pytest.raises(cpu_build.KernelBuildError, match=r"compiling cpu_gemv\.c failed"):
+        cpu_build.build(cpu_gemv.SOURCE)
     assert not list(tmp_path.glob("*.so"))
