@@ -37,7 +37,7 @@ int rms_norm(const void *x, const void *residual, const void *weight, float eps,
     float h[16384];
     for (int t = 0; t < T; t++) {
         const size_t row = (size_t)t * D;
-        float squares = 0.0f;
+        double squares = 0.0; /* in double: torch sums pairwise in float32, a running float32 sum drifts further */
         for (int d = 0; d < D; d++) {
             float v = load_value(x, row + d, bf16);
             if (residual) {
@@ -46,9 +46,9 @@ int rms_norm(const void *x, const void *residual, const void *weight, float eps,
                 v = load_value(residual_out, row + d, bf16); /* the stream as stored: its dtype's rounding */
             }
             h[d] = v;
-            squares += v * v;
+            squares += (double)v * v;
         }
-        const float inverse = 1.0f / sqrtf(squares / (float)D + eps);
+        const float inverse = (float)(1.0 / sqrt(squares / D + eps));
         for (int d = 0; d < D; d++) store_value(out, row + d, h[d] * inverse * load_value(weight, d, bf16), bf16);
     }
     return 0;

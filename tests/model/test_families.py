@@ -38,7 +38,8 @@ def test_logits_match_transformers_at_every_position(family: str, family_model_d
     ours = all_logits(engine_for(model_dir), PROMPT)
     with torch.no_grad():
         ref = load_reference(model_dir)(torch.tensor([PROMPT])).logits[0]
-    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    # float32 both; the engine's CPU kernels (kernels/cpu_rows, cpu_gemv) sum in their own order: a few ulps apart
+    torch.testing.assert_close(ours, ref, atol=5e-5, rtol=1e-5)
 
 
 @pytest.mark.slow  # six families x 48 tokens through transformers' generate
