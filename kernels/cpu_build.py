@@ -1,5 +1,5 @@
-"""This package's C kernels (`cpu_gemv.c`, `cpu_rows.c`), compiled once per machine at first use — or by
-`make install` — and loaded with ctypes (which drops the GIL for each call).
+"""This package's C kernels (`cpu_gemv.c`, `cpu_rows.c`, sharing `cpu_simd.h`), compiled once per machine at first
+use — or by `make install` — and loaded with ctypes (which drops the GIL for each call).
 
 `cc -O3 -march=native -fopenmp` into `$FLEET_KERNEL_CACHE` (default `~/.cache/fleetctl/kernels`), under a name that
 hashes the source, the compiler and the CPU's flags, so a home shared by two machines holds one build each. The
@@ -52,7 +52,8 @@ def build(source: Path) -> Path:
     workers that start together each compile to a temporary name and rename)."""
     compiler = _compiler()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("|".join((source.read_text(), version, platform.machine(), _cpu_flags(), *FLAGS))
+    headers = [header.read_text() for header in sorted(source.parent.glob("cpu_*.h"))]  # what the sources include
+    key = hashlib.sha256("|".join((source.read_text(), *headers, version, platform.machine(), _cpu_flags(), *FLAGS))
                          .encode()).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{key}.so"
     if target.exists():

@@ -12,73 +12,12 @@
  * Built with -march=native at first use (kernels/cpu_gemv.py); GCC's vector extensions pick the machine's widest
  * registers. Threads split the output rows (OpenMP, `threads` of them).
  */
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #define MAX_ROWS 8
-#define LANES 8
-
-typedef float vf __attribute__((vector_size(LANES * 4)));
-typedef uint16_t vu16 __attribute__((vector_size(LANES * 2), aligned(2)));
-typedef uint32_t vu32 __attribute__((vector_size(LANES * 4)));
-typedef int8_t vi8 __attribute__((vector_size(LANES), aligned(1)));
-typedef uint8_t vu8 __attribute__((vector_size(LANES), aligned(1)));
-typedef uint8_t vu8x16 __attribute__((vector_size(16), aligned(1)));
-typedef float vf_u __attribute__((vector_size(LANES * 4), aligned(4)));
+#include "cpu_simd.h"
 
 int gemv_max_rows(void) { return MAX_ROWS; }
-
-static inline vf load_f32(const float *p) { return *(const vf_u *)p; }
-
-#ifdef __AVX2__ /* GCC's generic conversions go through 128-bit halves on some tunings (znver) */
-#include <immintrin.h>
-static inline vf widen_bf16(const uint16_t *p) {
-    return (vf)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16);
-}
-static inline vf widen_i8(const int8_t *p) {
-    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
-static inline vf widen_u8(const vu8x16 *v, int half) {
-    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)((const uint8_t *)v + half))));
-}
-#else
-static inline vf widen_bf16(const uint16_t *p) {
-    vu32 wide = __builtin_convertvector(*(const vu16 *)p, vu32) << 16;
-    vf out;
-    memcpy(&out, &wide, sizeof out);
-    return out;
-}
-static inline vf widen_i8(const int8_t *p) { return __builtin_convertvector(*(const vi8 *)p, vf); }
-static inline vf widen_u8(const vu8x16 *v, int half) {
-    return __builtin_convertvector(*(const vu8 *)((const uint8_t *)v + half), vf);
-}
-#endif
-
-static inline float hsum(vf v) {
-    float s = 0.0f;
-    for (int i = 0; i < LANES; i++) s += v[i];
-    return s;
-}
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline float scalar_at(const void *p, size_t i, int bf16) {
-    return bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40); /* NaN stays NaN */
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
 
 /* One weight row (dense formats) against T rows of x: two accumulators per row of x, K a multiple of 16
  * (the Python side checks). */
@@ -155,6 +94,48 @@ static inline __attribute__((always_inline)) void row_q4(const uint8_t *w, const
     for (int t = 0; t < T; t++) out[t] = hsum(acc[t]) + zero_term[t];
 }
 
+#ifdef __AVX2__
+/* The 32 codes of a q4 block as bytes, in input order. */
+static inline __m256i q4_codes(const uint8_t *block) {
+    const __m128i packed = _mm_loadu_si128((const __m128i *)block);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(15));
+}
+
+/* The sums of q4 block j of one row into acc (its dot with x times s and x's block scale) and, at the group's first
+ * block, the group's zero's term into zero. */
+static inline __attribute__((always_inline)) void q4_block_single(const uint8_t *w, const void *scales_zeros,
+                                                                  int aux_bf16, size_t scale_at, int j, int group,
+                                                                  int first_of_group, Q4Inputs in, __m256 *acc,
+                                                                  float *zero) {
+    const float s = scalar_at(scales_zeros, scale_at, aux_bf16);
+    *acc = _mm256_fmadd_ps((__m256)block_dot(q4_codes(w + (size_t)j * 16), in.xq + (size_t)j * 32),
+                           _mm256_set1_ps(s * in.xscale[j]), *acc);
+    if (first_of_group) *zero += (scalar_at(scales_zeros, scale_at + 1, aux_bf16) - 8.0f * s) * in.xsum[group];
+}
+
+/* row_q4 for decode's batch of 1 on the integer path: one flat loop over the blocks, two at a time into two
+ * accumulators, the group of block j found by a shift (G / 32 is a power of two). 1.2x row_q4's speed at G = 32,
+ * where every block is a group. */
+static inline float row_q4_single(const uint8_t *w, const void *scales_zeros, int aux_bf16, int N, int n,
+                                  Q4Inputs in, int K, int G) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float zero0 = 0.0f, zero1 = 0.0f;
+    const int blocks = K / 32, shift = __builtin_ctz(G / 32), within = G / 32 - 1;
+    const size_t stride = (size_t)N * 2, row = (size_t)n * 2;
+    int j = 0;
+    for (; j + 2 <= blocks; j += 2) {
+        const int g0 = j >> shift, g1 = (j + 1) >> shift;
+        q4_block_single(w, scales_zeros, aux_bf16, g0 * stride + row, j, g0, !(j & within), in, &acc0, &zero0);
+        q4_block_single(w, scales_zeros, aux_bf16, g1 * stride + row, j + 1, g1, !((j + 1) & within), in, &acc1,
+                        &zero1);
+    }
+    if (j < blocks)
+        q4_block_single(w, scales_zeros, aux_bf16, (j >> shift) * stride + row, j, j >> shift, !(j & within), in,
+                        &acc0, &zero0);
+    return hsum((vf)_mm256_add_ps(acc0, acc1)) + zero0 + zero1;
+}
+#endif
+
 /* x [T, K] rounded to int8 per block of 32 (round to nearest; the block's largest magnitude maps to 127). */
 static void quantize_blocks(const float *x, size_t count, int8_t *xq, float *xscale) {
     for (size_t b = 0; b < count / 32; b++) {
@@ -197,6 +178,12 @@ static void rows(int format, const void *w, const void *aux, int aux_bf16, int N
             for (int t = 0; t < T; t++) out[t] *= scalar_at(aux, n, aux_bf16);
             break;
         default:
+#ifdef __AVX2__
+            if (T == 1 && in.xq) {
+                out[0] = row_q4_single((const uint8_t *)w + (size_t)n * K / 2, aux, aux_bf16, N, n, in, K, G);
+                break;
+            }
+#endif
             DISPATCH_T(row_q4((const uint8_t *)w + (size_t)n * K / 2, aux, aux_bf16, N, n, in, TT, K, G, out));
         }
         for (int t = 0; t < T; t++) y[(size_t)t * N + n] = out[t];

@@ -2,31 +2,8 @@
  * with the residual add before it. x, the residual and the output are float32 or bfloat16 (bf16); the sums run in
  * float32 and each output rounds once. Built and loaded by kernels/cpu_build.py. */
 #include <math.h>
-#include <stdint.h>
-#include <string.h>
 
-static inline float load_value(const void *p, size_t i, int bf16) {
-    if (!bf16) return ((const float *)p)[i];
-    uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline void store_value(void *p, size_t i, float f, int bf16) {
-    if (!bf16) {
-        ((float *)p)[i] = f;
-        return;
-    }
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) { /* NaN stays NaN */
-        ((uint16_t *)p)[i] = (uint16_t)((bits >> 16) | 0x40);
-        return;
-    }
-    bits += 0x7fffu + ((bits >> 16) & 1u); /* round to nearest even, as torch does */
-    ((uint16_t *)p)[i] = (uint16_t)(bits >> 16);
-}
+#include "cpu_simd.h"
 
 /* For each of T rows of D: h = x (+ residual), written to residual_out when a residual is given (rounded to the
  * dtype, as torch's add would be); out = h / sqrt(mean(h^2) + eps) * weight. residual and residual_out may be
@@ -52,4 +29,50 @@ int rms_norm(const void *x, const void *residual, const void *weight, float eps,
         for (int d = 0; d < D; d++) store_value(out, row + d, h[d] * inverse * load_value(weight, d, bf16), bf16);
     }
     return 0;
+}
+
+/* Decode attention over a paged KV cache: each of B sequences' H query heads (one query each, the sequence's last
+ * position) against its keys 0 .. context_len - 1, or the last `window` of them (window 0: all). q, out [B, H, d];
+ * kv [2, blocks, bs, Hkv, d]; tables [B, max_blocks] int32; context_lens [B] int32. The query heads of a KV head
+ * share it (GQA). One pass per (sequence, head) with a running softmax, in float32; each output rounds once. */
+void decode_attention(const void *q, const void *kv, const int32_t *tables, int max_blocks,
+                      const int32_t *context_lens, int B, int H, int Hkv, int d, int blocks, int bs, float scale,
+                      int window, void *out, int bf16, int threads) {
+    const int group = H / Hkv;
+    const size_t token_stride = (size_t)Hkv * d, half = (size_t)blocks * bs * token_stride;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int task = 0; task < B * H; task++) {
+        const int b = task / H, h = task % H, kv_head = h / group, length = context_lens[b];
+        const int start = window > 0 && length > window ? length - window : 0;
+        float query[512] __attribute__((aligned(32))), acc[512] __attribute__((aligned(32))); /* d <= 512, 8 | d */
+        for (int i = 0; i < d; i++) query[i] = load_value(q, (size_t)task * d + i, bf16) * scale, acc[i] = 0.0f;
+        float running_max = -INFINITY, total = 0.0f;
+        for (int p = start; p < length; p++) {
+            const size_t slot = (size_t)tables[(size_t)b * max_blocks + p / bs] * bs + p % bs;
+            const size_t at = slot * token_stride + (size_t)kv_head * d;
+            const size_t element = bf16 ? 2 : 4;
+            const float score = dot_values(query, (const char *)kv + at * element, d, bf16);
+            if (score > running_max) { /* rescale what was summed under the old maximum */
+                const float factor = expf(running_max - score);
+                total *= factor;
+                for (int i = 0; i < d; i++) acc[i] *= factor;
+                running_max = score;
+            }
+            const float weight = expf(score - running_max);
+            total += weight;
+            add_scaled(acc, weight, (const char *)kv + (half + at) * element, d, bf16);
+        }
+        for (int i = 0; i < d; i++) store_value(out, (size_t)task * d + i, acc[i] / total, bf16);
+    }
+}
+
+/* k, v [T, Hkv * d] into their slots of kv [2, blocks * bs, Hkv * d] (slots [T] int64), in place. */
+void store_kv(const void *k, const void *v, void *kv, const int64_t *slots, int T, int row_elements, int blocks_x_bs,
+              int element_size) {
+    const size_t row_bytes = (size_t)row_elements * element_size;
+    for (int t = 0; t < T; t++) {
+        char *keys = (char *)kv + (size_t)slots[t] * row_bytes;
+        memcpy(keys, (const char *)k + (size_t)t * row_bytes, row_bytes);
+        memcpy(keys + (size_t)blocks_x_bs * row_bytes, (const char *)v + (size_t)t * row_bytes, row_bytes);
+    }
 }

@@ -1,5 +1,10 @@
-"""Row-wise ops of a decode step on a CPU in one C call each (`cpu_rows.c`, built by `cpu_build`), where torch's
-composite RMSNorm runs ~8 small ops (upcast, square, mean, rsqrt, two products, a cast) of ~5 µs each."""
+"""A decode step's small ops on a CPU in one C call each (`cpu_rows.c`, built by `cpu_build`): RMSNorm, where torch's
+composite runs ~8 small ops (upcast, square, mean, rsqrt, two products, a cast) of ~5 µs each; the KV store (two
+index copies); decode attention straight off the paged pool, where the reference gathers the blocks, builds a mask
+and runs SDPA (~60 µs a layer).
+
+Each takes CPU tensors in float32 or bfloat16 while no torch dispatch mode watches (a FLOP counter or a tracer sees
+torch's own ops instead)."""
 
 import ctypes
 from functools import cache
@@ -8,7 +13,8 @@ import torch
 
 from fleetctl.kernels import cpu_build
 
-MAX_WIDTH = 16384  # the C kernel's float32 scratch row
+MAX_WIDTH = 16384  # RMSNorm's float32 scratch row
+MAX_HEAD_DIM = 512  # decode attention's float32 query and accumulator
 
 
 @cache
@@ -18,24 +24,42 @@ def _library() -> ctypes.CDLL | None:
         library.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,
                                      ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         library.rms_norm.restype = ctypes.c_int
+        library.decode_attention.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                             ctypes.c_void_p, *[ctypes.c_int] * 6, ctypes.c_float, ctypes.c_int,
+                                             ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        library.decode_attention.restype = None
+        library.store_kv.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        library.store_kv.restype = None
     return library
 
 
+def _kernel() -> ctypes.CDLL:
+    library = _library()
+    if library is None:
+        raise cpu_build.KernelBuildError("the CPU row kernels are not built on this machine: check takes() first")
+    return library
+
+
+def _computable(*tensors: torch.Tensor) -> bool:
+    """CPU tensors of one dtype, float32 or bfloat16, and nothing watching the dispatcher."""
+    first = tensors[0]
+    return (first.device.type == "cpu" and first.dtype in (torch.float32, torch.bfloat16)
+            and all(t.device.type == "cpu" and t.dtype == first.dtype for t in tensors[1:])
+            and not torch._C._len_torch_dispatch_stack() and _library() is not None)
+
+
 def takes(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> bool:
-    """Whether `rms_norm` computes these: CPU tensors of one dtype, float32 or bfloat16, rows [T, D] as torch's
-    dispatch modes do not watch (a FLOP counter or tracer sees torch's ops instead)."""
-    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and x.dim() == 2
-            and weight.dtype == x.dtype and (residual is None or residual.dtype == x.dtype)
-            and x.shape[1] <= MAX_WIDTH and not torch._C._len_torch_dispatch_stack() and _library() is not None)
+    """Whether `rms_norm` computes these: rows [T, D], D within MAX_WIDTH."""
+    return (x.dim() == 2 and x.shape[1] <= MAX_WIDTH
+            and _computable(x, weight, *(() if residual is None else (residual,))))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x, residual: [T, D]; weight: [D] -> (normed [T, D], new residual x + residual [T, D]; x itself without one),
     as `rms_norm_ref`; `takes(x, weight, residual)` true."""
-    library = _library()
-    if library is None:
-        raise cpu_build.KernelBuildError("the CPU row kernels are not built on this machine: check takes() first")
+    library = _kernel()
     x, weight = x.contiguous(), weight.contiguous()
     out = torch.empty_like(x)
     stream = torch.empty_like(x) if residual is not None else x
@@ -44,3 +68,46 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
                      out.data_ptr(), None if residual is None else stream.data_ptr(), x.shape[0], x.shape[1],
                      int(x.dtype == torch.bfloat16))
     return out, stream
+
+
+def takes_attention_tables(block_tables: torch.Tensor) -> bool:
+    """Whether a decode step over these block tables will run its attention in the C kernel (so nothing needs
+    gathering for torch's), as far as the tables tell: `takes_attention` decides per layer."""
+    return block_tables.device.type == "cpu" and not torch._C._len_torch_dispatch_stack() and _library() is not None
+
+
+def takes_attention(q: torch.Tensor, kv_layer: torch.Tensor) -> bool:
+    """Whether `decode_attention` computes q [B, H, d] over kv_layer [2, blocks, bs, Hkv, d] (contiguous)."""
+    head_dim = q.shape[-1]
+    return (head_dim <= MAX_HEAD_DIM and head_dim % 8 == 0 and kv_layer.is_contiguous() and _computable(q, kv_layer))
+
+
+def decode_attention(q: torch.Tensor, kv_layer: torch.Tensor, block_tables: torch.Tensor,
+                     context_lens: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
+    """As `paged_decode_attention_ref`: q [B, H, d]; block_tables [B, max_blocks] int32; context_lens [B] int32
+    (keys per sequence, the current token's included) -> [B, H, d]. `takes_attention(q, kv_layer)` true."""
+    library = _kernel()
+    q = q.contiguous()
+    tables = block_tables.to(torch.int32).contiguous()
+    lens = context_lens.to(torch.int32).contiguous()
+    batch, heads, head_dim = q.shape
+    _, blocks, block_size, kv_heads, _ = kv_layer.shape
+    out = torch.empty_like(q)
+    library.decode_attention(q.data_ptr(), kv_layer.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(),
+                             batch, heads, kv_heads, head_dim, blocks, block_size, scale, window or 0,
+                             out.data_ptr(), int(q.dtype == torch.bfloat16), torch.get_num_threads())
+    return out
+
+
+def takes_store(k: torch.Tensor, kv_layer: torch.Tensor) -> bool:
+    return kv_layer.is_contiguous() and _computable(k, kv_layer)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor, slots: torch.Tensor) -> None:
+    """As `store_kv_ref`: k, v [T, Hkv, d] into kv_layer [2, blocks, bs, Hkv, d] at slots [T] int64, in place.
+    `takes_store(k, kv_layer)` true."""
+    library = _kernel()
+    k, v, slots = k.contiguous(), v.contiguous(), slots.to(torch.int64).contiguous()
+    _, blocks, block_size, kv_heads, head_dim = kv_layer.shape
+    library.store_kv(k.data_ptr(), v.data_ptr(), kv_layer.data_ptr(), slots.data_ptr(), k.shape[0],
+                     kv_heads * head_dim, blocks * block_size, k.element_size())

@@ -4,7 +4,8 @@ Every function here has a torch reference (the fast path on CPU) and a Triton ke
 signature. `FLEET_KERNELS` selects, once, when this module is first imported (see triton_support):
 
 - `auto` (default): Triton for CUDA tensors when triton is installed; on a CPU this package's C kernels where they
-  are built (`cpu_build`: decode's matrix products, RMSNorm), the torch references otherwise;
+  are built (`cpu_build`: decode's matrix products, RMSNorm, the KV store, decode attention), the torch references
+  otherwise;
 - `torch`: the references everywhere (no C kernel either);
 - `interpret`: the Triton kernels for every tensor, CPU tensors through Triton's interpreter
   (this module sets TRITON_INTERPRET=1 on import, so import it before anything imports triton;
@@ -94,6 +95,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor, slots: to
     """k, v: [T, Hkv, d] into kv_layer [2, blocks, block_size, Hkv, d] at slots [T] int64."""
     if _use_triton(k):
         store_kv_triton(k, v, kv_layer, slots)
+    elif cpu_rows.takes_store(k, kv_layer):
+        cpu_rows.store_kv(k, v, kv_layer, slots)
     else:
         store_kv_ref(k, v, kv_layer, slots)
 
@@ -102,8 +105,8 @@ def decode_step_keys(
     block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, window: int | None = None
 ) -> DecodeKeys | None:
     """What every layer's decode_attention of one step (and one window) shares, computed once (None for the
-    Triton kernel, which reads the block tables itself)."""
-    if _use_triton(block_tables):
+    Triton kernel and the CPU's C kernel, which read the block tables themselves)."""
+    if _use_triton(block_tables) or cpu_rows.takes_attention_tables(block_tables):
         return None
     return decode_keys(block_tables, context_lens, block_size, window)
 
@@ -121,6 +124,8 @@ def decode_attention(
     of those; window: the layer's sliding window (None: full attention) -> [B, H, d]."""
     if _use_triton(q):
         return paged_decode_attention_triton(q, kv_layer, block_tables, context_lens, scale, window=window)
+    if keys is None and cpu_rows.takes_attention(q, kv_layer):
+        return cpu_rows.decode_attention(q, kv_layer, block_tables, context_lens, scale, window)
     return paged_decode_attention_ref(q, kv_layer, block_tables, context_lens, scale, keys, window)
 
 

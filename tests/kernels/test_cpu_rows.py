@@ -1,11 +1,14 @@
-"""The CPU's row-wise C kernels (kernels/cpu_rows) against their torch references: RMSNorm with and without the
-residual add, in float32 and bf16, at decode's rows and prefill's; and `ops` routing CPU rows through them."""
+"""The CPU's small-op C kernels (kernels/cpu_rows) against their torch references, in float32 and bf16: RMSNorm with
+and without the residual add, at decode's rows and prefill's; decode attention over a shuffled paged pool (GQA,
+windows); the KV store; and `ops` routing CPU tensors through them."""
 
 import pytest
 import torch
 
 from fleetctl.kernels import cpu_rows, ops
+from fleetctl.kernels.paged_attention import paged_decode_attention_ref
 from fleetctl.kernels.rms_norm import rms_norm_ref
+from fleetctl.kernels.store_kv import store_kv_ref
 
 
 def test_it_builds_here() -> None:
@@ -42,3 +45,41 @@ def test_what_the_kernel_does_not_take_goes_to_torch() -> None:
     half = torch.randn(2, 64, dtype=torch.float16)
     assert not cpu_rows.takes(half, torch.randn(64, dtype=torch.float16), None)
     assert not cpu_rows.takes(torch.randn(2, 64), torch.randn(64, dtype=torch.bfloat16), None)  # mixed dtypes
+
+
+def _pool(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A [2, 20, 16, 2, 64] pool, three sequences' shuffled block tables [3, 5] and their context lengths."""
+    generator = torch.Generator().manual_seed(5)
+    kv = torch.randn(2, 20, 16, 2, 64, generator=generator).to(dtype)
+    tables = torch.randperm(20, generator=generator)[:15].reshape(3, 5).to(torch.int32)
+    return kv, tables, torch.tensor([5, 33, 70], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("window", [None, 7, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_is_the_reference(dtype: torch.dtype, window: int | None) -> None:
+    kv, tables, lens = _pool(dtype)
+    q = torch.randn(3, 6, 64, generator=torch.Generator().manual_seed(6)).to(dtype)  # 6 query heads on 2 KV heads
+    assert cpu_rows.takes_attention(q, kv)
+    out = cpu_rows.decode_attention(q, kv, tables, lens, 0.125, window)
+    expected = paged_decode_attention_ref(q, kv, tables, lens, 0.125, None, window)
+    tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(out.float(), expected.float(), **tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_store_kv_writes_the_slots_and_nothing_else(dtype: torch.dtype) -> None:
+    kv, _, _ = _pool(dtype)
+    generator = torch.Generator().manual_seed(7)
+    k, v = (torch.randn(4, 2, 64, generator=generator).to(dtype) for _ in range(2))
+    slots = torch.tensor([3, 40, 41, 319])
+    ours, theirs = kv.clone(), kv.clone()
+    cpu_rows.store_kv(k, v, ours, slots)
+    store_kv_ref(k, v, theirs, slots)
+    assert torch.equal(ours, theirs) and not torch.equal(ours, kv)
+
+
+def test_a_head_dim_the_kernel_cannot_take_goes_to_torch() -> None:
+    kv = torch.randn(2, 4, 16, 1, 12)
+    assert not cpu_rows.takes_attention(torch.randn(1, 2, 12), kv)  # 12: not a multiple of 8
+    assert not cpu_rows.takes_attention(torch.randn(1, 2, 12), kv.transpose(3, 4))  # a pool that is not contiguous
