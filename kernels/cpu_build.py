@@ -21,7 +21,7 @@ from pathlib import Path
 from fleetctl.errors import FleetctlError
 from fleetctl.kernels import triton_support
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")  # no errno: lrintf inlines
 
 
 class KernelBuildError(FleetctlError):

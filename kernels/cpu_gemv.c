@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #define MAX_ROWS 8
+#define PARALLEL_WORK 65536 /* weights x rows under which one thread beats waking the others */
 #include "cpu_simd.h"
 
 int gemv_max_rows(void) { return MAX_ROWS; }
@@ -216,7 +217,7 @@ int gemv(int format, const void *w, const void *aux, int N, int K, int G, const 
     const Q4Inputs in = {xf, xsum, xscale, blocks ? xq : NULL};
     float *dest = x_bf16 ? yf : (float *)y;
     const int chunk = 16; /* rows per scheduling unit: a cache line of y per row of x at least */
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if ((size_t)N * K * T >= PARALLEL_WORK)
     for (int c = 0; c < (N + chunk - 1) / chunk; c++) {
         const int n0 = c * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
         rows(format, w, aux, x_bf16, N, n0, n1, in, T, K, G, dest);

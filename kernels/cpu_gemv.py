@@ -52,13 +52,16 @@ def dense_format(dtype: torch.dtype) -> WeightFormat:
     return WeightFormat.BF16 if dtype == torch.bfloat16 else WeightFormat.F32
 
 
+_COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
+_CODE_DTYPES = (torch.int8, torch.uint8)
+
+
 def takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `gemv` computes x [T, K] against weight (codes) of x's device and compute dtype: a CPU tensor in
-    float32 or bfloat16, T within max_rows, K a multiple of K_MULTIPLE."""
-    return (x.device.type == "cpu" and weight.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
-            and x.dim() == 2 and x.shape[0] > 0 and x.shape[1] % K_MULTIPLE == 0
-            and (weight.dtype == x.dtype or weight.dtype in (torch.int8, torch.uint8))
-            and available() and x.shape[0] <= max_rows())
+    float32 or bfloat16, T within max_rows, K a multiple of K_MULTIPLE. (On every decode product: kept lean.)"""
+    return (x.is_cpu and weight.is_cpu and x.ndim == 2 and 0 < x.shape[0] <= max_rows()
+            and x.dtype in _COMPUTE_DTYPES and not x.shape[1] % K_MULTIPLE
+            and (weight.dtype == x.dtype or weight.dtype in _CODE_DTYPES))
 
 
 def gemv(x: torch.Tensor, weight_format: WeightFormat, weight: torch.Tensor, out_features: int,
@@ -76,15 +79,15 @@ def _gemv(x: torch.Tensor, weight_format: WeightFormat, weight: torch.Tensor, ou
     """x [T, K] @ Wᵀ -> [T, N] in x's dtype. weight: F32/BF16 [N, K], I8 [N, K] with aux = scales [N], Q4
     [N, K/2] uint8 with aux = scales and zeros [K/group, N, 2]; aux in x's dtype. Contiguous weight and aux,
     `takes(x, weight)` true."""
-    x = x.contiguous()
-    rows, in_features = x.shape
-    y = torch.empty(rows, out_features, dtype=x.dtype)
     library = _library()
     if library is None:
         raise cpu_build.KernelBuildError("the CPU kernel is not built on this machine: check takes() first")
-    status = library.gemv(int(weight_format), weight.data_ptr(), 0 if aux is None else aux.data_ptr(),
-                             out_features, in_features, group_size, x.data_ptr(), int(x.dtype == torch.bfloat16),
-                             rows, y.data_ptr(), torch.get_num_threads())
+    x = x.contiguous()
+    rows, in_features = x.shape
+    y = x.new_empty((rows, out_features))
+    status = library.gemv(weight_format, weight.data_ptr(), None if aux is None else aux.data_ptr(), out_features,
+                          in_features, group_size, x.data_ptr(), x.dtype is torch.bfloat16, rows, y.data_ptr(),
+                          torch.get_num_threads())
     if status:
         raise MemoryError("the CPU kernel could not allocate its scratch buffer")
     return y

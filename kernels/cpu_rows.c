@@ -76,3 +76,21 @@ void store_kv(const void *k, const void *v, void *kv, const int64_t *slots, int 
         memcpy(keys + (size_t)blocks_x_bs * row_bytes, (const char *)v + (size_t)t * row_bytes, row_bytes);
     }
 }
+
+/* Rotary embedding in place ("rotate half"): for each of T tokens, `heads` heads of d values from x + t * stride
+ * (heads back to back): x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin over the halves, cos and sin [T, d / 2] at
+ * the token's position. In float32, each value rounds once. */
+void rotary(void *x, size_t stride, int heads, const void *cos, const void *sin, int T, int d, int bf16) {
+    const int half = d / 2;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < heads; h++) {
+            const size_t at = (size_t)t * stride + (size_t)h * d;
+            for (int i = 0; i < half; i++) {
+                const float c = load_value(cos, (size_t)t * half + i, bf16);
+                const float s = load_value(sin, (size_t)t * half + i, bf16);
+                const float x1 = load_value(x, at + i, bf16), x2 = load_value(x, at + half + i, bf16);
+                store_value(x, at + i, x1 * c - x2 * s, bf16);
+                store_value(x, at + half + i, x2 * c + x1 * s, bf16);
+            }
+        }
+}

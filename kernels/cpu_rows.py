@@ -1,7 +1,7 @@
 """A decode step's small ops on a CPU in one C call each (`cpu_rows.c`, built by `cpu_build`): RMSNorm, where torch's
-composite runs ~8 small ops (upcast, square, mean, rsqrt, two products, a cast) of ~5 µs each; the KV store (two
-index copies); decode attention straight off the paged pool, where the reference gathers the blocks, builds a mask
-and runs SDPA (~60 µs a layer).
+composite runs ~8 small ops (upcast, square, mean, rsqrt, two products, a cast) of ~5 µs each; rotary (~6 ops); the
+KV store (two index copies); decode attention straight off the paged pool, where the reference gathers the blocks,
+builds a mask and runs SDPA (~60 µs a layer).
 
 Each takes CPU tensors in float32 or bfloat16 while no torch dispatch mode watches (a FLOP counter or a tracer sees
 torch's own ops instead)."""
@@ -31,6 +31,9 @@ def _library() -> ctypes.CDLL | None:
         library.store_kv.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         library.store_kv.restype = None
+        library.rotary.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        library.rotary.restype = None
     return library
 
 
@@ -111,3 +114,24 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor, slots: to
     _, blocks, block_size, kv_heads, head_dim = kv_layer.shape
     library.store_kv(k.data_ptr(), v.data_ptr(), kv_layer.data_ptr(), slots.data_ptr(), k.shape[0],
                      kv_heads * head_dim, blocks * block_size, k.element_size())
+
+
+def takes_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> bool:
+    """Whether `rotary` rotates q [T, H, d] and k [T, Hkv, d] (each head's values contiguous) in place."""
+    return (q.stride(-1) == 1 and k.stride(-1) == 1 and q.stride(1) == q.shape[-1] and k.stride(1) == k.shape[-1]
+            and _computable(q, k, cos))
+
+
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """As `rotary_ref` (cos, sin [T, d/2]), but in place on q and k, which it returns; one call when k's heads
+    follow q's in memory (both views of one qkv row). `takes_rotary(q, k, cos)` true."""
+    library = _kernel()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    tokens, heads, head_dim = q.shape
+    bf16 = int(q.dtype == torch.bfloat16)
+    adjacent = k.stride(0) == q.stride(0) and k.data_ptr() == q.data_ptr() + heads * head_dim * q.element_size()
+    parts = [(q, heads + k.shape[1])] if adjacent else [(q, heads), (k, k.shape[1])]
+    for tensor, count in parts:
+        library.rotary(tensor.data_ptr(), tensor.stride(0), count, cos.data_ptr(), sin.data_ptr(), tokens, head_dim,
+                       bf16)
+    return q, k

@@ -4,8 +4,8 @@ Every function here has a torch reference (the fast path on CPU) and a Triton ke
 signature. `FLEET_KERNELS` selects, once, when this module is first imported (see triton_support):
 
 - `auto` (default): Triton for CUDA tensors when triton is installed; on a CPU this package's C kernels where they
-  are built (`cpu_build`: decode's matrix products, RMSNorm, the KV store, decode attention), the torch references
-  otherwise;
+  are built (`cpu_build`: decode's matrix products, RMSNorm, rotary, the KV store, decode attention), the torch
+  references otherwise;
 - `torch`: the references everywhere (no C kernel either);
 - `interpret`: the Triton kernels for every tensor, CPU tensors through Triton's interpreter
   (this module sets TRITON_INTERPRET=1 on import, so import it before anything imports triton;
@@ -78,9 +78,11 @@ def rotary(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tables: RotaryTables | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [T, H, d]; k: [T, Hkv, d]; cos, sin: [T, d/2] (the model's dtype); tables: rotary_step_tables of
-    them. The Triton path rotates in place."""
+    them. The Triton path and the CPU's C kernel rotate in place."""
     if _use_triton(q):
         return rotary_triton(q, k, cos, sin)
+    if cpu_rows.takes_rotary(q, k, cos):
+        return cpu_rows.rotary(q, k, cos, sin)
     return rotary_ref(q, k, cos, sin, tables)
 
 

@@ -8,6 +8,7 @@ import torch
 from fleetctl.kernels import cpu_rows, ops
 from fleetctl.kernels.paged_attention import paged_decode_attention_ref
 from fleetctl.kernels.rms_norm import rms_norm_ref
+from fleetctl.kernels.rotary import rotary_ref
 from fleetctl.kernels.store_kv import store_kv_ref
 
 
@@ -83,3 +84,31 @@ def test_a_head_dim_the_kernel_cannot_take_goes_to_torch() -> None:
     kv = torch.randn(2, 4, 16, 1, 12)
     assert not cpu_rows.takes_attention(torch.randn(1, 2, 12), kv)  # 12: not a multiple of 8
     assert not cpu_rows.takes_attention(torch.randn(1, 2, 12), kv.transpose(3, 4))  # a pool that is not contiguous
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_rotates_q_and_k_in_place_in_their_qkv_row_and_leaves_v(dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(8)
+    qkv = torch.randn(3, (6 + 2 + 2) * 64, generator=generator).to(dtype)  # 6 query heads, 2 KV heads, d = 64
+    q, k, v = qkv[:, :384].view(3, 6, 64), qkv[:, 384:512].view(3, 2, 64), qkv[:, 512:].clone()
+    cos, sin = (torch.randn(3, 32, generator=generator).to(dtype) for _ in range(2))
+    expected_q, expected_k = rotary_ref(q.clone(), k.clone(), cos, sin)
+    assert cpu_rows.takes_rotary(q, k, cos)
+    rotated_q, rotated_k = cpu_rows.rotary(q, k, cos, sin)
+    assert rotated_q.data_ptr() == q.data_ptr() and torch.equal(qkv[:, 512:], v)
+    # float32 inside, one rounding; the reference computes in q's dtype (bf16: a rounding per product)
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=4e-2)
+    torch.testing.assert_close(rotated_q.float(), expected_q.float(), **tolerance)
+    torch.testing.assert_close(rotated_k.float(), expected_k.float(), **tolerance)
+
+
+
+def test_rotary_of_q_and_k_apart_is_the_same_rotation() -> None:
+    """q and k in tensors of their own (after Qwen3's per-head norms): two calls, the same values."""
+    generator = torch.Generator().manual_seed(9)
+    q, k = torch.randn(2, 4, 32, generator=generator), torch.randn(2, 2, 32, generator=generator)
+    cos, sin = (torch.randn(2, 16, generator=generator) for _ in range(2))
+    expected_q, expected_k = rotary_ref(q.clone(), k.clone(), cos, sin)
+    rotated_q, rotated_k = cpu_rows.rotary(q, k, cos, sin)
+    torch.testing.assert_close(rotated_q, expected_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rotated_k, expected_k, rtol=1e-5, atol=1e-5)
