@@ -81,6 +81,17 @@ def library(name: str) -> ctypes.CDLL | None:
         return None
 
 
+def _sources() -> list[Path]:
+    return sorted(Path(__file__).parent.glob("cpu_*.c"))
+
+
 def build_all() -> list[Path]:
     """Every kernel built (make install)."""
-    return [build(source) for source in sorted(Path(__file__).parent.glob("cpu_*.c"))]
+    return [build(source) for source in _sources()]
+
+
+def load_all() -> None:
+    """Every kernel loaded (built first where the cache has none): a CPU engine calls it as it starts, so a worker
+    reports ready with its kernels compiled rather than compiling them in its first step."""
+    for source in _sources():
+        library(source.stem)

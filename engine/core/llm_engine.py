@@ -34,7 +34,7 @@ from fleetctl.engine.model.prepared import load_cpu_weights, weights_key
 from fleetctl.engine.model.quantize import quantize_weights, resolve_quantization, weight_source
 from fleetctl.engine.model.tokenizer import Tokenizer
 from fleetctl.errors import FleetctlError
-from fleetctl.kernels import ops
+from fleetctl.kernels import cpu_build, ops
 from fleetctl.kernels.batch_invariant import TILE as QUERY_TILE
 from fleetctl.kernels.triton_support import Launch
 
@@ -67,6 +67,7 @@ class LLMEngine:
         self.weights_label = str(self.dtype).removeprefix("torch.") if self.weight_format == "none" else \
             self.weight_format
         if self.device.type == "cpu":
+            cpu_build.load_all()  # compiled before the worker reports ready, not in its first step
             weights = load_cpu_weights(config.model_dir, self.model_config, self.dtype, self.quantization,
                                        settings.quant_group_size)
         else:
