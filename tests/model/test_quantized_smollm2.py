@@ -26,7 +26,10 @@ pytestmark = pytest.mark.slow
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
            "The three primary colors are", "Water boils at"]
 TEXT_TOKENS = 2048
-CLEAR_MARGIN = 0.5  # logits: a greedy choice closer than this to the runner-up may flip under any rounding
+# logits: a greedy choice closer than this to the runner-up may flip — under the weights' rounding, and the CPU's 4-bit
+# rows round the activations to 8 bits per block of 32 too (kernels/cpu_gemv, as llama.cpp's Q8 activations do;
+# seen: a 0.58 gap flip on 'def fibonacci(n):', where 0.5 had held before)
+CLEAR_MARGIN = 1.0
 
 
 def engine(model_dir: Path, quantization: Quantization, dtype: str = "bfloat16", group_size: int = 32) -> LLMEngine:
