@@ -210,7 +210,7 @@ def linear(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
         x = torch.cat([x, x], dim=-1)  # [T, 2K]: the high halves' inputs, then the low halves'
     if weight.device.type == "cuda":
         return torch.ops.aten._weight_int4pack_mm(x, weight.data, weight.group_size, weight.scales)
-    if cpu_gemv.takes(x, weight.data):
+    if x.shape[0] == 1 and cpu_gemv.takes(x, weight.data):  # 2..8 rows: torch's kernel is faster (bench_gemv)
         return cpu_gemv.gemv(x, cpu_gemv.WeightFormat.Q4, weight.data, weight.out_features, weight.scales,
                              weight.group_size)
     if weight.gemm_data is None:

@@ -4,6 +4,7 @@ int8 and int4 weight-only kernels), in GB/s of the weight's bytes against the me
 threads, same run. Every matrix of the model's layers, out of cache (each layer its own weights), plus the lm_head.
 
     python scripts/bench_gemv.py [--model smollm2-135m] [--rows 1,4,8,16,64] [--threads 2]
+        [--formats float32,bfloat16,int8,int4]
 """
 
 import argparse
@@ -41,7 +42,8 @@ def torch_product(x: torch.Tensor, weight: Matrix) -> torch.Tensor:
 
 def rate(matrices: list[Matrix], rows: int, dtype: torch.dtype, product: Callable) -> float:
     """Bytes/s of one pass of `rows` rows through every matrix (the best of 5)."""
-    inputs = [torch.randn(rows, getattr(m, "in_features", m.shape[1])).to(dtype) for m in matrices]
+    inputs = [torch.randn(rows, m.in_features if isinstance(m, QuantizedWeight) else m.shape[1]).to(dtype)
+              for m in matrices]
 
     def one_pass() -> None:
         for x, matrix in zip(inputs, matrices, strict=True):
@@ -56,6 +58,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--rows", default="1,4,8,16,64")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--formats", default="float32,bfloat16,int8,int4")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model_dir = resolve_model(args.model)
@@ -66,7 +69,7 @@ def main() -> None:
     rows = [int(r) for r in args.rows.split(",")]
     cases = [("float32", torch.float32, Quantization.NONE), ("bfloat16", torch.bfloat16, Quantization.NONE),
              ("int8", torch.bfloat16, Quantization.INT8), ("int4", torch.bfloat16, Quantization.INT4)]
-    for label, dtype, quantization in cases:
+    for label, dtype, quantization in (case for case in cases if case[0] in args.formats.split(",")):
         weights = load_cpu_weights(model_dir, config, dtype, quantization).packed()
         groups = {name: [getattr(layer, name) for layer in weights.layers] for name in NAMES}
         groups["lm_head"] = [weights.lm_head]
