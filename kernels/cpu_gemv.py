@@ -36,14 +36,10 @@ def _library() -> ctypes.CDLL | None:
     return library
 
 
-def available() -> bool:
-    """Whether this machine has the kernel (built now if need be)."""
-    return _library() is not None
-
-
 @cache
 def max_rows() -> int:
-    """The most rows of x one call takes (the kernel keeps each row's sums in registers)."""
+    """The most rows of x one call takes (the kernel keeps each row's sums in registers); 0 where the kernel
+    could not be built, so `takes` is false everywhere."""
     library = _library()
     return int(library.gemv_max_rows()) if library is not None else 0
 

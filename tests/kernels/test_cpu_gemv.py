@@ -17,7 +17,7 @@ def _x(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
 
 def test_it_builds_here() -> None:
     """CI's machines have a C compiler: the kernel is part of the product, not an option."""
-    assert cpu_gemv.available() and cpu_gemv.max_rows() == 8
+    assert cpu_gemv.max_rows() == 8  # 0 where it could not be built
 
 
 @pytest.mark.parametrize("threads", [1, 2])
