@@ -45,20 +45,22 @@ demo: install
 
 # FLEET_REQUIRE_ALL=1: a test that skips for anything but CUDA fails (tests/support/require_all.py)
 test: export FLEET_REQUIRE_ALL ?= 1
-# every test: the in-process ones in 2 xdist processes (CI has 2 cores), then the timing-bound fleet tests and
-# the console's pictures one at a time, away from parallel load
+# every test: the in-process ones in 2 xdist processes (CI has 2 cores) of one torch/OpenMP thread each (two
+# processes of 2 spinning OpenMP threads on 2 cores took twice as long, and a step 10x its time now and then),
+# then the timing-bound fleet tests and the console's pictures one at a time, away from parallel load
 test: install browser prometheus
 	$(FLEETCTL) models pull smollm2-135m
 	$(FLEETCTL) models pull gemma3-270m
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q -m "not fleet and not pictures" -n 2 --durations=25 --durations-min=10
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -m "not fleet and not pictures" -n 2 --durations=25 --durations-min=10
 	$(VENV)/bin/pytest -q -m "fleet or pictures" --durations=25 --durations-min=10
 
 # the developer's loop: no real-model tests, no worker processes (`make test` still runs everything); in 4 xdist
-# processes (they mostly wait), then the console's pictures alone (a loaded machine draws a frame late)
+# processes (they mostly wait; one OpenMP thread each, as in `test`), then the console's pictures alone (a loaded
+# machine draws a frame late)
 test-fast: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q -m "not slow and not fleet and not pictures" -n 4
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -m "not slow and not fleet and not pictures" -n 4
 	$(VENV)/bin/pytest -q -m "pictures and not slow and not fleet"
 
 # Debian's chromium for the web-console test (playwright drives it; nothing is downloaded by playwright).

@@ -5,6 +5,7 @@ corrupted record (a miss: computed again). Write-through puts each block in the 
 fresh engine (a restarted worker) finds the whole cache of the one before it. A read runs beside the steps: a
 sequence decoding on the engine goes on while a slow tier reads another prompt's prefix."""
 
+import threading
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import torch
 from test_batch_invariance import recorded_logits
 
 from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings, OffloadPolicy
+from fleetctl.engine.core.kv_tiers import file_tier
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams, SequenceStatus
 
@@ -140,21 +142,28 @@ def test_a_slow_tier_read_does_not_stall_the_sequences_decoding(tiny_model_dir: 
     decoding = engine.add_request([5, 6, 7, 8, 9], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
     while not decoding.output_token_ids:
         engine.step()
-    monkeypatch.setenv("FLEET_FAULTS", "tier-read=stall:0.2")  # each of PROMPT's 5 blocks: a second in all
+    released = threading.Event()
 
+    def slow_disk(point: str, key: str = "") -> None:  # a tier that answers only once the test lets it
+        if point == "tier-read":
+            released.wait(timeout=30)
+
+    monkeypatch.setattr(file_tier, "fault_point", slow_disk)
     started = time.perf_counter()
     with recorded_logits() as rows:
         waiting = engine.add_request(PROMPT, GREEDY)
-        assert time.perf_counter() - started < 0.2  # the read runs beside the engine
+        assert time.perf_counter() - started < 10  # the read runs beside the engine: adding does not wait for it
         decoded_while_reading = 0
-        while waiting.status is SequenceStatus.WAITING:
-            assert waiting.awaiting_tiers
+        while decoded_while_reading < 8 and decoding.status is SequenceStatus.RUNNING:  # the read held: decode goes on
+            assert waiting.status is SequenceStatus.WAITING and waiting.awaiting_tiers
             before = len(decoding.output_token_ids)
             engine.step()
             decoded_while_reading += len(decoding.output_token_ids) - before
+        released.set()
+        while waiting.status is SequenceStatus.WAITING:
+            engine.step()
         assert engine.last_step is not None and engine.last_step.cached_tokens == (80,)
         while engine.has_unfinished():
             engine.step()
-    assert decoded_while_reading >= 8  # the other sequence went on decoding while the prefix was read (in a 2nd)
     mine = sorted((key for key in rows if key[0] == waiting.request_id), key=lambda key: key[1])
     assert torch.equal(torch.stack([rows[key] for key in mine]), computed)
