@@ -4,10 +4,12 @@
  * of x, kept in registers, so the time is W's bytes over the memory's bandwidth. The weight formats:
  *   f32   W float32
  *   bf16  W bfloat16 (widened to float32 by a shift)
- *   i8    W int8, one float32 scale per output row: w = q * s
+ *   i8    W int8, one float32 scale per output row: w = q * s (in bf16 with AVX2 and K a multiple of 32, x is
+ *         rounded to int8 per block of 32 and the dot product runs in integers, as llama.cpp's Q8_0 x Q8_0)
  *   q4    W in llama.cpp-style blocks of 32 inputs: 16 bytes, byte j holding input j (low nibble) and
  *         input j + 16 (high nibble), codes 0..15; per group of G inputs (a multiple of 32) a scale s and a zero z
- *         : w = (q - 8) * s + z, so a row's sum is s * dot(x, q) + (z - 8 s) * sum(x) per group.
+ *         : w = (q - 8) * s + z, so a row's sum is s * dot(x, q) + (z - 8 s) * sum(x) per group. The scales and
+ *         zeros come row by row, [N, K / G, 2] (each row's beside each other: one stream per row, not K / G).
  * x, y and the scales are float32 or bfloat16 (x_bf16); sums run in float32, in a fixed order per row whatever T is.
  * Built with -march=native at first use (kernels/cpu_gemv.py); GCC's vector extensions pick the machine's widest
  * registers. Threads split the output rows (OpenMP, `threads` of them).
@@ -41,13 +43,13 @@ DENSE_ROW(row_f32, float, load_f32)
 DENSE_ROW(row_bf16, uint16_t, widen_bf16)
 DENSE_ROW(row_i8, int8_t, widen_i8)
 
-/* The inputs of a q4 product: x [T, K] in float32, its per-group sums (the zeros' term, [T, K / G]) and, where the
+/* The inputs of a product: x [T, K] in float32, its per-group sums (q4's zeros' term, [T, K / G]) and, where the
  * integer dot product runs (AVX2, and x in bfloat16: 8 bits of precision already), x rounded to int8 per block of
  * 32 with one scale each, as llama.cpp's Q8 activations are; xq is NULL otherwise (float products). */
 typedef struct {
     const float *x, *xsum, *xscale; /* xscale: [T, K / 32] */
     const int8_t *xq;               /* [T, K] */
-} Q4Inputs;
+} Inputs;
 
 #ifdef __AVX2__
 /* dot(x block, q block) of 32 inputs as int8 x times u8 codes, in int32, as float lanes. */
@@ -57,18 +59,43 @@ static inline vf block_dot(__m256i codes, const int8_t *xq) {
 }
 #endif
 
+#ifdef __AVX2__
+/* dot(x block, w block) of 32 int8 inputs and int8 weights in int32, as float lanes: vpmaddubsw multiplies unsigned
+ * by signed bytes, so |w| times x carrying w's sign (|-128| reads as 128 unsigned; x is within +-127). */
+static inline vf block_dot_i8(__m256i w, __m256i magnitude, const int8_t *xq) {
+    const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xq), w));
+    return (vf)_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+/* One int8 row on the integer path (K a multiple of 32): per block its integer dot times x's block scale. */
+static inline __attribute__((always_inline)) void row_i8_q8(const int8_t *w, Inputs in, int T, int K, float *out) {
+    vf acc[MAX_ROWS][2];
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = (vf){0};
+    for (int b = 0; b < K; b += 64) { /* two blocks a pass, one into each accumulator (fixed indices: registers) */
+        const int pair = b + 64 <= K;
+        const __m256i first = _mm256_loadu_si256((const __m256i *)(w + b)), first_size = _mm256_sign_epi8(first, first);
+        const __m256i second = pair ? _mm256_loadu_si256((const __m256i *)(w + b + 32)) : _mm256_setzero_si256();
+        const __m256i second_size = _mm256_sign_epi8(second, second);
+        for (int t = 0; t < T; t++) {
+            const size_t at = (size_t)t * K + b;
+            acc[t][0] += block_dot_i8(first, first_size, in.xq + at) * in.xscale[at / 32];
+            if (pair) acc[t][1] += block_dot_i8(second, second_size, in.xq + at + 32) * in.xscale[at / 32 + 1];
+        }
+    }
+    for (int t = 0; t < T; t++) out[t] = hsum(acc[t][0] + acc[t][1]);
+}
+#endif
+
 /* One q4 row: per block of 32 inputs dot(x, q), scaled by the group's s (and x's block scale); the zeros' term
  * from the per-group sums of x. */
 static inline __attribute__((always_inline)) void row_q4(const uint8_t *w, const void *scales_zeros, int aux_bf16,
-                                                         int N, int n, Q4Inputs in, int T, int K, int G,
-                                                         float *out) {
+                                                         Inputs in, int T, int K, int G, float *out) {
     vf acc[MAX_ROWS];
     float zero_term[MAX_ROWS];
     for (int t = 0; t < T; t++) acc[t] = (vf){0}, zero_term[t] = 0.0f;
     const int groups = K / G;
     for (int g = 0; g < groups; g++) {
-        const size_t at = ((size_t)g * N + n) * 2;
-        const float s = scalar_at(scales_zeros, at, aux_bf16), z = scalar_at(scales_zeros, at + 1, aux_bf16);
+        const float s = scalar_at(scales_zeros, 2 * g, aux_bf16), z = scalar_at(scales_zeros, 2 * g + 1, aux_bf16);
         for (int b = g * G; b < (g + 1) * G; b += 32) {
 #ifdef __AVX2__
             if (in.xq) {
@@ -102,38 +129,32 @@ static inline __m256i q4_codes(const uint8_t *block) {
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(15));
 }
 
-/* The sums of q4 block j of one row into acc (its dot with x times s and x's block scale) and, at the group's first
- * block, the group's zero's term into zero. */
-static inline __attribute__((always_inline)) void q4_block_single(const uint8_t *w, const void *scales_zeros,
-                                                                  int aux_bf16, size_t scale_at, int j, int group,
-                                                                  int first_of_group, Q4Inputs in, __m256 *acc,
-                                                                  float *zero) {
-    const float s = scalar_at(scales_zeros, scale_at, aux_bf16);
-    *acc = _mm256_fmadd_ps((__m256)block_dot(q4_codes(w + (size_t)j * 16), in.xq + (size_t)j * 32),
-                           _mm256_set1_ps(s * in.xscale[j]), *acc);
-    if (first_of_group) *zero += (scalar_at(scales_zeros, scale_at + 1, aux_bf16) - 8.0f * s) * in.xsum[group];
-}
-
-/* row_q4 for decode's batch of 1 on the integer path: one flat loop over the blocks, two at a time into two
- * accumulators, the group of block j found by a shift (G / 32 is a power of two). 1.2x row_q4's speed at G = 32,
- * where every block is a group. */
-static inline float row_q4_single(const uint8_t *w, const void *scales_zeros, int aux_bf16, int N, int n,
-                                  Q4Inputs in, int K, int G) {
+/* row_q4 for decode's batch of 1 on the integer path, x's bf16 a compile-time constant (no branch per block): the
+ * zeros' terms first (a dot over the groups), then one flat loop over the blocks, two at a time into two
+ * accumulators, block j's scale found by a shift (G / 32 is a power of two). */
+static inline __attribute__((always_inline)) float row_q4_single(const uint8_t *w, const void *scales_zeros,
+                                                                 int aux_bf16, Inputs in, int K, int G) {
+    float zero = 0.0f;
+    for (int g = 0; g < K / G; g++) {
+        const float s = scalar_at(scales_zeros, 2 * g, aux_bf16);
+        zero += (scalar_at(scales_zeros, 2 * g + 1, aux_bf16) - 8.0f * s) * in.xsum[g];
+    }
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float zero0 = 0.0f, zero1 = 0.0f;
-    const int blocks = K / 32, shift = __builtin_ctz(G / 32), within = G / 32 - 1;
-    const size_t stride = (size_t)N * 2, row = (size_t)n * 2;
+    const int blocks = K / 32, shift = __builtin_ctz(G / 32);
     int j = 0;
     for (; j + 2 <= blocks; j += 2) {
-        const int g0 = j >> shift, g1 = (j + 1) >> shift;
-        q4_block_single(w, scales_zeros, aux_bf16, g0 * stride + row, j, g0, !(j & within), in, &acc0, &zero0);
-        q4_block_single(w, scales_zeros, aux_bf16, g1 * stride + row, j + 1, g1, !((j + 1) & within), in, &acc1,
-                        &zero1);
+        const float s0 = scalar_at(scales_zeros, 2 * (j >> shift), aux_bf16);
+        const float s1 = scalar_at(scales_zeros, 2 * ((j + 1) >> shift), aux_bf16);
+        acc0 = _mm256_fmadd_ps((__m256)block_dot(q4_codes(w + (size_t)j * 16), in.xq + (size_t)j * 32),
+                               _mm256_set1_ps(s0 * in.xscale[j]), acc0);
+        acc1 = _mm256_fmadd_ps((__m256)block_dot(q4_codes(w + (size_t)j * 16 + 16), in.xq + (size_t)j * 32 + 32),
+                               _mm256_set1_ps(s1 * in.xscale[j + 1]), acc1);
     }
     if (j < blocks)
-        q4_block_single(w, scales_zeros, aux_bf16, (j >> shift) * stride + row, j, j >> shift, !(j & within), in,
-                        &acc0, &zero0);
-    return hsum((vf)_mm256_add_ps(acc0, acc1)) + zero0 + zero1;
+        acc0 = _mm256_fmadd_ps((__m256)block_dot(q4_codes(w + (size_t)j * 16), in.xq + (size_t)j * 32),
+                               _mm256_set1_ps(scalar_at(scales_zeros, 2 * (j >> shift), aux_bf16) * in.xscale[j]),
+                               acc0);
+    return hsum((vf)_mm256_add_ps(acc0, acc1)) + zero;
 }
 #endif
 
@@ -166,7 +187,7 @@ enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2, W_Q4 = 3 };
     default: { const int TT = 8; BODY; } break; \
     }
 
-static void rows(int format, const void *w, const void *aux, int aux_bf16, int N, int n0, int n1, Q4Inputs in,
+static void rows(int format, const void *w, const void *aux, int aux_bf16, int N, int n0, int n1, Inputs in,
                  int T, int K, int G, float *y) {
     const float *x = in.x;
     float out[MAX_ROWS];
@@ -175,29 +196,39 @@ static void rows(int format, const void *w, const void *aux, int aux_bf16, int N
         case W_F32: DISPATCH_T(row_f32((const float *)w + (size_t)n * K, x, TT, K, out)); break;
         case W_BF16: DISPATCH_T(row_bf16((const uint16_t *)w + (size_t)n * K, x, TT, K, out)); break;
         case W_I8:
-            DISPATCH_T(row_i8((const int8_t *)w + (size_t)n * K, x, TT, K, out));
+            if (in.xq) {
+#ifdef __AVX2__
+                DISPATCH_T(row_i8_q8((const int8_t *)w + (size_t)n * K, in, TT, K, out));
+#endif
+            } else {
+                DISPATCH_T(row_i8((const int8_t *)w + (size_t)n * K, x, TT, K, out));
+            }
             for (int t = 0; t < T; t++) out[t] *= scalar_at(aux, n, aux_bf16);
             break;
-        default:
+        default: {
+            const uint8_t *codes = (const uint8_t *)w + (size_t)n * K / 2;
+            const void *scales_zeros = (const char *)aux + (size_t)n * (K / G) * 2 * (aux_bf16 ? 2 : 4);
 #ifdef __AVX2__
-            if (T == 1 && in.xq) {
-                out[0] = row_q4_single((const uint8_t *)w + (size_t)n * K / 2, aux, aux_bf16, N, n, in, K, G);
+            if (T == 1 && in.xq) { /* the integer path: x, and so the scales, in bf16 */
+                out[0] = row_q4_single(codes, scales_zeros, 1, in, K, G);
                 break;
             }
 #endif
-            DISPATCH_T(row_q4((const uint8_t *)w + (size_t)n * K / 2, aux, aux_bf16, N, n, in, TT, K, G, out));
+            DISPATCH_T(row_q4(codes, scales_zeros, aux_bf16, in, TT, K, G, out));
+        }
         }
         for (int t = 0; t < T; t++) y[(size_t)t * N + n] = out[t];
     }
 }
 
 /* y [T, N] (float32 or bfloat16 as x) = x [T, K] @ W^T. aux: the i8 scales [N] or the q4 scales and zeros
- * [K / G, N, 2], in x's dtype; G: the q4 group. Returns 0, or -1 when a buffer could not be had. */
+ * [N, K / G, 2], in x's dtype; G: the q4 group. Returns 0, or -1 when a buffer could not be had. */
 int gemv(int format, const void *w, const void *aux, int N, int K, int G, const void *x, int x_bf16, int T,
          void *y, int threads) {
     const size_t inputs = (size_t)T * K, groups = format == W_Q4 ? (size_t)K / G : 0;
 #ifdef __AVX2__
-    const size_t blocks = format == W_Q4 && x_bf16 ? inputs / 32 : 0;
+    const int integer = x_bf16 && (format == W_Q4 || (format == W_I8 && K % 32 == 0));
+    const size_t blocks = integer ? inputs / 32 : 0;
 #else
     const size_t blocks = 0;
 #endif
@@ -214,7 +245,7 @@ int gemv(int format, const void *w, const void *aux, int N, int K, int G, const 
             xsum[(size_t)t * groups + g] = s;
         }
     if (blocks) quantize_blocks(xf, inputs, xq, xscale);
-    const Q4Inputs in = {xf, xsum, xscale, blocks ? xq : NULL};
+    const Inputs in = {xf, xsum, xscale, blocks ? xq : NULL};
     float *dest = x_bf16 ? yf : (float *)y;
     const int chunk = 16; /* rows per scheduling unit: a cache line of y per row of x at least */
 #pragma omp parallel for schedule(static) num_threads(threads) if ((size_t)N * K * T >= PARALLEL_WORK)

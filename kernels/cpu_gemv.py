@@ -73,8 +73,8 @@ def gemv(x: torch.Tensor, weight_format: WeightFormat, weight: torch.Tensor, out
 def _gemv(x: torch.Tensor, weight_format: WeightFormat, weight: torch.Tensor, out_features: int,
           aux: torch.Tensor | None, group_size: int) -> torch.Tensor:
     """x [T, K] @ Wᵀ -> [T, N] in x's dtype. weight: F32/BF16 [N, K], I8 [N, K] with aux = scales [N], Q4
-    [N, K/2] uint8 with aux = scales and zeros [K/group, N, 2]; aux in x's dtype. Contiguous weight and aux,
-    `takes(x, weight)` true."""
+    [N, K/2] uint8 with aux = scales and zeros row by row, [N, K/group, 2]; aux in x's dtype. Contiguous weight
+    and aux, `takes(x, weight)` true."""
     library = _library()
     if library is None:
         raise cpu_build.KernelBuildError("the CPU kernel is not built on this machine: check takes() first")

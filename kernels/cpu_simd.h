@@ -41,10 +41,10 @@ static inline vf widen_u8(const vu8x16 *v, int half) {
 }
 #endif
 
+/* The sum of v's lanes as a tree (three adds deep, where a chain is eight): a pairwise order, fixed. */
 static inline float hsum(vf v) {
-    float s = 0.0f;
-    for (int i = 0; i < LANES; i++) s += v[i];
-    return s;
+    const float a = (v[0] + v[4]) + (v[2] + v[6]), b = (v[1] + v[5]) + (v[3] + v[7]);
+    return a + b;
 }
 
 static inline float bf16_to_f32(uint16_t h) {

@@ -60,6 +60,7 @@ class QuantizedWeight:
     scales: torch.Tensor  # int8: [N]; int4: [K/group, N, 2] scale and zero, in the compute dtype
     # int8-split: data and scales as int4's over 2K inputs (the hi codes of every input, then the lo codes)
     gemm_data: torch.Tensor | None = None  # int4 on a CPU: the codes in torch's layout, for its kernel's many rows
+    row_scales: torch.Tensor | None = None  # int4 on a CPU: scales [N, K/group, 2], each row's together (cpu_gemv)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -178,11 +179,12 @@ def q4_codes(blocks: torch.Tensor) -> torch.Tensor:
 
 
 def with_gemm_layout(weight: QuantizedWeight) -> QuantizedWeight:
-    """A CPU int4 or int8-split weight with torch's layout of its codes beside its q4 blocks (built at load)."""
+    """A CPU int4 or int8-split weight with torch's layout of its codes beside its q4 blocks, and its scales row by
+    row for the C kernel (built at load)."""
     if weight.format is QuantFormat.INT8 or weight.device.type != "cpu":
         return weight
     gemm = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4_codes(weight.data).contiguous(), 1)
-    return replace(weight, gemm_data=gemm)
+    return replace(weight, gemm_data=gemm, row_scales=weight.scales.transpose(0, 1).contiguous())
 
 
 def unpack_int4(weight: QuantizedWeight) -> torch.Tensor:
@@ -210,11 +212,11 @@ def linear(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
         x = torch.cat([x, x], dim=-1)  # [T, 2K]: the high halves' inputs, then the low halves'
     if weight.device.type == "cuda":
         return torch.ops.aten._weight_int4pack_mm(x, weight.data, weight.group_size, weight.scales)
-    if x.shape[0] == 1 and cpu_gemv.takes(x, weight.data):  # 2..8 rows: torch's kernel is faster (bench_gemv)
-        return cpu_gemv.gemv(x, cpu_gemv.WeightFormat.Q4, weight.data, weight.out_features, weight.scales,
-                             weight.group_size)
-    if weight.gemm_data is None:
+    if weight.gemm_data is None or weight.row_scales is None:
         raise QuantizationError("a CPU int4 weight without torch's layout: build it with_gemm_layout at load")
+    if x.shape[0] == 1 and cpu_gemv.takes(x, weight.data):  # 2..8 rows: torch's kernel is faster (bench_gemv)
+        return cpu_gemv.gemv(x, cpu_gemv.WeightFormat.Q4, weight.data, weight.out_features, weight.row_scales,
+                             weight.group_size)
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight.gemm_data, weight.group_size, weight.scales)
 
 

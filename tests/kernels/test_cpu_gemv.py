@@ -6,13 +6,18 @@ import torch
 
 from fleetctl.kernels import cpu_build, cpu_gemv
 from fleetctl.kernels.cpu_gemv import WeightFormat, gemv
-from fleetctl.kernels.quantized_linear import q4_blocks, q4_codes, quantize_int4, quantize_int8
+from fleetctl.kernels.quantized_linear import QuantizedWeight, q4_blocks, q4_codes, quantize_int4, quantize_int8
 
 ROWS = list(range(1, 9))
 
 
 def _x(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows)).to(dtype)
+
+
+def _row_scales(weight: QuantizedWeight) -> torch.Tensor:
+    """The q4 scales and zeros as the kernel reads them: [N, K/group, 2]."""
+    return weight.scales.transpose(0, 1).contiguous()
 
 
 def test_it_builds_here() -> None:
@@ -40,15 +45,38 @@ def test_dense_products_are_the_float_product(rows: int, dtype: torch.dtype, thr
         torch.testing.assert_close(out.float(), reference, rtol=8e-3, atol=1e-2)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", ROWS)
-def test_int8_rows_are_the_product_with_the_dequantized_weight(rows: int, dtype: torch.dtype) -> None:
-    weight = quantize_int8(torch.randn(75, 64, generator=torch.Generator().manual_seed(1)).to(dtype))
-    x = _x(rows, 64, dtype)
+def test_int8_rows_in_float32_are_the_product_with_the_dequantized_weight(rows: int) -> None:
+    weight = quantize_int8(torch.randn(75, 64, generator=torch.Generator().manual_seed(1)))
+    x = _x(rows, 64, torch.float32)
     out = gemv(x, WeightFormat.I8, weight.data, 75, weight.scales)
-    reference = x.float() @ weight.dequantize().T
-    tolerance = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=8e-3, atol=2e-2)
-    torch.testing.assert_close(out.float(), reference, **tolerance)
+    torch.testing.assert_close(out, x @ weight.dequantize().T, rtol=1e-5, atol=1e-4)
+
+
+def _within_the_8_bit_rounding(x: torch.Tensor, dense: torch.Tensor, out: torch.Tensor) -> None:
+    """bf16 inputs take the integer dot product (x rounded per block of 32, as llama.cpp's Q8): each input moves
+    at most half its block's step (max |x| / 254), and the output rounds once to bf16."""
+    reference = x.float() @ dense.T
+    half_step = (x.float().abs().reshape(len(x), -1, 32).amax(dim=2) / 254).repeat_interleave(32, dim=1)
+    bound = half_step @ dense.abs().T + reference.abs() * 2**-8 + 1e-4
+    assert ((out.float() - reference).abs() <= bound).all()
+    assert (out.float() - reference).abs().max() > 0  # the integer path ran: float products would be exact here
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_int8_rows_in_bf16_round_x_to_8_bits_per_block(rows: int) -> None:
+    weight = quantize_int8(torch.randn(75, 96, generator=torch.Generator().manual_seed(1)).bfloat16())
+    weight.data[0, :32] = -128  # |-128| reads as 128 unsigned in the byte product
+    x = _x(rows, 96, torch.bfloat16)
+    _within_the_8_bit_rounding(x, weight.dequantize(), gemv(x, WeightFormat.I8, weight.data, 75, weight.scales))
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_int8_rows_in_bf16_of_k_not_a_multiple_of_32_take_float_products(rows: int) -> None:
+    weight = quantize_int8(torch.randn(75, 48, generator=torch.Generator().manual_seed(1)).bfloat16())
+    x = _x(rows, 48, torch.bfloat16)
+    out = gemv(x, WeightFormat.I8, weight.data, 75, weight.scales)
+    torch.testing.assert_close(out.float(), x.float() @ weight.dequantize().T, rtol=8e-3, atol=2e-2)
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])
@@ -56,23 +84,16 @@ def test_int8_rows_are_the_product_with_the_dequantized_weight(rows: int, dtype:
 def test_q4_rows_in_float32_are_exact_to_rounding(rows: int, group: int) -> None:
     weight = quantize_int4(torch.randn(48, 256, generator=torch.Generator().manual_seed(group)), group)
     x = _x(rows, 256, torch.float32)
-    out = gemv(x, WeightFormat.Q4, weight.data, 48, weight.scales, group)
+    out = gemv(x, WeightFormat.Q4, weight.data, 48, _row_scales(weight), group)
     torch.testing.assert_close(out, x @ weight.dequantize().T, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 8])
 def test_q4_rows_in_bf16_round_x_to_8_bits_per_block(rows: int) -> None:
-    """bf16 inputs take the integer dot product (x rounded per block of 32, as llama.cpp's Q8): each input moves
-    at most half its block's step (max |x| / 254), and the output rounds once to bf16."""
     weight = quantize_int4(torch.randn(48, 256, generator=torch.Generator().manual_seed(2)).bfloat16(), 32)
     x = _x(rows, 256, torch.bfloat16)
-    out = gemv(x, WeightFormat.Q4, weight.data, 48, weight.scales, 32).float()
-    dense = weight.dequantize()
-    reference = x.float() @ dense.T
-    half_step = (x.float().abs().reshape(rows, -1, 32).amax(dim=2) / 254).repeat_interleave(32, dim=1)
-    bound = half_step @ dense.abs().T + reference.abs() * 2**-8 + 1e-4
-    assert ((out - reference).abs() <= bound).all()
-    assert (out - reference).abs().max() > 0  # the integer path ran: float products would be exact here
+    out = gemv(x, WeightFormat.Q4, weight.data, 48, _row_scales(weight), 32)
+    _within_the_8_bit_rounding(x, weight.dequantize(), out)
 
 
 def test_q4_blocks_round_trip_and_hold_input_j_beside_j_plus_16() -> None:
