@@ -1,5 +1,6 @@
 """Evacuating a worker: moving every session off it live (`session_move`), for a migration (to its
-standby) and for `drain --move` (to its peers): each decoding session is moved, concurrently; one not decoding yet (a
+standby) and for `drain --move` (to its peers): each decoding session's move starts at once (their copies then go
+one session at a time per source: `SessionMoves`); one not decoding yet (a
 prompt still prefilling on a mixed worker, a handoff still being adopted) is moved once it decodes, and one
 whose move was called off (it decodes on where it was) is tried again."""
 

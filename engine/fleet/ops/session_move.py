@@ -47,6 +47,10 @@ class SessionMoves:
         self.recompute = recompute  # continue a request from its tokens on a worker of its role
         self.in_flight = runner.moves
         self._first_tokens: dict[str, SessionMove] = {}  # request id -> a committed move awaiting its first token
+        # Copies from one source go one session at a time: moved together, their bulk copies interleaved in both
+        # workers' message loops and a stopped session's final stage waited behind the others' pre-copies (8
+        # sessions of 2,048 tokens: 2.2 s, 11x a normal gap). The sessions waiting here decode on meanwhile.
+        self._copying: dict[str, asyncio.Lock] = {}
 
     # ---- the operation: POST /fleet/requests/{id}/move ------------------------------------------
 
@@ -102,17 +106,18 @@ class SessionMoves:
             dest_kv.reserve(move.move_id, reserve)  # until the destination answers (its reports then count them)
             await self._ask(move, dest, m.ReserveBlocks(move.move_id, reserve))
             move.add_stage("reserve", reserve, 0, time.perf_counter() - start)
-            first = 0
-            for stage in range(1, MAX_PRECOPY_STAGES + 1):
-                _at(op, MoveStage.PRE_COPY, str(stage))
-                sent, received, seconds = await self._copy(move, first, final=False)
-                move.add_stage(f"pre-copy {stage}", sent.num_blocks, received.nbytes if received else 0, seconds)
-                first = sent.first_block + sent.num_blocks  # the source skips blocks its KV window dropped
-                if sent.num_blocks <= 1:
-                    break  # what is left fits the final stage
-            _at(op, MoveStage.FINAL_STAGE)
-            sent, received, seconds = await self._copy(move, first, final=True)
-            move.add_stage("final", sent.num_blocks, received.nbytes if received else 0, seconds)
+            async with self._copying.setdefault(source, asyncio.Lock()):
+                first = 0
+                for stage in range(1, MAX_PRECOPY_STAGES + 1):
+                    _at(op, MoveStage.PRE_COPY, str(stage))
+                    sent, received, seconds = await self._copy(move, first, final=False)
+                    move.add_stage(f"pre-copy {stage}", sent.num_blocks, received.nbytes if received else 0, seconds)
+                    first = sent.first_block + sent.num_blocks  # the source skips blocks its KV window dropped
+                    if sent.num_blocks <= 1:
+                        break  # what is left fits the final stage
+                _at(op, MoveStage.FINAL_STAGE)
+                sent, received, seconds = await self._copy(move, first, final=True)
+                move.add_stage("final", sent.num_blocks, received.nbytes if received else 0, seconds)
             if not move.committed:
                 raise MoveFailed(f"{req.request_id} ended or went on elsewhere before {dest} took it")
         except MoveFailed as exc:
