@@ -42,6 +42,10 @@ class SessionTransfer:
         """Blocks whose K/V will not change again: the full ones."""
         return seq.num_cached_tokens // self.block_size
 
+    def block_bytes(self) -> int:
+        """Bytes one block of the pool holds (every layer's K and V)."""
+        return self.engine.kv_cache.spec.bytes_per_block
+
     def first_to_send(self, seq: Sequence, first: int) -> int:
         """`first`, or the first block `seq` has not dropped (kv_window) when that is later."""
         return max(first, seq.num_dropped_blocks)

@@ -139,9 +139,10 @@ class SwitchRole:
 
 # A live session move (fleet/session_move.py drives it; worker/session_mover.py answers): stage 0
 # ReserveBlocks to the destination; stages 1..k SendBlocks (pre-copy: the full blocks so far, the
-# session decoding on) to the source and ReceiveBlocks to the destination; the final stage SendBlocks
-# with `final` (the source stops the session between two steps) and ReceiveBlocks with the session
-# (the destination takes it); then EndMove to both. Any side may answer MoveRefused instead.
+# session decoding on; a message publishes at most `max_bytes`, the rest follows) to the source and
+# ReceiveBlocks to the destination; the final stage SendBlocks with `final` (the source stops the
+# session between two steps) and ReceiveBlocks with the session (the destination takes it); then
+# EndMove to both. Any side may answer MoveRefused instead.
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,7 @@ class SendBlocks:
     request_id: str
     first_block: int
     final: bool = False
+    max_bytes: int | None = None  # a pre-copy stage: at most this many bytes (whole blocks, at least one)
 
 
 @dataclass(frozen=True)
@@ -370,7 +372,8 @@ class BlocksReserved:
 @dataclass(frozen=True)
 class BlocksSent:
     """`handle` holds blocks first_block..first_block+num_blocks-1 (None when there were none to send);
-    `session` and `stopped_at` (time.time()) come with the final stage."""
+    `session` and `stopped_at` (time.time()) come with the final stage; `more`: a pre-copy stage stopped at its
+    `max_bytes` with full blocks left."""
 
     move_id: str
     handle: KVHandle | None
@@ -379,6 +382,7 @@ class BlocksSent:
     seconds: float
     session: SessionState | None = None
     stopped_at: float | None = None
+    more: bool = False
 
 
 @dataclass(frozen=True)

@@ -99,10 +99,13 @@ class SessionMover:
             last = self.transfer.final_blocks(seq)
         first = self.transfer.first_to_send(seq, msg.first_block)
         count = max(0, last - first)
+        more = msg.max_bytes is not None and count > (cap := max(1, msg.max_bytes // self.transfer.block_bytes()))
+        if more:  # the rest in the next stage: the steps of every other session go on between the two
+            count = cap
         if count:
-            outgoing.handle = self.transport.publish(self.transfer.read(seq, first, last))
+            outgoing.handle = self.transport.publish(self.transfer.read(seq, first, first + count))
         self.send(m.BlocksSent(msg.move_id, outgoing.handle, first, count, time.perf_counter() - start,
-                               session, stopped_at))
+                               session, stopped_at, more))
         if msg.final:
             fault_point("move-handed-over", msg.move_id)  # the final stage sent, the destination not yet told
 

@@ -2,7 +2,8 @@
 its role while it keeps decoding (the messages are described in `worker/protocol.py`).
 
 Stage 0 reserves blocks on the destination; stages 1..k copy the source's full blocks (the first stage all
-of them, each later one those filled meanwhile) until a stage has at most one block to copy; the final
+of them, each later one those filled meanwhile; each in pieces of at most PRECOPY_STAGE_BYTES, so the workers step
+between them) until a stage has at most one block to copy; the final
 stage stops the session on the source between two steps, copies the rest (the last partial block) with
 the session's state, and the destination takes it. The stream is re-pointed the moment the destination
 says it has the session, before any token of it can arrive from there; then the source frees its copy.
@@ -32,6 +33,10 @@ from fleetctl.engine.fleet.request import RequestMove, RequestStage, TrackedRequ
 from fleetctl.engine.worker import protocol as m
 
 MAX_PRECOPY_STAGES = 4
+# A pre-copy stage publishes at most this much (the rest follows in the same round): the source publishes and the
+# destination copies between two of their steps, so a stage's size is a pause for every session on either worker
+# (a session of 2,048 float32 tokens of smollm2 is 94 MB: one stage of it stalled the others ~0.3 s).
+PRECOPY_STAGE_BYTES = 16 << 20
 RESERVE_SLACK_TOKENS = 32  # the session grows while it is copied
 STAGE_TIMEOUT_S = 60.0
 FIRST_TOKEN_TIMEOUT_S = 60.0
@@ -107,14 +112,18 @@ class SessionMoves:
             await self._ask(move, dest, m.ReserveBlocks(move.move_id, reserve))
             move.add_stage("reserve", reserve, 0, time.perf_counter() - start)
             async with self._copying.setdefault(source, asyncio.Lock()):
-                first = 0
-                for stage in range(1, MAX_PRECOPY_STAGES + 1):
+                first, stage, copied = 0, 1, 0  # copied: blocks sent in this pre-copy round so far
+                while stage <= MAX_PRECOPY_STAGES:
                     _at(op, MoveStage.PRE_COPY, str(stage))
                     sent, received, seconds = await self._copy(move, first, final=False)
                     move.add_stage(f"pre-copy {stage}", sent.num_blocks, received.nbytes if received else 0, seconds)
                     first = sent.first_block + sent.num_blocks  # the source skips blocks its KV window dropped
-                    if sent.num_blocks <= 1:
+                    copied += sent.num_blocks
+                    if sent.more:
+                        continue  # the round goes on in pieces of PRECOPY_STAGE_BYTES
+                    if copied <= 1:
                         break  # what is left fits the final stage
+                    stage, copied = stage + 1, 0
                 _at(op, MoveStage.FINAL_STAGE)
                 sent, received, seconds = await self._copy(move, first, final=True)
                 move.add_stage("final", sent.num_blocks, received.nbytes if received else 0, seconds)
@@ -137,7 +146,8 @@ class SessionMoves:
     async def _copy(self, move: SessionMove, first: int,
                     final: bool) -> tuple[m.BlocksSent, m.BlocksReceived | None, float]:
         start = time.perf_counter()
-        sent = await self._ask(move, move.source, m.SendBlocks(move.move_id, move.req.request_id, first, final))
+        limit = None if final else PRECOPY_STAGE_BYTES
+        sent = await self._ask(move, move.source, m.SendBlocks(move.move_id, move.req.request_id, first, final, limit))
         assert isinstance(sent, m.BlocksSent)
         if final:
             assert sent.session is not None
