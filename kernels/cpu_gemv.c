@@ -129,22 +129,22 @@ static inline __m256i q4_codes(const uint8_t *block) {
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(15));
 }
 
-/* row_q4 for decode's batch of 1 on the integer path, x's bf16 a compile-time constant (no branch per block): the
+/* row_q4 for decode's batch of 1 on the integer path (x, and so the scales, in bf16: no branch per block): the
  * zeros' terms first (a dot over the groups), then one flat loop over the blocks, two at a time into two
  * accumulators, block j's scale found by a shift (G / 32 is a power of two). */
-static inline __attribute__((always_inline)) float row_q4_single(const uint8_t *w, const void *scales_zeros,
-                                                                 int aux_bf16, Inputs in, int K, int G) {
+static inline __attribute__((always_inline)) float row_q4_single(const uint8_t *w, const uint16_t *scales_zeros,
+                                                                 Inputs in, int K, int G) {
     float zero = 0.0f;
     for (int g = 0; g < K / G; g++) {
-        const float s = scalar_at(scales_zeros, 2 * g, aux_bf16);
-        zero += (scalar_at(scales_zeros, 2 * g + 1, aux_bf16) - 8.0f * s) * in.xsum[g];
+        const float s = bf16_to_f32(scales_zeros[2 * g]);
+        zero += (bf16_to_f32(scales_zeros[2 * g + 1]) - 8.0f * s) * in.xsum[g];
     }
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     const int blocks = K / 32, shift = __builtin_ctz(G / 32);
     int j = 0;
     for (; j + 2 <= blocks; j += 2) {
-        const float s0 = scalar_at(scales_zeros, 2 * (j >> shift), aux_bf16);
-        const float s1 = scalar_at(scales_zeros, 2 * ((j + 1) >> shift), aux_bf16);
+        const float s0 = bf16_to_f32(scales_zeros[2 * (j >> shift)]);
+        const float s1 = bf16_to_f32(scales_zeros[2 * ((j + 1) >> shift)]);
         acc0 = _mm256_fmadd_ps((__m256)block_dot(q4_codes(w + (size_t)j * 16), in.xq + (size_t)j * 32),
                                _mm256_set1_ps(s0 * in.xscale[j]), acc0);
         acc1 = _mm256_fmadd_ps((__m256)block_dot(q4_codes(w + (size_t)j * 16 + 16), in.xq + (size_t)j * 32 + 32),
@@ -152,7 +152,7 @@ static inline __attribute__((always_inline)) float row_q4_single(const uint8_t *
     }
     if (j < blocks)
         acc0 = _mm256_fmadd_ps((__m256)block_dot(q4_codes(w + (size_t)j * 16), in.xq + (size_t)j * 32),
-                               _mm256_set1_ps(scalar_at(scales_zeros, 2 * (j >> shift), aux_bf16) * in.xscale[j]),
+                               _mm256_set1_ps(bf16_to_f32(scales_zeros[2 * (j >> shift)]) * in.xscale[j]),
                                acc0);
     return hsum((vf)_mm256_add_ps(acc0, acc1)) + zero;
 }
@@ -209,8 +209,8 @@ static void rows(int format, const void *w, const void *aux, int aux_bf16, int N
             const uint8_t *codes = (const uint8_t *)w + (size_t)n * K / 2;
             const void *scales_zeros = (const char *)aux + (size_t)n * (K / G) * 2 * (aux_bf16 ? 2 : 4);
 #ifdef __AVX2__
-            if (T == 1 && in.xq) { /* the integer path: x, and so the scales, in bf16 */
-                out[0] = row_q4_single(codes, scales_zeros, 1, in, K, G);
+            if (T == 1 && in.xq) {
+                out[0] = row_q4_single(codes, (const uint16_t *)scales_zeros, in, K, G);
                 break;
             }
 #endif

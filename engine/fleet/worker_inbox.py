@@ -20,6 +20,7 @@ from fleetctl.engine.fleet.supervisor import Supervisor
 from fleetctl.engine.fleet.tokens import TokenStreams
 from fleetctl.engine.fleet.watchdog import Watchdog
 from fleetctl.engine.fleet.worker_link import WorkerLink
+from fleetctl.engine.worker import move_messages as mv
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.shm_files import sweep
 
@@ -122,7 +123,7 @@ class WorkerInbox:
                 self._routing_changed()
             case m.WorkerFailed():
                 view.last_error = msg.reason
-            case m.BlocksReserved() | m.BlocksSent() | m.BlocksReceived() | m.MoveRefused():
+            case mv.BlocksReserved() | mv.BlocksSent() | mv.BlocksReceived() | mv.MoveRefused():
                 self.moves.on_message(wid, msg)
             case m.CheckpointStarted() | m.CheckpointDone() | m.CheckpointFailed():
                 self.checkpoints.on_worker_message(wid, msg)

@@ -32,6 +32,7 @@ from fleetctl.engine.core.scheduler import ScheduledStep
 from fleetctl.engine.metrics.calibration import machine_lock
 from fleetctl.engine.metrics.cost_model import CostModel
 from fleetctl.engine.metrics.device_peaks import device_peaks
+from fleetctl.engine.worker import move_messages as mv
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.heartbeat import Heartbeat
 from fleetctl.engine.worker.kv_transport import HandoffError, KVTransport, timed_fetch
@@ -144,7 +145,7 @@ class Worker:
                     self.transport.release(handle)
                 self.engine.release(rid)
                 self._capacity()
-            case m.ReserveBlocks() | m.SendBlocks() | m.ReceiveBlocks() | m.EndMove():
+            case mv.ReserveBlocks() | mv.SendBlocks() | mv.ReceiveBlocks() | mv.EndMove():
                 self.mover.handle(msg)
             case m.Rename(worker_id=worker_id):
                 self.spec = dataclasses.replace(self.spec, worker_id=worker_id)

@@ -1,4 +1,4 @@
-"""A worker's side of live session moves (the protocol is described in `protocol.py`, the controller's
+"""A worker's side of live session moves (the messages are described in `move_messages.py`, the controller's
 side in `fleet/session_move.py`). Every message is answered, and an error here refuses the move
 (`MoveRefused`) rather than dropping the session: it decodes on where it is until EndMove settles it.
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fleetctl.engine.core.faults import fault_point
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.session_transfer import SessionTransfer, TransferRefused
+from fleetctl.engine.worker import move_messages as mv
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.kv_transport import KVTransport, timed_fetch
 
@@ -36,19 +37,19 @@ class SessionMover:
         self.outgoing: dict[str, Outgoing] = {}
         self.incoming: dict[str, list[int]] = {}  # move id -> reserved blocks
 
-    def handle(self, msg: m.ReserveBlocks | m.SendBlocks | m.ReceiveBlocks | m.EndMove) -> None:
+    def handle(self, msg: mv.ReserveBlocks | mv.SendBlocks | mv.ReceiveBlocks | mv.EndMove) -> None:
         try:
             match msg:
-                case m.ReserveBlocks():
+                case mv.ReserveBlocks():
                     self._reserve(msg)
-                case m.SendBlocks():
+                case mv.SendBlocks():
                     self._send_blocks(msg)
-                case m.ReceiveBlocks():
+                case mv.ReceiveBlocks():
                     self._receive(msg)
-                case m.EndMove():
+                case mv.EndMove():
                     self._end(msg)
         except Exception as exc:  # the session decodes on where it is; the controller calls the move off
-            self.send(m.MoveRefused(msg.move_id, f"{type(exc).__name__}: {exc}"))
+            self.send(mv.MoveRefused(msg.move_id, f"{type(exc).__name__}: {exc}"))
 
     def release_all(self) -> None:
         """The worker is exiting: drop every buffer it published for a move."""
@@ -57,12 +58,12 @@ class SessionMover:
 
     # ---- destination ---------------------------------------------------------------------------
 
-    def _reserve(self, msg: m.ReserveBlocks) -> None:
+    def _reserve(self, msg: mv.ReserveBlocks) -> None:
         fault_point("move-reserve", msg.move_id)
         self.incoming[msg.move_id] = self.transfer.reserve(msg.num_blocks)
-        self.send(m.BlocksReserved(msg.move_id, self.engine.kv_cache.allocator.num_free))
+        self.send(mv.BlocksReserved(msg.move_id, self.engine.kv_cache.allocator.num_free))
 
-    def _receive(self, msg: m.ReceiveBlocks) -> None:
+    def _receive(self, msg: mv.ReceiveBlocks) -> None:
         reserved = self.incoming[msg.move_id]
         nbytes, seconds = 0, 0.0
         if msg.handle is not None:
@@ -78,11 +79,11 @@ class SessionMover:
             fault_point("move-commit", msg.move_id)
             self.transfer.attach(msg.session, self.incoming.pop(msg.move_id))
         free = self.engine.kv_cache.allocator.num_free
-        self.send(m.BlocksReceived(msg.move_id, nbytes, seconds, msg.session is not None, free))
+        self.send(mv.BlocksReceived(msg.move_id, nbytes, seconds, msg.session is not None, free))
 
     # ---- source --------------------------------------------------------------------------------
 
-    def _send_blocks(self, msg: m.SendBlocks) -> None:
+    def _send_blocks(self, msg: mv.SendBlocks) -> None:
         outgoing = self.outgoing.setdefault(msg.move_id, Outgoing(msg.request_id, self.transfer.preemptions()))
         self._drop_buffer(outgoing)  # the destination has copied the previous stage
         fault_point("move-send", msg.move_id)
@@ -104,12 +105,12 @@ class SessionMover:
             count = cap
         if count:
             outgoing.handle = self.transport.publish(self.transfer.read(seq, first, first + count))
-        self.send(m.BlocksSent(msg.move_id, outgoing.handle, first, count, time.perf_counter() - start,
+        self.send(mv.BlocksSent(msg.move_id, outgoing.handle, first, count, time.perf_counter() - start,
                                session, stopped_at, more))
         if msg.final:
             fault_point("move-handed-over", msg.move_id)  # the final stage sent, the destination not yet told
 
-    def _end(self, msg: m.EndMove) -> None:
+    def _end(self, msg: mv.EndMove) -> None:
         reserved = self.incoming.pop(msg.move_id, None)
         if reserved is not None:  # never committed here
             self.transfer.free(reserved)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetctl.engine.core.sequence import SessionState
+from fleetctl.engine.worker import move_messages as mv
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.shm_files import buffer_path
 from support.fake_checkpoints import Session
@@ -20,7 +21,7 @@ from support.fake_checkpoints import Session
 if TYPE_CHECKING:
     from support.fake_workers import FakeWorker
 
-MoveMessage = m.ReserveBlocks | m.SendBlocks | m.ReceiveBlocks | m.EndMove
+MoveMessage = mv.ReserveBlocks | mv.SendBlocks | mv.ReceiveBlocks | mv.EndMove
 
 
 @dataclass
@@ -42,13 +43,13 @@ class FakeMoves:
         return len(self.reserved) + sum(1 for o in self.outgoing.values() if o.stopped is not None)
 
     def handle(self, msg: MoveMessage) -> None:
-        if isinstance(msg, m.EndMove):
+        if isinstance(msg, mv.EndMove):
             self._end(msg)
         elif self.worker.faults.refuse_moves:
             self._refuse(msg, "this fake refuses live moves")
-        elif isinstance(msg, m.ReserveBlocks):
+        elif isinstance(msg, mv.ReserveBlocks):
             self._reserve(msg)
-        elif isinstance(msg, m.SendBlocks):
+        elif isinstance(msg, mv.SendBlocks):
             self._send_blocks(msg)
         else:
             self._receive(msg)
@@ -59,18 +60,18 @@ class FakeMoves:
             self._drop_buffer(outgoing)
 
     def _refuse(self, msg: MoveMessage, reason: str) -> None:
-        self.worker.send(m.MoveRefused(msg.move_id, reason))
+        self.worker.send(mv.MoveRefused(msg.move_id, reason))
 
     # ---- destination ---------------------------------------------------------------------------
 
-    def _reserve(self, msg: m.ReserveBlocks) -> None:
+    def _reserve(self, msg: mv.ReserveBlocks) -> None:
         if self.worker.free_blocks < 1:
             self._refuse(msg, "out of KV blocks")
             return
         self.reserved.add(msg.move_id)
-        self.worker.send(m.BlocksReserved(msg.move_id, self.worker.free_blocks))
+        self.worker.send(mv.BlocksReserved(msg.move_id, self.worker.free_blocks))
 
-    def _receive(self, msg: m.ReceiveBlocks) -> None:
+    def _receive(self, msg: mv.ReceiveBlocks) -> None:
         if msg.move_id not in self.reserved:
             self._refuse(msg, "no blocks reserved for this move")
             return
@@ -84,11 +85,11 @@ class FakeMoves:
                                list(state.output_token_ids))
             self.worker.sessions[state.request_id] = Session(run, list(state.output_token_ids), prefilled=True)
         nbytes = msg.handle.nbytes if msg.handle is not None else 0
-        self.worker.send(m.BlocksReceived(msg.move_id, nbytes, 0.0, msg.session is not None, self.worker.free_blocks))
+        self.worker.send(mv.BlocksReceived(msg.move_id, nbytes, 0.0, msg.session is not None, self.worker.free_blocks))
 
     # ---- source --------------------------------------------------------------------------------
 
-    def _send_blocks(self, msg: m.SendBlocks) -> None:
+    def _send_blocks(self, msg: mv.SendBlocks) -> None:
         worker = self.worker
         outgoing = self.outgoing.setdefault(msg.move_id, Outgoing(msg.request_id))
         self._drop_buffer(outgoing)  # the destination has copied the previous stage
@@ -97,7 +98,7 @@ class FakeMoves:
             self._refuse(msg, f"{msg.request_id} is not decoding here")
             return
         if not msg.final:  # its one block is not full yet: nothing to pre-copy
-            worker.send(m.BlocksSent(msg.move_id, None, msg.first_block, 0, 0.0))
+            worker.send(mv.BlocksSent(msg.move_id, None, msg.first_block, 0, 0.0))
             return
         del worker.sessions[msg.request_id]
         outgoing.stopped = session
@@ -108,9 +109,9 @@ class FakeMoves:
             handle = m.KVHandle(msg.request_id, m.HandleKind.SHM, (1,), "float32", 4, str(outgoing.buffer))
         state = SessionState(msg.request_id, list(session.msg.prompt_token_ids), list(session.output),
                              session.msg.params, session.msg.seed)
-        worker.send(m.BlocksSent(msg.move_id, handle, msg.first_block, 1 if handle else 0, 0.0, state, time.time()))
+        worker.send(mv.BlocksSent(msg.move_id, handle, msg.first_block, 1 if handle else 0, 0.0, state, time.time()))
 
-    def _end(self, msg: m.EndMove) -> None:
+    def _end(self, msg: mv.EndMove) -> None:
         worker = self.worker
         if msg.move_id in self.reserved:  # never committed here
             self.reserved.discard(msg.move_id)

@@ -24,6 +24,7 @@ from fleetctl.engine.core.sequence import FinishReason
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.fleet_config import FleetConfig
 from fleetctl.engine.fleet.request import TrackedRequest
+from fleetctl.engine.worker import move_messages as mv
 from fleetctl.engine.worker import protocol as m
 from fleetctl.engine.worker.launcher import LaunchedWorker, LocalLauncher
 from fleetctl.engine.worker.shm_files import buffer_path
@@ -168,7 +169,7 @@ class FakeWorker:
                 self.send(m.Capacity(self.spec.worker_id, self.free_blocks))
             case m.TakeCheckpoint() | m.Restore() | m.Resume():
                 return checkpoints.handle(msg)
-            case m.ReserveBlocks() | m.SendBlocks() | m.ReceiveBlocks() | m.EndMove():
+            case mv.ReserveBlocks() | mv.SendBlocks() | mv.ReceiveBlocks() | mv.EndMove():
                 self.moves.handle(msg)
             case m.SwitchRole():  # as the real worker: the same "process" under its new id, empty unless both
                 # roles decode (its sessions then go on)

@@ -7,7 +7,7 @@ from pathlib import Path
 from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.worker import protocol as m
+from fleetctl.engine.worker import move_messages as mv
 from fleetctl.engine.worker.kv_transport import KVTransport
 from fleetctl.engine.worker.session_mover import SessionMover
 
@@ -32,7 +32,7 @@ class Side:
     def ask(self, msg: object) -> object:
         self.mover.handle(msg)
         answer = self.answers.pop()
-        assert not isinstance(answer, m.MoveRefused), answer
+        assert not isinstance(answer, mv.MoveRefused), answer
         return answer
 
 
@@ -45,24 +45,24 @@ def test_a_pre_copy_in_pieces_of_max_bytes_carries_every_block(tiny_model_dir: P
     full = seq.num_cached_tokens // source.engine.kv_cache.spec.block_size
     assert full >= 3
     one_block = source.engine.kv_cache.spec.bytes_per_block
-    dest.ask(m.ReserveBlocks("mv", full + 4))
+    dest.ask(mv.ReserveBlocks("mv", full + 4))
     first, pieces = 0, []
     while True:  # one block a piece: the source steps between them, the session decoding on
-        sent = source.ask(m.SendBlocks("mv", "s", first, max_bytes=one_block + one_block // 2))
-        assert isinstance(sent, m.BlocksSent)
+        sent = source.ask(mv.SendBlocks("mv", "s", first, max_bytes=one_block + one_block // 2))
+        assert isinstance(sent, mv.BlocksSent)
         pieces.append((sent.num_blocks, sent.more))
-        dest.ask(m.ReceiveBlocks("mv", sent.handle, sent.first_block))
+        dest.ask(mv.ReceiveBlocks("mv", sent.handle, sent.first_block))
         first = sent.first_block + sent.num_blocks
         source.engine.step()
         if not sent.more:
             break
     assert pieces[:-1] == [(1, True)] * (len(pieces) - 1) and len(pieces) >= full
-    final = source.ask(m.SendBlocks("mv", "s", first, final=True))
-    assert isinstance(final, m.BlocksSent) and final.session is not None
-    taken = dest.ask(m.ReceiveBlocks("mv", final.handle, final.first_block, final.session))
-    assert isinstance(taken, m.BlocksReceived) and taken.committed
+    final = source.ask(mv.SendBlocks("mv", "s", first, final=True))
+    assert isinstance(final, mv.BlocksSent) and final.session is not None
+    taken = dest.ask(mv.ReceiveBlocks("mv", final.handle, final.first_block, final.session))
+    assert isinstance(taken, mv.BlocksReceived) and taken.committed
     for side in (source, dest):
-        side.mover.handle(m.EndMove("mv", True))
+        side.mover.handle(mv.EndMove("mv", True))
     tokens = list(final.session.output_token_ids)  # what the source made; the destination goes on from there
     while dest.engine.has_unfinished():
         tokens += [out.token_id for out in dest.engine.step() if out.request_id == "s"]

@@ -1,5 +1,5 @@
 """Live session moves, the controller's side: a decoding session goes from one running worker to another of
-its role while it keeps decoding (the messages are described in `worker/protocol.py`).
+its role while it keeps decoding (the messages are described in `worker/move_messages.py`).
 
 Stage 0 reserves blocks on the destination; stages 1..k copy the source's full blocks (the first stage all
 of them, each later one those filled meanwhile; each in pieces of at most PRECOPY_STAGE_BYTES, so the workers step
@@ -30,6 +30,7 @@ from fleetctl.engine.fleet.ops.moves_in_flight import SessionMove
 from fleetctl.engine.fleet.ops.record import Operation
 from fleetctl.engine.fleet.ops.runner import OperationRunner
 from fleetctl.engine.fleet.request import RequestMove, RequestStage, TrackedRequest
+from fleetctl.engine.worker import move_messages as mv
 from fleetctl.engine.worker import protocol as m
 
 MAX_PRECOPY_STAGES = 4
@@ -41,7 +42,7 @@ RESERVE_SLACK_TOKENS = 32  # the session grows while it is copied
 STAGE_TIMEOUT_S = 60.0
 FIRST_TOKEN_TIMEOUT_S = 60.0
 
-Reply = m.BlocksReserved | m.BlocksSent | m.BlocksReceived | m.MoveRefused
+Reply = mv.BlocksReserved | mv.BlocksSent | mv.BlocksReceived | mv.MoveRefused
 
 
 class SessionMoves:
@@ -109,7 +110,7 @@ class SessionMoves:
             dest_kv = self.state.views[dest].kv
             reserve = blocks_for(tokens + RESERVE_SLACK_TOKENS, dest_kv.block_size)
             dest_kv.reserve(move.move_id, reserve)  # until the destination answers (its reports then count them)
-            await self._ask(move, dest, m.ReserveBlocks(move.move_id, reserve))
+            await self._ask(move, dest, mv.ReserveBlocks(move.move_id, reserve))
             move.add_stage("reserve", reserve, 0, time.perf_counter() - start)
             async with self._copying.setdefault(source, asyncio.Lock()):
                 first, stage, copied = 0, 1, 0  # copied: blocks sent in this pre-copy round so far
@@ -144,11 +145,11 @@ class SessionMoves:
         return result
 
     async def _copy(self, move: SessionMove, first: int,
-                    final: bool) -> tuple[m.BlocksSent, m.BlocksReceived | None, float]:
+                    final: bool) -> tuple[mv.BlocksSent, mv.BlocksReceived | None, float]:
         start = time.perf_counter()
         limit = None if final else PRECOPY_STAGE_BYTES
-        sent = await self._ask(move, move.source, m.SendBlocks(move.move_id, move.req.request_id, first, final, limit))
-        assert isinstance(sent, m.BlocksSent)
+        sent = await self._ask(move, move.source, mv.SendBlocks(move.move_id, move.req.request_id, first, final, limit))
+        assert isinstance(sent, mv.BlocksSent)
         if final:
             assert sent.session is not None
             if sent.session.output_token_ids != move.req.output_token_ids and not move.req.done:
@@ -156,9 +157,9 @@ class SessionMoves:
                                  f"stream has {len(move.req.output_token_ids)}")
         received = None
         if sent.handle is not None or final:
-            received = await self._ask(move, move.dest, m.ReceiveBlocks(move.move_id, sent.handle, sent.first_block,
+            received = await self._ask(move, move.dest, mv.ReceiveBlocks(move.move_id, sent.handle, sent.first_block,
                                                                          sent.session if final else None))
-            assert isinstance(received, m.BlocksReceived)
+            assert isinstance(received, mv.BlocksReceived)
         return sent, received, time.perf_counter() - start
 
     async def _ask(self, move: SessionMove, wid: str, msg: object) -> Reply:
@@ -174,7 +175,7 @@ class SessionMoves:
             raise MoveFailed(f"{wid} did not answer within {STAGE_TIMEOUT_S:g} s") from None
         finally:
             move.waiting = None
-        if isinstance(reply, m.MoveRefused):
+        if isinstance(reply, mv.MoveRefused):
             raise MoveFailed(f"{wid} refused: {reply.reason}")
         return reply
 
@@ -194,7 +195,7 @@ class SessionMoves:
         for wid in (move.source, move.dest):
             link, view = self.state.links.get(wid), self.state.views.get(wid)
             if link is not None and view is not None and not view.gone:
-                link.send(m.EndMove(move.move_id, move.committed))
+                link.send(mv.EndMove(move.move_id, move.committed))
         self._unlink(move)
         self.in_flight.remove(move)
         self.host.routing_changed()
@@ -244,18 +245,18 @@ class SessionMoves:
         move = self.in_flight.by_id.get(msg.move_id)
         if move is None:
             return
-        if isinstance(msg, m.BlocksReserved):
+        if isinstance(msg, mv.BlocksReserved):
             self.state.views[wid].kv.settled(move.move_id, msg.free_blocks)
-        if isinstance(msg, m.BlocksSent):  # noted now: the source's exit may be handled before `_copy` resumes
+        if isinstance(msg, mv.BlocksSent):  # noted now: the source's exit may be handled before `_copy` resumes
             self._sent(move, msg)
-        if isinstance(msg, m.BlocksReceived) and msg.committed:
+        if isinstance(msg, mv.BlocksReceived) and msg.committed:
             self.state.views[wid].kv.reported(msg.free_blocks)
             move.taken = True
             self._commit(move)
         if move.waiting is not None and move.waiting[0] == wid and not move.waiting[1].done():
             move.waiting[1].set_result(msg)
 
-    def _sent(self, move: SessionMove, sent: m.BlocksSent) -> None:
+    def _sent(self, move: SessionMove, sent: mv.BlocksSent) -> None:
         if sent.handle is not None:  # the destination copied the previous stage's buffer (if any) before this
             self._unlink(move)
             move.handle = sent.handle
@@ -295,7 +296,7 @@ class SessionMoves:
             if move.source == wid and move.final_sent and move.final_outlives_source:
                 self._commit(move)  # re-pointed now, so recovery leaves it; a refusal recomputes it
             if move.waiting is not None and move.waiting[0] == wid and not move.waiting[1].done():
-                move.waiting[1].set_result(m.MoveRefused(move.move_id, f"{wid} exited"))
+                move.waiting[1].set_result(mv.MoveRefused(move.move_id, f"{wid} exited"))
 
 
 def movable_from(req: TrackedRequest) -> str | None:
