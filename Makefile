@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 		$(PIP) install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"; \
 	fi
 	$(PIP) install --quiet -c constraints.txt -e '.[dev,ray]'
-	$(VENV)/bin/python -c "from fleetctl.kernels import cpu_build; print('CPU kernels:', *cpu_build.build_all())"
+	$(VENV)/bin/python -c "from fleetctl.kernels import cpu_build; print('CPU kernels:', cpu_build.build())"
 	touch $@
 
 # Move the pins on purpose: resolve the newest releases in a scratch venv and write them to constraints.txt;

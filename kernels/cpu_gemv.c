@@ -18,6 +18,7 @@
 
 #define MAX_ROWS 8
 #define PARALLEL_WORK 65536 /* weights x rows under which one thread beats waking the others */
+#include "cpu_kernels.h"
 #include "cpu_simd.h"
 
 int gemv_max_rows(void) { return MAX_ROWS; }
@@ -49,6 +50,9 @@ DENSE_ROW(row_i8, int8_t, widen_i8)
 typedef struct {
     const float *x, *xsum, *xscale; /* xscale: [T, K / 32] */
     const int8_t *xq;               /* [T, K] */
+    /* at T = 1 on the integer path, for q4: the same in row_q4_single's order (single_layout) */
+    const int8_t *single_xq;              /* [K]: per pair of blocks, j's 0..15, j+1's 0..15, j's 16..31, ... */
+    const float *single_xscale, *single_xsum; /* [K / 32]: per 8 blocks in ORDER */
 } Inputs;
 
 #ifdef __AVX2__
@@ -129,32 +133,71 @@ static inline __m256i q4_codes(const uint8_t *block) {
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(15));
 }
 
-/* row_q4 for decode's batch of 1 on the integer path (x, and so the scales, in bf16: no branch per block): the
- * zeros' terms first (a dot over the groups), then one flat loop over the blocks, two at a time into two
- * accumulators, block j's scale found by a shift (G / 32 is a power of two). */
+/* row_q4 for decode's batch of 1 on the integer path (x, and so the scales, in bf16), eight blocks a pass: four
+ * 32-byte loads of codes, two blocks each (the low nibbles hold inputs 0..15 of both, the high 16..31, so x comes
+ * in that order: `Single`), their integer dots summed into one vector of the eight blocks' sums by three hadds (in
+ * the order ORDER), scaled by a vector of the blocks' scales times x's, one FMA. At G = 32 the zeros' terms ride
+ * along (a block is a group); wider groups take them per group. The last K % 256 inputs go block by block. */
+static const int ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7}; /* which block each lane of three hadds' result sums */
+
+static inline __m256i pair_dot(const uint8_t *codes, const int8_t *xq) {
+    const __m256i packed = _mm256_loadu_si256((const __m256i *)codes), low4 = _mm256_set1_epi8(15);
+    const __m256i low = _mm256_and_si256(packed, low4), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_loadu_si256((const __m256i *)xq)),
+                                           _mm256_maddubs_epi16(high, _mm256_loadu_si256((const __m256i *)(xq + 32))));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); /* lanes 0..3: the first block's, 4..7: the second's */
+}
+
 static inline __attribute__((always_inline)) float row_q4_single(const uint8_t *w, const uint16_t *scales_zeros,
                                                                  Inputs in, int K, int G) {
-    float zero = 0.0f;
-    for (int g = 0; g < K / G; g++) {
-        const float s = bf16_to_f32(scales_zeros[2 * g]);
-        zero += (bf16_to_f32(scales_zeros[2 * g + 1]) - 8.0f * s) * in.xsum[g];
+    const int blocks = K / 32, full = blocks / 8 * 8, shift = __builtin_ctz(G / 32);
+    const __m256i order = _mm256_loadu_si256((const __m256i *)ORDER), high_half = _mm256_set1_epi32((int)0xffff0000);
+    __m256 acc = _mm256_setzero_ps(), zeros = _mm256_setzero_ps();
+    for (int j = 0; j < full; j += 8) {
+        const __m256i d01 = pair_dot(w + (size_t)j * 16, in.single_xq + (size_t)j * 32);
+        const __m256i d23 = pair_dot(w + (size_t)j * 16 + 32, in.single_xq + (size_t)j * 32 + 64);
+        const __m256i d45 = pair_dot(w + (size_t)j * 16 + 64, in.single_xq + (size_t)j * 32 + 128);
+        const __m256i d67 = pair_dot(w + (size_t)j * 16 + 96, in.single_xq + (size_t)j * 32 + 192);
+        const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(d01, d23), _mm256_hadd_epi32(d45, d67));
+        __m256 s;
+        if (G == 32) { /* eight (scale, zero) pairs of bf16 in one load, as 32-bit lanes */
+            const __m256i pairs = _mm256_permutevar8x32_epi32(
+                _mm256_loadu_si256((const __m256i *)(scales_zeros + 2 * j)), order);
+            s = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
+            const __m256 z = _mm256_castsi256_ps(_mm256_and_si256(pairs, high_half));
+            zeros = _mm256_fmadd_ps(_mm256_fnmadd_ps(_mm256_set1_ps(8.0f), s, z), _mm256_loadu_ps(in.single_xsum + j), zeros);
+        } else {
+            float lanes[8] __attribute__((aligned(32)));
+            for (int i = 0; i < 8; i++) lanes[i] = bf16_to_f32(scales_zeros[2 * ((j + ORDER[i]) >> shift)]);
+            s = _mm256_load_ps(lanes);
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s, _mm256_loadu_ps(in.single_xscale + j)), acc);
     }
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    const int blocks = K / 32, shift = __builtin_ctz(G / 32);
-    int j = 0;
-    for (; j + 2 <= blocks; j += 2) {
-        const float s0 = bf16_to_f32(scales_zeros[2 * (j >> shift)]);
-        const float s1 = bf16_to_f32(scales_zeros[2 * ((j + 1) >> shift)]);
-        acc0 = _mm256_fmadd_ps((__m256)block_dot(q4_codes(w + (size_t)j * 16), in.xq + (size_t)j * 32),
-                               _mm256_set1_ps(s0 * in.xscale[j]), acc0);
-        acc1 = _mm256_fmadd_ps((__m256)block_dot(q4_codes(w + (size_t)j * 16 + 16), in.xq + (size_t)j * 32 + 32),
-                               _mm256_set1_ps(s1 * in.xscale[j + 1]), acc1);
+    float tail = 0.0f;
+    for (int j = full; j < blocks; j++)
+        tail += hsum(block_dot(q4_codes(w + (size_t)j * 16), in.xq + (size_t)j * 32)) *
+                bf16_to_f32(scales_zeros[2 * (j >> shift)]) * in.xscale[j];
+    float zero = G == 32 ? hsum((vf)zeros) : 0.0f;
+    for (int g = G == 32 ? full : 0; g < K / G; g++) {
+        const float sg = bf16_to_f32(scales_zeros[2 * g]);
+        zero += (bf16_to_f32(scales_zeros[2 * g + 1]) - 8.0f * sg) * in.xsum[g];
     }
-    if (j < blocks)
-        acc0 = _mm256_fmadd_ps((__m256)block_dot(q4_codes(w + (size_t)j * 16), in.xq + (size_t)j * 32),
-                               _mm256_set1_ps(bf16_to_f32(scales_zeros[2 * (j >> shift)]) * in.xscale[j]),
-                               acc0);
-    return hsum((vf)_mm256_add_ps(acc0, acc1)) + zero;
+    return hsum((vf)acc) + tail + zero;
+}
+
+/* x's int8 blocks, scales and (G = 32) sums in the order row_q4_single reads them: xq [K], xscale, xsum [K / 32]. */
+static void single_layout(const Inputs in, int K, int G, int8_t *xq, float *xscale, float *xsum) {
+    const int full = K / 256 * 8;
+    for (int j = 0; j < full; j += 2)
+        for (int half = 0; half < 2; half++) { /* inputs 0..15 of blocks j and j + 1, then 16..31 of both */
+            memcpy(xq + (size_t)j * 32 + half * 32, in.xq + (size_t)j * 32 + half * 16, 16);
+            memcpy(xq + (size_t)j * 32 + half * 32 + 16, in.xq + (size_t)(j + 1) * 32 + half * 16, 16);
+        }
+    for (int j = 0; j < full; j += 8)
+        for (int i = 0; i < 8; i++) {
+            xscale[j + i] = in.xscale[j + ORDER[i]];
+            if (G == 32) xsum[j + i] = in.xsum[j + ORDER[i]];
+        }
 }
 #endif
 
@@ -232,11 +275,15 @@ int gemv(int format, const void *w, const void *aux, int N, int K, int G, const 
 #else
     const size_t blocks = 0;
 #endif
-    /* one buffer: x and y in float32, the per-group sums and block scales of x, then x in int8 */
-    float *xf = malloc(sizeof(float) * (inputs + (size_t)T * groups + blocks + (size_t)T * N) + blocks * 32);
+    const size_t single = T == 1 && format == W_Q4 ? blocks : 0; /* row_q4_single's copy of x's blocks */
+    /* one buffer: x and y in float32, the per-group sums and block scales of x (and their single-row copies), then
+     * x in int8 (and its copy) */
+    float *xf = malloc(sizeof(float) * (inputs + (size_t)T * groups + blocks + 2 * single + (size_t)T * N) +
+                       (blocks + single) * 32);
     if (!xf) return -1;
-    float *xsum = xf + inputs, *xscale = xsum + (size_t)T * groups, *yf = xscale + blocks;
-    int8_t *xq = (int8_t *)(yf + (size_t)T * N);
+    float *xsum = xf + inputs, *xscale = xsum + (size_t)T * groups, *single_xscale = xscale + blocks;
+    float *single_xsum = single_xscale + single, *yf = single_xsum + single;
+    int8_t *xq = (int8_t *)(yf + (size_t)T * N), *single_xq = xq + blocks * 32;
     for (size_t i = 0; i < inputs; i++) xf[i] = x_bf16 ? bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
     for (int t = 0; t < T; t++)
         for (size_t g = 0; g < groups; g++) {
@@ -245,7 +292,13 @@ int gemv(int format, const void *w, const void *aux, int N, int K, int G, const 
             xsum[(size_t)t * groups + g] = s;
         }
     if (blocks) quantize_blocks(xf, inputs, xq, xscale);
-    const Inputs in = {xf, xsum, xscale, blocks ? xq : NULL};
+    Inputs in = {xf, xsum, xscale, blocks ? xq : NULL, NULL, NULL, NULL};
+#ifdef __AVX2__
+    if (single) {
+        single_layout(in, K, G, single_xq, single_xscale, single_xsum);
+        in.single_xq = single_xq, in.single_xscale = single_xscale, in.single_xsum = single_xsum;
+    }
+#endif
     float *dest = x_bf16 ? yf : (float *)y;
     const int chunk = 16; /* rows per scheduling unit: a cache line of y per row of x at least */
 #pragma omp parallel for schedule(static) num_threads(threads) if ((size_t)N * K * T >= PARALLEL_WORK)

@@ -3,6 +3,7 @@
  * float32 and each output rounds once. Built and loaded by kernels/cpu_build.py. */
 #include <math.h>
 
+#include "cpu_kernels.h"
 #include "cpu_simd.h"
 
 /* For each of T rows of D: h = x (+ residual), written to residual_out when a residual is given (rounded to the
@@ -32,10 +33,11 @@ int rms_norm(const void *x, const void *residual, const void *weight, float eps,
 }
 
 /* Decode attention over a paged KV cache: each of B sequences' H query heads (one query each, the sequence's last
- * position) against its keys 0 .. context_len - 1, or the last `window` of them (window 0: all). q, out [B, H, d];
+ * position) against its keys 0 .. context_len - 1, or the last `window` of them (window 0: all). q [B, H, d], its
+ * sequences q_stride values apart (H * d: contiguous; more: views of a qkv row); out [B, H, d];
  * kv [2, blocks, bs, Hkv, d]; tables [B, max_blocks] int32; context_lens [B] int32. The query heads of a KV head
  * share it (GQA). One pass per (sequence, head) with a running softmax, in float32; each output rounds once. */
-void decode_attention(const void *q, const void *kv, const int32_t *tables, int max_blocks,
+void decode_attention(const void *q, size_t q_stride, const void *kv, const int32_t *tables, int max_blocks,
                       const int32_t *context_lens, int B, int H, int Hkv, int d, int blocks, int bs, float scale,
                       int window, void *out, int bf16, int threads) {
     const int group = H / Hkv;
@@ -45,7 +47,7 @@ void decode_attention(const void *q, const void *kv, const int32_t *tables, int 
         const int b = task / H, h = task % H, kv_head = h / group, length = context_lens[b];
         const int start = window > 0 && length > window ? length - window : 0;
         float query[512] __attribute__((aligned(32))), acc[512] __attribute__((aligned(32))); /* d <= 512, 8 | d */
-        for (int i = 0; i < d; i++) query[i] = load_value(q, (size_t)task * d + i, bf16) * scale, acc[i] = 0.0f;
+        for (int i = 0; i < d; i++) query[i] = load_value(q, (size_t)b * q_stride + (size_t)h * d + i, bf16) * scale, acc[i] = 0.0f;
         float running_max = -INFINITY, total = 0.0f;
         for (int p = start; p < length; p++) {
             const size_t slot = (size_t)tables[(size_t)b * max_blocks + p / bs] * bs + p % bs;
@@ -66,31 +68,50 @@ void decode_attention(const void *q, const void *kv, const int32_t *tables, int 
     }
 }
 
-/* k, v [T, Hkv * d] into their slots of kv [2, blocks * bs, Hkv * d] (slots [T] int64), in place. */
-void store_kv(const void *k, const void *v, void *kv, const int64_t *slots, int T, int row_elements, int blocks_x_bs,
-              int element_size) {
+/* k, v [T, Hkv * d] (tokens source_stride values apart) into their slots of kv [2, blocks * bs, Hkv * d] (slots [T]
+ * int64), in place. */
+void store_kv(const void *k, const void *v, size_t source_stride, void *kv, const int64_t *slots, int T,
+              int row_elements, int blocks_x_bs, int element_size) {
     const size_t row_bytes = (size_t)row_elements * element_size;
     for (int t = 0; t < T; t++) {
         char *keys = (char *)kv + (size_t)slots[t] * row_bytes;
-        memcpy(keys, (const char *)k + (size_t)t * row_bytes, row_bytes);
-        memcpy(keys + (size_t)blocks_x_bs * row_bytes, (const char *)v + (size_t)t * row_bytes, row_bytes);
+        const size_t at = (size_t)t * source_stride * element_size;
+        memcpy(keys, (const char *)k + at, row_bytes);
+        memcpy(keys + (size_t)blocks_x_bs * row_bytes, (const char *)v + at, row_bytes);
     }
 }
 
-/* Rotary embedding in place ("rotate half"): for each of T tokens, `heads` heads of d values from x + t * stride
- * (heads back to back): x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin over the halves, cos and sin [T, d / 2] at
- * the token's position. In float32, each value rounds once. */
-void rotary(void *x, size_t stride, int heads, const void *cos, const void *sin, int T, int d, int bf16) {
+/* Rotary embedding in place ("rotate half"): for each of T tokens, `heads` heads from x + t * stride, head_stride
+ * values apart, each rotating its first d values: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin over the halves;
+ * cos and sin [*, d / 2] taken at row positions[t] (positions NULL: row t). In float32, each value rounds once. */
+void rotary(void *x, size_t stride, int heads, int head_stride, const void *cos, const void *sin,
+            const int64_t *positions, int T, int d, int bf16) {
     const int half = d / 2;
-    for (int t = 0; t < T; t++)
+    for (int t = 0; t < T; t++) {
+        const size_t row = (size_t)(positions ? positions[t] : t) * half;
         for (int h = 0; h < heads; h++) {
-            const size_t at = (size_t)t * stride + (size_t)h * d;
+            const size_t at = (size_t)t * stride + (size_t)h * head_stride;
             for (int i = 0; i < half; i++) {
-                const float c = load_value(cos, (size_t)t * half + i, bf16);
-                const float s = load_value(sin, (size_t)t * half + i, bf16);
+                const float c = load_value(cos, row + i, bf16), s = load_value(sin, row + i, bf16);
                 const float x1 = load_value(x, at + i, bf16), x2 = load_value(x, at + half + i, bf16);
                 store_value(x, at + i, x1 * c - x2 * s, bf16);
                 store_value(x, at + half + i, x2 * c + x1 * s, bf16);
             }
+        }
+    }
+}
+
+/* The gated MLP's activation over a fused [gate | up] row: for each of T rows of 2I, out [T, I] = act(gate) * up,
+ * act silu (x / (1 + e^-x)) or, with gelu, GELU's tanh form (x / 2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as
+ * torch writes both). The activation rounds to the dtype before the product, as torch's two ops do. */
+void glu(const void *gate_up, int T, int I, int gelu, void *out, int bf16) {
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < I; i++) {
+            const float gate = load_value(gate_up, (size_t)t * 2 * I + i, bf16);
+            const float up = load_value(gate_up, (size_t)t * 2 * I + I + i, bf16);
+            float act = gelu ? 0.5f * gate * (1.0f + tanhf(0.7978845608028654f * (gate + 0.044715f * gate * gate * gate)))
+                             : gate / (1.0f + expf(-gate));
+            if (bf16) act = bf16_to_f32(f32_to_bf16(act));
+            store_value(out, (size_t)t * I + i, act * up, bf16);
         }
 }

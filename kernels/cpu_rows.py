@@ -1,7 +1,7 @@
 """A decode step's small ops on a CPU in one C call each (`cpu_rows.c`, built by `cpu_build`): RMSNorm, where torch's
 composite runs ~8 small ops (upcast, square, mean, rsqrt, two products, a cast) of ~5 µs each; rotary (~6 ops); the
-KV store (two index copies); decode attention straight off the paged pool, where the reference gathers the blocks,
-builds a mask and runs SDPA (~60 µs a layer).
+KV store (two index copies); the gated MLP's activation (3 ops); decode attention straight off the paged pool, where
+the reference gathers the blocks, builds a mask and runs SDPA (~60 µs a layer).
 
 Each takes CPU tensors in float32 or bfloat16 while no torch dispatch mode watches (a FLOP counter or a tracer sees
 torch's own ops instead)."""
@@ -19,21 +19,25 @@ MAX_HEAD_DIM = 512  # decode attention's float32 query and accumulator
 
 @cache
 def _library() -> ctypes.CDLL | None:
-    library = cpu_build.library("cpu_rows")
+    library = cpu_build.library()
     if library is not None:
         library.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,
                                      ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         library.rms_norm.restype = ctypes.c_int
-        library.decode_attention.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+        library.decode_attention.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p,
+                                             ctypes.c_int,
                                              ctypes.c_void_p, *[ctypes.c_int] * 6, ctypes.c_float, ctypes.c_int,
                                              ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         library.decode_attention.restype = None
-        library.store_kv.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                     ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        library.store_kv.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                     ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         library.store_kv.restype = None
-        library.rotary.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                   ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        library.rotary.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         library.rotary.restype = None
+        library.glu.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                ctypes.c_int]
+        library.glu.restype = None
     return library
 
 
@@ -96,8 +100,8 @@ def decode_attention(q: torch.Tensor, kv_layer: torch.Tensor, block_tables: torc
     batch, heads, head_dim = q.shape
     _, blocks, block_size, kv_heads, _ = kv_layer.shape
     out = torch.empty_like(q)
-    library.decode_attention(q.data_ptr(), kv_layer.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(),
-                             batch, heads, kv_heads, head_dim, blocks, block_size, scale, window or 0,
+    library.decode_attention(q.data_ptr(), heads * head_dim, kv_layer.data_ptr(), tables.data_ptr(), tables.shape[1],
+                             lens.data_ptr(), batch, heads, kv_heads, head_dim, blocks, block_size, scale, window or 0,
                              out.data_ptr(), int(q.dtype == torch.bfloat16), torch.get_num_threads())
     return out
 
@@ -112,8 +116,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor, slots: to
     library = _kernel()
     k, v, slots = k.contiguous(), v.contiguous(), slots.to(torch.int64).contiguous()
     _, blocks, block_size, kv_heads, head_dim = kv_layer.shape
-    library.store_kv(k.data_ptr(), v.data_ptr(), kv_layer.data_ptr(), slots.data_ptr(), k.shape[0],
-                     kv_heads * head_dim, blocks * block_size, k.element_size())
+    library.store_kv(k.data_ptr(), v.data_ptr(), kv_heads * head_dim, kv_layer.data_ptr(), slots.data_ptr(),
+                     k.shape[0], kv_heads * head_dim, blocks * block_size, k.element_size())
 
 
 def takes_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> bool:
@@ -132,6 +136,22 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     adjacent = k.stride(0) == q.stride(0) and k.data_ptr() == q.data_ptr() + heads * head_dim * q.element_size()
     parts = [(q, heads + k.shape[1])] if adjacent else [(q, heads), (k, k.shape[1])]
     for tensor, count in parts:
-        library.rotary(tensor.data_ptr(), tensor.stride(0), count, cos.data_ptr(), sin.data_ptr(), tokens, head_dim,
-                       bf16)
+        library.rotary(tensor.data_ptr(), tensor.stride(0), count, head_dim, cos.data_ptr(), sin.data_ptr(), None,
+                       tokens, head_dim, bf16)
     return q, k
+
+
+def takes_glu(gate_up: torch.Tensor) -> bool:
+    return gate_up.dim() == 2 and _computable(gate_up)
+
+
+def glu(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """As `glu_ref`: gate_up [T, 2I] -> act(gate) * up [T, I], activation silu or gelu_tanh (the activation's float32
+    rounding aside). `takes_glu(gate_up)` true."""
+    library = _kernel()
+    gate_up = gate_up.contiguous()
+    tokens, inner = gate_up.shape[0], gate_up.shape[1] // 2
+    out = gate_up.new_empty(tokens, inner)
+    library.glu(gate_up.data_ptr(), tokens, inner, int(activation == "gelu_tanh"), out.data_ptr(),
+                int(gate_up.dtype == torch.bfloat16))
+    return out

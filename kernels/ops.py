@@ -4,7 +4,8 @@ Every function here has a torch reference (the fast path on CPU) and a Triton ke
 signature. `FLEET_KERNELS` selects, once, when this module is first imported (see triton_support):
 
 - `auto` (default): Triton for CUDA tensors when triton is installed; on a CPU this package's C kernels where they
-  are built (`cpu_build`: decode's matrix products, RMSNorm, rotary, the KV store, decode attention), the torch
+  are built (`cpu_build`: decode's matrix products, RMSNorm, rotary, the KV store, the GLU, decode attention, and
+  the whole decode step in one call: `cpu_step`), the torch
   references otherwise;
 - `torch`: the references everywhere (no C kernel either);
 - `interpret`: the Triton kernels for every tensor, CPU tensors through Triton's interpreter
@@ -22,7 +23,7 @@ import torch
 from fleetctl.errors import FleetctlError
 from fleetctl.kernels import cpu_rows, packed_linear, quantized_linear, triton_support
 from fleetctl.kernels.batch_invariant import invariant_attention, per_row_tile
-from fleetctl.kernels.glu import glu_ref, glu_triton
+from fleetctl.kernels.glu import GATES, glu_ref, glu_triton
 from fleetctl.kernels.paged_attention import (
     DecodeKeys,
     decode_keys,
@@ -90,6 +91,8 @@ def glu(gate_up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
     """gate_up: [T, 2I] -> act(gate) * up [T, I]; activation: silu (SwiGLU) or gelu_tanh (GeGLU)."""
     if _use_triton(gate_up):
         return glu_triton(gate_up, activation)
+    if activation in GATES and cpu_rows.takes_glu(gate_up):
+        return cpu_rows.glu(gate_up, activation)
     return glu_ref(gate_up, activation)
 
 

@@ -65,11 +65,19 @@ def pack(weight: torch.Tensor) -> DenseWeight:
     return PackedWeight(weight, torch.ops.mkldnn._reorder_linear_weight(weight, None))
 
 
+def cpu_operands(weight: DenseWeight) -> cpu_gemv.Operands | None:
+    """What the streaming kernel reads of the weight: its plain rows, where they are contiguous on a CPU."""
+    plain = weight.plain if isinstance(weight, PackedWeight) else weight
+    if not plain.is_cpu or not plain.is_contiguous():
+        return None
+    return cpu_gemv.Operands(cpu_gemv.dense_format(plain.dtype), plain, plain.shape[0])
+
+
 def linear(x: torch.Tensor, weight: DenseWeight) -> torch.Tensor:
     """x [T, K] @ weight [N, K]ᵀ -> [T, N], weight plain or packed."""
-    plain = weight.plain if isinstance(weight, PackedWeight) else weight
-    if cpu_gemv.takes(x, plain) and plain.is_contiguous():
-        return cpu_gemv.gemv(x, cpu_gemv.dense_format(plain.dtype), plain, plain.shape[0])
+    operands = cpu_operands(weight)
+    if operands is not None and cpu_gemv.takes(x, operands.weight):
+        return cpu_gemv.gemv(x, operands)
     if isinstance(weight, PackedWeight):
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight.blocked, None, "none", [], "")
     return F.linear(x, weight)

@@ -199,14 +199,28 @@ def unpack_int4(weight: QuantizedWeight) -> torch.Tensor:
     return linear(eye, ones).T.round().to(torch.int32)  # (q − 8) · 1 + 8 = q: small integers, exact
 
 
+def cpu_operands(weight: QuantizedWeight, rows: int) -> cpu_gemv.Operands | None:
+    """What the streaming kernel reads of a CPU weight at `rows` rows of x: int8 at any; int4 and int8-split at one
+    (at 2..8 rows torch's int4 kernel is faster: bench_gemv). None where another kernel computes it."""
+    if weight.device.type != "cpu":
+        return None
+    if weight.format is QuantFormat.INT8:
+        return cpu_gemv.Operands(cpu_gemv.WeightFormat.I8, weight.data, weight.out_features, weight.scales)
+    if rows != 1 or weight.row_scales is None:
+        return None
+    return cpu_gemv.Operands(cpu_gemv.WeightFormat.Q4, weight.data, weight.out_features, weight.row_scales,
+                             weight.group_size, doubled_inputs=weight.format is QuantFormat.INT8_SPLIT)
+
+
 def linear(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
     """x [T, K] @ weightᵀ -> [T, N], in x's dtype (which must be the weight's compute dtype)."""
     if x.dtype != weight.dtype:
         raise QuantizationError(f"a {weight.format} weight computing in {weight.dtype} got {x.dtype} inputs")
     x = x.contiguous()
+    operands = cpu_operands(weight, x.shape[0])
+    if operands is not None and cpu_gemv.takes(x, operands.weight):
+        return cpu_gemv.gemv(x, operands)
     if weight.format is QuantFormat.INT8:
-        if cpu_gemv.takes(x, weight.data):
-            return cpu_gemv.gemv(x, cpu_gemv.WeightFormat.I8, weight.data, weight.out_features, weight.scales)
         return torch.ops.aten._weight_int8pack_mm(x, weight.data, weight.scales)
     if weight.format is QuantFormat.INT8_SPLIT:
         x = torch.cat([x, x], dim=-1)  # [T, 2K]: the high halves' inputs, then the low halves'
@@ -214,9 +228,6 @@ def linear(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm(x, weight.data, weight.group_size, weight.scales)
     if weight.gemm_data is None or weight.row_scales is None:
         raise QuantizationError("a CPU int4 weight without torch's layout: build it with_gemm_layout at load")
-    if x.shape[0] == 1 and cpu_gemv.takes(x, weight.data):  # 2..8 rows: torch's kernel is faster (bench_gemv)
-        return cpu_gemv.gemv(x, cpu_gemv.WeightFormat.Q4, weight.data, weight.out_features, weight.row_scales,
-                             weight.group_size)
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight.gemm_data, weight.group_size, weight.scales)
 
 

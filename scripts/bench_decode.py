@@ -23,9 +23,9 @@ from fleetctl.console.cli.models import resolve_model
 from fleetctl.engine.core.engine_settings import CompileMode, EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.model.decoder import ModelWeights
 from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.model.prepared import load_cpu_weights
+from fleetctl.engine.model.weights import ModelWeights
 from fleetctl.kernels.packed_linear import linear
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."

@@ -17,9 +17,9 @@ from bench_quantized import read_bandwidth
 
 from fleetctl.console.cli.models import resolve_model
 from fleetctl.domain import Quantization
-from fleetctl.engine.model.decoder import Matrix, matrix_bytes
 from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.model.prepared import load_cpu_weights
+from fleetctl.engine.model.weights import Matrix, matrix_bytes
 from fleetctl.kernels import ops
 from fleetctl.kernels.packed_linear import PackedWeight
 from fleetctl.kernels.quantized_linear import QuantFormat, QuantizedWeight

@@ -22,8 +22,8 @@ from fleetctl.console.cli.models import resolve_model
 from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
-from fleetctl.engine.model.decoder import matrix_bytes
 from fleetctl.engine.model.model_store import SOURCE_GGUF
+from fleetctl.engine.model.weights import matrix_bytes
 
 PREFILL_LENGTHS = (500, 2000)
 LLAMA_CPP = Path(__file__).with_name("llama_cpp_decode.py")

@@ -15,7 +15,8 @@ from dataclasses import replace
 import torch
 
 from fleetctl.engine.core.kv_cache import KVCache
-from fleetctl.engine.model.decoder import AttentionBatch, DecoderModel
+from fleetctl.engine.model.attention_batch import AttentionBatch
+from fleetctl.engine.model.decoder import DecoderModel
 from fleetctl.kernels import ops
 from fleetctl.kernels.attention_launch import decode_representatives, prefill_representatives
 from fleetctl.kernels.triton_support import Launch, recording_launches

@@ -67,7 +67,7 @@ class LLMEngine:
         self.weights_label = str(self.dtype).removeprefix("torch.") if self.weight_format == "none" else \
             self.weight_format
         if self.device.type == "cpu":
-            cpu_build.load_all()  # compiled before the worker reports ready, not in its first step
+            cpu_build.library()  # compiled before the worker reports ready, not in its first step
             weights = load_cpu_weights(config.model_dir, self.model_config, self.dtype, self.quantization,
                                        settings.quant_group_size)
         else:

@@ -14,8 +14,9 @@ from fleetctl.engine.core.logprobs import token_logprobs
 from fleetctl.engine.core.output import TokenLogprobs
 from fleetctl.engine.core.sampler import sample
 from fleetctl.engine.core.scheduler import ScheduledStep
+from fleetctl.engine.model.attention_batch import AttentionBatch
 from fleetctl.engine.model.compiled_decode import CompiledDecoder
-from fleetctl.engine.model.decoder import AttentionBatch, DecoderModel
+from fleetctl.engine.model.decoder import DecoderModel
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ dynamic dimensions of the graph, so a growing context does not recompile. Sampli
 import torch
 import torch.nn.functional as F
 
-from fleetctl.engine.model.decoder import AttentionBatch, DecoderModel
+from fleetctl.engine.model.attention_batch import AttentionBatch
+from fleetctl.engine.model.decoder import DecoderModel
 from fleetctl.engine.model.families.base import Traits
 from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.kernels.rotary import rotary_ref

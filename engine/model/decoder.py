@@ -5,84 +5,14 @@ Plain tensors rather than nn.Modules: decode on a CPU is dominated by per-op ove
 math goes through `fleetctl.kernels.ops` so the Triton kernels can replace it.
 """
 
-from dataclasses import dataclass, replace
-
 import torch
 
+from fleetctl.engine.model.attention_batch import AttentionBatch
+from fleetctl.engine.model.cpu_decode import CpuDecode
 from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.model.rope import rope_tables
+from fleetctl.engine.model.weights import ModelWeights
 from fleetctl.kernels import ops
-from fleetctl.kernels.packed_linear import DenseWeight, pack
-from fleetctl.kernels.quantized_linear import QuantizedWeight
-
-Matrix = DenseWeight | QuantizedWeight  # a layer's weight matrix: dense (plain or packed), or weight-only quantized
-
-
-@dataclass
-class LayerWeights:
-    input_norm: torch.Tensor  # [D]
-    qkv: Matrix  # [(H + 2*Hkv) * d, D]
-    qkv_bias: torch.Tensor | None  # [(H + 2*Hkv) * d]
-    o_proj: Matrix  # [D, H * d]
-    post_norm: torch.Tensor  # [D]
-    gate_up: Matrix  # [2 * I, D]
-    down: Matrix  # [D, I]
-    q_norm: torch.Tensor | None = None  # [d]: over each query head (Qwen3, Gemma 3)
-    k_norm: torch.Tensor | None = None  # [d]
-    attn_out_norm: torch.Tensor | None = None  # [D]: on the attention's output (Gemma's sandwich norms)
-    mlp_out_norm: torch.Tensor | None = None  # [D]: on the MLP's output
-
-
-@dataclass
-class ModelWeights:
-    embed: torch.Tensor  # [V, D]
-    layers: list[LayerWeights]
-    final_norm: torch.Tensor  # [D]
-    lm_head: DenseWeight  # [V, D]; the embedding itself when tied
-
-    def packed(self) -> "ModelWeights":
-        """The dense weight matrices laid out for the CPU's products (kernels/packed_linear; unchanged on a GPU or
-        quantized); the embedding and norms as they are. A tied head gets a packed copy beside the embedding."""
-        layers = [replace(layer, qkv=_pack(layer.qkv), o_proj=_pack(layer.o_proj), gate_up=_pack(layer.gate_up),
-                          down=_pack(layer.down)) for layer in self.layers]
-        return replace(self, layers=layers, lm_head=pack(self.lm_head))
-
-    @property
-    def layer_matrix_bytes(self) -> int:
-        """Bytes of the decoder layers' matrices as stored (quantized: codes and scales): what a step reads."""
-        return sum(matrix_bytes(getattr(layer, name)) for layer in self.layers
-                   for name in ("qkv", "o_proj", "gate_up", "down"))
-
-
-def matrix_bytes(matrix: Matrix) -> int:
-    """Bytes a decode step reads of one matrix (quantized: its codes and scales)."""
-    if isinstance(matrix, QuantizedWeight):
-        return matrix.nbytes
-    return matrix.numel() * matrix.element_size()
-
-
-def _pack(matrix: Matrix) -> Matrix:
-    return matrix if isinstance(matrix, QuantizedWeight) else pack(matrix)
-
-
-@dataclass
-class AttentionBatch:
-    """Where each new token's K/V goes and which keys each sequence attends to."""
-
-    is_prefill: bool
-    slots: torch.Tensor  # [T] int64 flat cache slot per new token
-    block_tables: torch.Tensor  # [B, max_blocks] int32
-    context_lens: torch.Tensor  # [B] int32: cached + new tokens per sequence
-    cu_seqlens_q: torch.Tensor  # [B + 1] int32: sequence i owns new-token rows [cu[i], cu[i+1])
-    # the windowed layers' own, when their K/V lives apart (core/window_slots): slots [T], tables [B, max_blocks]
-    window_slots: torch.Tensor | None = None
-    window_tables: torch.Tensor | None = None
-
-    def for_layer(self, windowed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """(slots, block tables) a layer writes and reads its K/V through."""
-        if windowed and self.window_tables is not None and self.window_slots is not None:
-            return self.window_slots, self.window_tables
-        return self.slots, self.block_tables
 
 
 class DecoderModel:
@@ -105,6 +35,9 @@ class DecoderModel:
         self.local_cos, self.local_sin = (rope_tables(config, True, dtype, device) if any(self.layer_local_rope)
                                           else (self.cos, self.sin))
         self.embed_scale = torch.tensor(config.hidden_size**0.5, dtype=dtype) if traits.scale_embedding else None
+        # the decode step as one C call on a CPU (the deterministic mode keeps its fixed tiles, op by op)
+        self.cpu_decode = None if deterministic else CpuDecode.of(config, weights, self.scale, self.layer_windows,
+                                                                  self.layer_local_rope)
 
     @property
     def device(self) -> torch.device:
@@ -125,12 +58,15 @@ class DecoderModel:
         linear, eps = row.linear, cfg.rms_norm_eps
         tokens = input_ids.shape[0]
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        ropes = [self._step_rope(self.cos, self.sin, positions)]  # the rotation of this step's positions
-        if any(self.layer_local_rope):
-            ropes.append(self._step_rope(self.local_cos, self.local_sin, positions))
         hidden = self.weights.embed[input_ids]
         if self.embed_scale is not None:
             hidden = hidden * self.embed_scale
+        if self.cpu_decode is not None and self.cpu_decode.takes(tokens, batch):
+            return self.cpu_decode.forward(hidden, positions, batch, list(kv_cache), (self.cos, self.sin),
+                                           (self.local_cos, self.local_sin))
+        ropes = [self._step_rope(self.cos, self.sin, positions)]  # the rotation of this step's positions
+        if any(self.layer_local_rope):
+            ropes.append(self._step_rope(self.local_cos, self.local_sin, positions))
         residual: torch.Tensor | None = None
         keys: dict[int | None, ops.DecodeKeys | None] = {}  # decode attention's gather, per window: the same per layer
         if not self.deterministic and not batch.is_prefill:

@@ -6,10 +6,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from fleetctl.engine.model.decoder import LayerWeights, ModelWeights
 from fleetctl.engine.model.families.base import NORM_FIELDS, Shapes, TensorSpec
 from fleetctl.engine.model.families.registry import family_named
 from fleetctl.engine.model.model_config import ModelConfig
+from fleetctl.engine.model.weights import LayerWeights, ModelWeights
 from fleetctl.errors import UserError
 
 

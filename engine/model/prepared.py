@@ -19,11 +19,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from fleetctl.domain import Quantization
-from fleetctl.engine.model.decoder import LayerWeights, Matrix, ModelWeights
 from fleetctl.engine.model.loader import load_weights, weight_files
 from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.model.model_store import MANIFEST
 from fleetctl.engine.model.quantize import quantize_weights, weight_source
+from fleetctl.engine.model.weights import LayerWeights, Matrix, ModelWeights
 from fleetctl.engine.paths import fleet_home
 from fleetctl.kernels.quantized_linear import QuantFormat, QuantizedWeight, with_gemm_layout
 

@@ -23,7 +23,6 @@ import gguf
 import torch
 
 from fleetctl.domain import Quantization
-from fleetctl.engine.model.decoder import Matrix, ModelWeights
 from fleetctl.engine.model.gguf_blocks import (
     BLOCK,
     INT4_TYPES,
@@ -36,6 +35,7 @@ from fleetctl.engine.model.gguf_blocks import (
 )
 from fleetctl.engine.model.gguf_params import field
 from fleetctl.engine.model.model_config import ModelConfig
+from fleetctl.engine.model.weights import Matrix, ModelWeights
 from fleetctl.errors import UserError
 from fleetctl.kernels.quantized_linear import (
     QuantizationError,

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fleetctl.kernels import cpu_rows, ops
+from fleetctl.kernels.glu import glu_ref
 from fleetctl.kernels.paged_attention import paged_decode_attention_ref
 from fleetctl.kernels.rms_norm import rms_norm_ref
 from fleetctl.kernels.rotary import rotary_ref
@@ -112,3 +113,19 @@ def test_rotary_of_q_and_k_apart_is_the_same_rotation() -> None:
     rotated_q, rotated_k = cpu_rows.rotary(q, k, cos, sin)
     torch.testing.assert_close(rotated_q, expected_q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(rotated_k, expected_k, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_glu_is_the_reference(dtype: torch.dtype, activation: str) -> None:
+    gate_up = (3 * torch.randn(3, 2 * 200, generator=torch.Generator().manual_seed(2))).to(dtype)
+    out = cpu_rows.glu(gate_up, activation)
+    assert out.shape == (3, 200) and out.dtype == dtype
+    expected = glu_ref(gate_up, activation)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, expected, rtol=2e-6, atol=2e-6)
+    else:  # the activation's float32 ulps may tip a bf16 rounding either way: one step of it at most, and rarely
+        step = expected.float().abs().clamp_min(1e-3) * 2**-7
+        assert ((out.float() - expected.float()).abs() <= step).all()
+        assert (out != expected).float().mean() < 0.02
+    torch.testing.assert_close(ops.glu(gate_up, activation), out, rtol=0, atol=0)

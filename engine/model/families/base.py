@@ -72,7 +72,7 @@ class Family:
         return bool(raw.get("attention_bias", self.qkv_bias))
 
     def layer_tensors(self, layer: int, shapes: Shapes, traits: Traits, qkv_bias: bool) -> dict[str, list[TensorSpec]]:
-        """Each engine weight of decoder layer `layer` (decoder.LayerWeights' field names) from the checkpoint
+        """Each engine weight of decoder layer `layer` (weights.LayerWeights' field names) from the checkpoint
         tensors fused in order into it."""
         p = f"model.layers.{layer}."
         attn, mlp = p + "self_attn.", p + "mlp."
