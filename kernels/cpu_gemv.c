@@ -1,4 +1,4 @@
-/* Decode's matrix products on a CPU: y [T, N] = x [T, K] @ W [N, K]^T for a few rows T (1..GEMV_MAX_ROWS).
+/* Decode's matrix products on a CPU: y [T, N] = x [T, K] @ W [N, K]^T for a few rows T (1..MAX_ROWS).
  *
  * At decode's row counts the product is a stream over W: each weight is read once and multiplied into every row
  * of x, kept in registers, so the time is W's bytes over the memory's bandwidth. The weight formats:
@@ -8,7 +8,8 @@
  *         rounded to int8 per block of 32 and the dot product runs in integers, as llama.cpp's Q8_0 x Q8_0)
  *   q4    W in llama.cpp-style blocks of 32 inputs: 16 bytes, byte j holding input j (low nibble) and
  *         input j + 16 (high nibble), codes 0..15; per group of G inputs (a multiple of 32) a scale s and a zero z
- *         : w = (q - 8) * s + z, so a row's sum is s * dot(x, q) + (z - 8 s) * sum(x) per group. The scales and
+ *         : w = (q - 8) * s + z, so a row's sum is s * dot(x, q) + (z - 8 s) * sum(x) per group (sum(x) of the x
+ *         the dot takes: rounded to int8 on the integer path, as llama.cpp's Q8_1 blocks carry theirs). The scales and
  *         zeros come row by row, [N, K / G, 2] (each row's beside each other: one stream per row, not K / G).
  * x, y and the scales are float32 or bfloat16 (x_bf16); sums run in float32, in a fixed order per row whatever T is.
  * Built with -march=native at first use (kernels/cpu_gemv.py); GCC's vector extensions pick the machine's widest
@@ -16,7 +17,8 @@
  */
 #include <stdlib.h>
 
-#define MAX_ROWS 8
+#define GROUP 8     /* rows of x one pass over a weight row holds in registers */
+#define MAX_ROWS 64 /* rows of x one call takes: GROUP at a time over each weight row, read once from memory */
 #define PARALLEL_WORK 65536 /* weights x rows under which one thread beats waking the others */
 #include "cpu_kernels.h"
 #include "cpu_simd.h"
@@ -28,7 +30,7 @@ int gemv_max_rows(void) { return MAX_ROWS; }
 #define DENSE_ROW(NAME, WTYPE, WIDEN)                                                                       \
     static inline __attribute__((always_inline)) void NAME(const WTYPE *w, const float *x, int T, int K,    \
                                                            float *out) {                                   \
-        vf acc[MAX_ROWS][2];                                                                                \
+        vf acc[GROUP][2];                                                                                \
         for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = (vf){0};                                        \
         for (int k = 0; k < K; k += 2 * LANES) {                                                            \
             vf w0 = WIDEN(w + k), w1 = WIDEN(w + k + LANES);                                                \
@@ -50,9 +52,9 @@ DENSE_ROW(row_i8, int8_t, widen_i8)
 typedef struct {
     const float *x, *xsum, *xscale; /* xscale: [T, K / 32] */
     const int8_t *xq;               /* [T, K] */
-    /* at T = 1 on the integer path, for q4: the same in row_q4_single's order (single_layout) */
-    const int8_t *single_xq;              /* [K]: per pair of blocks, j's 0..15, j+1's 0..15, j's 16..31, ... */
-    const float *single_xscale, *single_xsum; /* [K / 32]: per 8 blocks in ORDER */
+    /* q4 on the integer path: the same in row_q4_paired's order (paired_layout) */
+    const int8_t *paired_xq;                  /* [T, K]: per pair of blocks, j's 0..15, j+1's 0..15, j's 16..31 */
+    const float *paired_xscale, *paired_xsum; /* [T, K / 32]: per 8 blocks in ORDER */
 } Inputs;
 
 #ifdef __AVX2__
@@ -73,7 +75,7 @@ static inline vf block_dot_i8(__m256i w, __m256i magnitude, const int8_t *xq) {
 
 /* One int8 row on the integer path (K a multiple of 32): per block its integer dot times x's block scale. */
 static inline __attribute__((always_inline)) void row_i8_q8(const int8_t *w, Inputs in, int T, int K, float *out) {
-    vf acc[MAX_ROWS][2];
+    vf acc[GROUP][2];
     for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = (vf){0};
     for (int b = 0; b < K; b += 64) { /* two blocks a pass, one into each accumulator (fixed indices: registers) */
         const int pair = b + 64 <= K;
@@ -94,8 +96,8 @@ static inline __attribute__((always_inline)) void row_i8_q8(const int8_t *w, Inp
  * from the per-group sums of x. */
 static inline __attribute__((always_inline)) void row_q4(const uint8_t *w, const void *scales_zeros, int aux_bf16,
                                                          Inputs in, int T, int K, int G, float *out) {
-    vf acc[MAX_ROWS];
-    float zero_term[MAX_ROWS];
+    vf acc[GROUP];
+    float zero_term[GROUP];
     for (int t = 0; t < T; t++) acc[t] = (vf){0}, zero_term[t] = 0.0f;
     const int groups = K / G;
     for (int g = 0; g < groups; g++) {
@@ -133,71 +135,93 @@ static inline __m256i q4_codes(const uint8_t *block) {
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(15));
 }
 
-/* row_q4 for decode's batch of 1 on the integer path (x, and so the scales, in bf16), eight blocks a pass: four
- * 32-byte loads of codes, two blocks each (the low nibbles hold inputs 0..15 of both, the high 16..31, so x comes
- * in that order: `Single`), their integer dots summed into one vector of the eight blocks' sums by three hadds (in
- * the order ORDER), scaled by a vector of the blocks' scales times x's, one FMA. At G = 32 the zeros' terms ride
- * along (a block is a group); wider groups take them per group. The last K % 256 inputs go block by block. */
+/* row_q4 on the integer path (x, and so the scales, in bf16), eight blocks a pass: four 32-byte loads of codes,
+ * two blocks each (the low nibbles hold inputs 0..15 of both, the high 16..31, so x comes in that order: `paired_*`),
+ * decoded once for every row of x; per row, the integer dots summed into one vector of the eight blocks' sums by
+ * three hadds (in the order ORDER), scaled by a vector of the blocks' scales times x's, one FMA. At G = 32 the
+ * zeros' terms ride along (a block is a group); wider groups take them per group. The last K % 256 inputs go block
+ * by block. */
 static const int ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7}; /* which block each lane of three hadds' result sums */
 
-static inline __m256i pair_dot(const uint8_t *codes, const int8_t *xq) {
-    const __m256i packed = _mm256_loadu_si256((const __m256i *)codes), low4 = _mm256_set1_epi8(15);
-    const __m256i low = _mm256_and_si256(packed, low4), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+static inline void decode_pair(const uint8_t *codes, __m256i low4, __m256i *low, __m256i *high) {
+    const __m256i packed = _mm256_loadu_si256((const __m256i *)codes);
+    *low = _mm256_and_si256(packed, low4), *high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+}
+
+static inline __m256i pair_dot(__m256i low, __m256i high, const int8_t *xq) {
     const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_loadu_si256((const __m256i *)xq)),
                                            _mm256_maddubs_epi16(high, _mm256_loadu_si256((const __m256i *)(xq + 32))));
     return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); /* lanes 0..3: the first block's, 4..7: the second's */
 }
 
-static inline __attribute__((always_inline)) float row_q4_single(const uint8_t *w, const uint16_t *scales_zeros,
-                                                                 Inputs in, int K, int G) {
-    const int blocks = K / 32, full = blocks / 8 * 8, shift = __builtin_ctz(G / 32);
+static inline __attribute__((always_inline)) void row_q4_paired(const uint8_t *w, const uint16_t *scales_zeros,
+                                                                Inputs in, int T, int K, int G, float *out) {
+    const int blocks = K / 32, full = blocks / 8 * 8, shift = __builtin_ctz(G / 32), groups = K / G;
     const __m256i order = _mm256_loadu_si256((const __m256i *)ORDER), high_half = _mm256_set1_epi32((int)0xffff0000);
-    __m256 acc = _mm256_setzero_ps(), zeros = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(15);
+    __m256 acc[GROUP];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
     for (int j = 0; j < full; j += 8) {
-        const __m256i d01 = pair_dot(w + (size_t)j * 16, in.single_xq + (size_t)j * 32);
-        const __m256i d23 = pair_dot(w + (size_t)j * 16 + 32, in.single_xq + (size_t)j * 32 + 64);
-        const __m256i d45 = pair_dot(w + (size_t)j * 16 + 64, in.single_xq + (size_t)j * 32 + 128);
-        const __m256i d67 = pair_dot(w + (size_t)j * 16 + 96, in.single_xq + (size_t)j * 32 + 192);
-        const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(d01, d23), _mm256_hadd_epi32(d45, d67));
-        __m256 s;
+        __m256i low[4], high[4];
+        if (T > 1) /* decoded once for every row; one row decodes them as it goes (fewer registers live) */
+            for (int p = 0; p < 4; p++) decode_pair(w + (size_t)j * 16 + 32 * p, low4, &low[p], &high[p]);
+        __m256 s, offset = _mm256_setzero_ps(); /* offset: z - 8 s, the zeros' term per unit of x's block sum */
         if (G == 32) { /* eight (scale, zero) pairs of bf16 in one load, as 32-bit lanes */
             const __m256i pairs = _mm256_permutevar8x32_epi32(
                 _mm256_loadu_si256((const __m256i *)(scales_zeros + 2 * j)), order);
             s = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
-            const __m256 z = _mm256_castsi256_ps(_mm256_and_si256(pairs, high_half));
-            zeros = _mm256_fmadd_ps(_mm256_fnmadd_ps(_mm256_set1_ps(8.0f), s, z), _mm256_loadu_ps(in.single_xsum + j), zeros);
+            offset = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), s, _mm256_castsi256_ps(_mm256_and_si256(pairs, high_half)));
         } else {
             float lanes[8] __attribute__((aligned(32)));
             for (int i = 0; i < 8; i++) lanes[i] = bf16_to_f32(scales_zeros[2 * ((j + ORDER[i]) >> shift)]);
             s = _mm256_load_ps(lanes);
         }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s, _mm256_loadu_ps(in.single_xscale + j)), acc);
+        for (int t = 0; t < T; t++) {
+            const int8_t *xq = in.paired_xq + (size_t)t * K + (size_t)j * 32;
+            if (T == 1)
+                for (int p = 0; p < 4; p++) decode_pair(w + (size_t)j * 16 + 32 * p, low4, &low[p], &high[p]);
+            const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(pair_dot(low[0], high[0], xq),
+                                                                     pair_dot(low[1], high[1], xq + 64)),
+                                                   _mm256_hadd_epi32(pair_dot(low[2], high[2], xq + 128),
+                                                                     pair_dot(low[3], high[3], xq + 192)));
+            const size_t at = (size_t)t * blocks + j;
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s, _mm256_loadu_ps(in.paired_xscale + at)),
+                                     acc[t]);
+            if (G == 32) acc[t] = _mm256_fmadd_ps(offset, _mm256_loadu_ps(in.paired_xsum + at), acc[t]);
+        }
     }
-    float tail = 0.0f;
-    for (int j = full; j < blocks; j++)
-        tail += hsum(block_dot(q4_codes(w + (size_t)j * 16), in.xq + (size_t)j * 32)) *
-                bf16_to_f32(scales_zeros[2 * (j >> shift)]) * in.xscale[j];
-    float zero = G == 32 ? hsum((vf)zeros) : 0.0f;
-    for (int g = G == 32 ? full : 0; g < K / G; g++) {
-        const float sg = bf16_to_f32(scales_zeros[2 * g]);
-        zero += (bf16_to_f32(scales_zeros[2 * g + 1]) - 8.0f * sg) * in.xsum[g];
+    for (int t = 0; t < T; t++) {
+        float total = hsum((vf)acc[t]);
+        for (int j = full; j < blocks; j++)
+            total += hsum(block_dot(q4_codes(w + (size_t)j * 16), in.xq + (size_t)t * K + (size_t)j * 32)) *
+                     bf16_to_f32(scales_zeros[2 * (j >> shift)]) * in.xscale[(size_t)t * blocks + j];
+        for (int g = G == 32 ? full : 0; g < groups; g++) {
+            const float sg = bf16_to_f32(scales_zeros[2 * g]);
+            total += (bf16_to_f32(scales_zeros[2 * g + 1]) - 8.0f * sg) * in.xsum[(size_t)t * groups + g];
+        }
+        out[t] = total;
     }
-    return hsum((vf)acc) + tail + zero;
 }
 
-/* x's int8 blocks, scales and (G = 32) sums in the order row_q4_single reads them: xq [K], xscale, xsum [K / 32]. */
-static void single_layout(const Inputs in, int K, int G, int8_t *xq, float *xscale, float *xsum) {
-    const int full = K / 256 * 8;
-    for (int j = 0; j < full; j += 2)
-        for (int half = 0; half < 2; half++) { /* inputs 0..15 of blocks j and j + 1, then 16..31 of both */
-            memcpy(xq + (size_t)j * 32 + half * 32, in.xq + (size_t)j * 32 + half * 16, 16);
-            memcpy(xq + (size_t)j * 32 + half * 32 + 16, in.xq + (size_t)(j + 1) * 32 + half * 16, 16);
-        }
-    for (int j = 0; j < full; j += 8)
-        for (int i = 0; i < 8; i++) {
-            xscale[j + i] = in.xscale[j + ORDER[i]];
-            if (G == 32) xsum[j + i] = in.xsum[j + ORDER[i]];
-        }
+/* x's int8 blocks, scales and (G = 32) sums in the order row_q4_paired reads them, row by row: xq [T, K], xscale,
+ * xsum [T, K / 32]. */
+static void paired_layout(const Inputs in, int T, int K, int G, int8_t *xq, float *xscale, float *xsum) {
+    const int blocks = K / 32, full = blocks / 8 * 8;
+    for (int t = 0; t < T; t++) {
+        const int8_t *from = in.xq + (size_t)t * K;
+        int8_t *to = xq + (size_t)t * K;
+        for (int j = 0; j < full; j += 2)
+            for (int half = 0; half < 2; half++) { /* inputs 0..15 of blocks j and j + 1, then 16..31 of both */
+                memcpy(to + (size_t)j * 32 + half * 32, from + (size_t)j * 32 + half * 16, 16);
+                memcpy(to + (size_t)j * 32 + half * 32 + 16, from + (size_t)(j + 1) * 32 + half * 16, 16);
+            }
+        for (int j = 0; j < full; j += 8)
+            for (int i = 0; i < 8; i++) {
+                const size_t at = (size_t)t * blocks + j;
+                xscale[at + i] = in.xscale[at + ORDER[i]];
+                if (G == 32) xsum[at + i] = in.xsum[at + ORDER[i]];
+            }
+    }
 }
 #endif
 
@@ -230,38 +254,68 @@ enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2, W_Q4 = 3 };
     default: { const int TT = 8; BODY; } break; \
     }
 
+/* Weight row n against T <= GROUP rows of x: out [T]. */
+static inline __attribute__((always_inline)) void group_rows(int format, const void *w, const void *aux,
+                                                            int aux_bf16, int n, const Inputs *restrict in_rows,
+                                                            int T, int K, int G, float *out) {
+    const Inputs in = *in_rows;
+    const float *x = in.x;
+    switch (format) {
+    case W_F32: DISPATCH_T(row_f32((const float *)w + (size_t)n * K, x, TT, K, out)); break;
+    case W_BF16: DISPATCH_T(row_bf16((const uint16_t *)w + (size_t)n * K, x, TT, K, out)); break;
+    case W_I8:
+        if (in.xq) {
+#ifdef __AVX2__
+            DISPATCH_T(row_i8_q8((const int8_t *)w + (size_t)n * K, in, TT, K, out));
+#endif
+        } else {
+            DISPATCH_T(row_i8((const int8_t *)w + (size_t)n * K, x, TT, K, out));
+        }
+        for (int t = 0; t < T; t++) out[t] *= scalar_at(aux, n, aux_bf16);
+        break;
+    default: {
+        const uint8_t *codes = (const uint8_t *)w + (size_t)n * K / 2;
+        const void *scales_zeros = (const char *)aux + (size_t)n * (K / G) * 2 * (aux_bf16 ? 2 : 4);
+#ifdef __AVX2__
+        if (in.paired_xq) {
+            DISPATCH_T(row_q4_paired(codes, (const uint16_t *)scales_zeros, in, TT, K, G, out));
+            break;
+        }
+#endif
+        DISPATCH_T(row_q4(codes, scales_zeros, aux_bf16, in, TT, K, G, out));
+    }
+    }
+}
+
+/* Output rows n0 .. n1 of y [T, N]: each weight row against every row of x, GROUP rows of x at a time (the weight
+ * row stays in cache between the groups). */
 static void rows(int format, const void *w, const void *aux, int aux_bf16, int N, int n0, int n1, Inputs in,
                  int T, int K, int G, float *y) {
-    const float *x = in.x;
-    float out[MAX_ROWS];
-    for (int n = n0; n < n1; n++) {
-        switch (format) {
-        case W_F32: DISPATCH_T(row_f32((const float *)w + (size_t)n * K, x, TT, K, out)); break;
-        case W_BF16: DISPATCH_T(row_bf16((const uint16_t *)w + (size_t)n * K, x, TT, K, out)); break;
-        case W_I8:
-            if (in.xq) {
-#ifdef __AVX2__
-                DISPATCH_T(row_i8_q8((const int8_t *)w + (size_t)n * K, in, TT, K, out));
-#endif
-            } else {
-                DISPATCH_T(row_i8((const int8_t *)w + (size_t)n * K, x, TT, K, out));
-            }
-            for (int t = 0; t < T; t++) out[t] *= scalar_at(aux, n, aux_bf16);
-            break;
-        default: {
-            const uint8_t *codes = (const uint8_t *)w + (size_t)n * K / 2;
-            const void *scales_zeros = (const char *)aux + (size_t)n * (K / G) * 2 * (aux_bf16 ? 2 : 4);
-#ifdef __AVX2__
-            if (T == 1 && in.xq) {
-                out[0] = row_q4_single(codes, (const uint16_t *)scales_zeros, in, K, G);
-                break;
-            }
-#endif
-            DISPATCH_T(row_q4(codes, scales_zeros, aux_bf16, in, TT, K, G, out));
+    float out[GROUP];
+    if (T <= GROUP) { /* one group: the common case, kept lean (a weight row is ~100 cycles of work) */
+        for (int n = n0; n < n1; n++) {
+            group_rows(format, w, aux, aux_bf16, n, &in, T, K, G, out);
+            for (int t = 0; t < T; t++) y[(size_t)t * N + n] = out[t];
         }
-        }
-        for (int t = 0; t < T; t++) y[(size_t)t * N + n] = out[t];
+        return;
     }
+    Inputs parts[(MAX_ROWS + GROUP - 1) / GROUP]; /* x's rows GROUP at a time */
+    const int groups = format == W_Q4 ? K / G : 0, count = (T + GROUP - 1) / GROUP;
+    for (int part = 0; part < count; part++) {
+        const size_t t0 = (size_t)part * GROUP;
+        parts[part] = in;
+        parts[part].x = in.x + t0 * K, parts[part].xsum = in.xsum + t0 * groups;
+        if (in.xq) parts[part].xq = in.xq + t0 * K, parts[part].xscale = in.xscale + t0 * K / 32;
+        if (in.paired_xq)
+            parts[part].paired_xq = in.paired_xq + t0 * K, parts[part].paired_xscale = in.paired_xscale + t0 * K / 32,
+            parts[part].paired_xsum = in.paired_xsum + t0 * K / 32;
+    }
+    for (int n = n0; n < n1; n++)
+        for (int part = 0; part < count; part++) {
+            const int t0 = part * GROUP, rows_here = T - t0 < GROUP ? T - t0 : GROUP;
+            group_rows(format, w, aux, aux_bf16, n, &parts[part], rows_here, K, G, out);
+            for (int t = 0; t < rows_here; t++) y[(size_t)(t0 + t) * N + n] = out[t];
+        }
 }
 
 /* y [T, N] (float32 or bfloat16 as x) = x [T, K] @ W^T. aux: the i8 scales [N] or the q4 scales and zeros
@@ -275,28 +329,37 @@ int gemv(int format, const void *w, const void *aux, int N, int K, int G, const 
 #else
     const size_t blocks = 0;
 #endif
-    const size_t single = T == 1 && format == W_Q4 ? blocks : 0; /* row_q4_single's copy of x's blocks */
-    /* one buffer: x and y in float32, the per-group sums and block scales of x (and their single-row copies), then
-     * x in int8 (and its copy) */
-    float *xf = malloc(sizeof(float) * (inputs + (size_t)T * groups + blocks + 2 * single + (size_t)T * N) +
-                       (blocks + single) * 32);
+    const size_t paired = format == W_Q4 ? blocks : 0; /* row_q4_paired's copy of x's blocks */
+    /* one buffer: x and y in float32, the per-group sums and block scales of x (and their paired copies), then x in
+     * int8 (and its copy) */
+    float *xf = malloc(sizeof(float) * (inputs + (size_t)T * groups + blocks + 2 * paired + (size_t)T * N) +
+                       (blocks + paired) * 32);
     if (!xf) return -1;
-    float *xsum = xf + inputs, *xscale = xsum + (size_t)T * groups, *single_xscale = xscale + blocks;
-    float *single_xsum = single_xscale + single, *yf = single_xsum + single;
-    int8_t *xq = (int8_t *)(yf + (size_t)T * N), *single_xq = xq + blocks * 32;
+    float *xsum = xf + inputs, *xscale = xsum + (size_t)T * groups, *paired_xscale = xscale + blocks;
+    float *paired_xsum = paired_xscale + paired, *yf = paired_xsum + paired;
+    int8_t *xq = (int8_t *)(yf + (size_t)T * N), *paired_xq = xq + blocks * 32;
     for (size_t i = 0; i < inputs; i++) xf[i] = x_bf16 ? bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+    if (blocks) quantize_blocks(xf, inputs, xq, xscale);
+    /* the zeros' terms' sums of x: of the x the dots multiply (rounded to int8: the codes' mean, 8 s, then cancels
+     * against the same x; with the float x, 8 s times the rounding errors' sum stays, ~10 % of an int8-split row) */
     for (int t = 0; t < T; t++)
         for (size_t g = 0; g < groups; g++) {
             float s = 0.0f;
-            for (size_t k = g * G; k < (g + 1) * G; k++) s += xf[(size_t)t * K + k];
+            if (blocks)
+                for (size_t b = ((size_t)t * K + g * G) / 32; b < ((size_t)t * K + (g + 1) * G) / 32; b++) {
+                    int total = 0;
+                    for (int j = 0; j < 32; j++) total += xq[b * 32 + j];
+                    s += xscale[b] * (float)total;
+                }
+            else
+                for (size_t k = g * G; k < (g + 1) * G; k++) s += xf[(size_t)t * K + k];
             xsum[(size_t)t * groups + g] = s;
         }
-    if (blocks) quantize_blocks(xf, inputs, xq, xscale);
     Inputs in = {xf, xsum, xscale, blocks ? xq : NULL, NULL, NULL, NULL};
 #ifdef __AVX2__
-    if (single) {
-        single_layout(in, K, G, single_xq, single_xscale, single_xsum);
-        in.single_xq = single_xq, in.single_xscale = single_xscale, in.single_xsum = single_xsum;
+    if (paired) {
+        paired_layout(in, T, K, G, paired_xq, paired_xscale, paired_xsum);
+        in.paired_xq = paired_xq, in.paired_xscale = paired_xscale, in.paired_xsum = paired_xsum;
     }
 #endif
     float *dest = x_bf16 ? yf : (float *)y;

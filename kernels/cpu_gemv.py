@@ -4,7 +4,8 @@ stream over the weight at a few rows, where torch's GEMMs spend a decode step's 
 """
 
 import ctypes
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from enum import IntEnum
 from functools import cache
 
@@ -34,6 +35,12 @@ class Operands:
     aux: torch.Tensor | None = None
     group_size: int = 0
     doubled_inputs: bool = False  # int8-split: the product over [x, x], 2K inputs
+    row_limit: int = 64  # the most rows of x this weight goes through the kernel at (past it, torch's GEMM is faster)
+
+    @property
+    def unlimited(self) -> "Operands":
+        """These operands through the kernel at every row count."""
+        return replace(self, row_limit=sys.maxsize)
 
 
 @cache
@@ -49,8 +56,8 @@ def _library() -> ctypes.CDLL | None:
 
 @cache
 def max_rows() -> int:
-    """The most rows of x one call takes (the kernel keeps each row's sums in registers); 0 where the kernel
-    could not be built, so `takes` is false everywhere."""
+    """The most rows of x one call takes (8 at a time in registers over each weight row); 0 where the kernel could
+    not be built, so `takes` is false everywhere."""
     library = _library()
     return int(library.gemv_max_rows()) if library is not None else 0
 
@@ -63,10 +70,12 @@ _COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
 _CODE_DTYPES = (torch.int8, torch.uint8)
 
 
-def takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `gemv` computes x [T, K] against weight (codes) of x's device and compute dtype: a CPU tensor in
-    float32 or bfloat16, T within max_rows, K a multiple of K_MULTIPLE. (On every decode product: kept lean.)"""
-    return (x.is_cpu and weight.is_cpu and x.ndim == 2 and 0 < x.shape[0] <= max_rows()
+def takes(x: torch.Tensor, operands: Operands) -> bool:
+    """Whether `gemv` computes x [T, K] against these operands: x a CPU tensor in float32 or bfloat16, T within
+    the weight's row limit (more than max_rows() go max_rows() a call), K a multiple of K_MULTIPLE, the weight of
+    x's dtype or codes. (On every decode product: kept lean.)"""
+    weight = operands.weight
+    return (x.is_cpu and x.ndim == 2 and 0 < x.shape[0] <= operands.row_limit and max_rows() > 0
             and x.dtype in _COMPUTE_DTYPES and not x.shape[1] % K_MULTIPLE
             and (weight.dtype == x.dtype or weight.dtype in _CODE_DTYPES))
 
@@ -94,11 +103,14 @@ def _gemv(x: torch.Tensor, weight_format: WeightFormat, weight: torch.Tensor, ou
     x = x.contiguous()
     rows, in_features = x.shape
     y = x.new_empty((rows, out_features))
-    status = library.gemv(weight_format, weight.data_ptr(), None if aux is None else aux.data_ptr(), out_features,
-                          in_features, group_size, x.data_ptr(), x.dtype is torch.bfloat16, rows, y.data_ptr(),
-                          torch.get_num_threads())
-    if status:
-        raise MemoryError("the CPU kernel could not allocate its scratch buffer")
+    step = max_rows()
+    for start in range(0, rows, step):  # max_rows() a call: each call reads the weight once
+        count = min(step, rows - start)
+        status = library.gemv(weight_format, weight.data_ptr(), None if aux is None else aux.data_ptr(), out_features,
+                              in_features, group_size, x[start].data_ptr(), x.dtype is torch.bfloat16, count,
+                              y[start].data_ptr(), torch.get_num_threads())
+        if status:
+            raise MemoryError("the CPU kernel could not allocate its scratch buffer")
     return y
 
 

@@ -16,6 +16,6 @@ void store_kv(const void *k, const void *v, size_t source_stride, void *kv, cons
 void decode_attention(const void *q, size_t q_stride, const void *kv, const int32_t *tables, int max_blocks,
                       const int32_t *context_lens, int B, int H, int Hkv, int d, int blocks, int bs, float scale,
                       int window, void *out, int bf16, int threads);
-void glu(const void *gate_up, int T, int I, int gelu, void *out, int bf16);
+void glu(const void *gate_up, int T, int I, int gelu, void *out, int bf16, int threads);
 
 #endif

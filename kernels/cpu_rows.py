@@ -15,6 +15,7 @@ from fleetctl.kernels import cpu_build
 
 MAX_WIDTH = 16384  # RMSNorm's float32 scratch row
 MAX_HEAD_DIM = 512  # decode attention's float32 query and accumulator
+MAX_GLU_ROWS = 64  # the GLU's rows past which torch's vectorized ops are faster (a prefill's)
 
 
 @cache
@@ -36,7 +37,7 @@ def _library() -> ctypes.CDLL | None:
                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         library.rotary.restype = None
         library.glu.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                ctypes.c_int]
+                                ctypes.c_int, ctypes.c_int]
         library.glu.restype = None
     return library
 
@@ -142,7 +143,8 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
 
 
 def takes_glu(gate_up: torch.Tensor) -> bool:
-    return gate_up.dim() == 2 and _computable(gate_up)
+    """Whether `glu` computes gate_up [T, 2I]: decode's rows (past MAX_GLU_ROWS torch's ops are faster)."""
+    return gate_up.dim() == 2 and gate_up.shape[0] <= MAX_GLU_ROWS and _computable(gate_up)
 
 
 def glu(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
@@ -153,5 +155,5 @@ def glu(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
     tokens, inner = gate_up.shape[0], gate_up.shape[1] // 2
     out = gate_up.new_empty(tokens, inner)
     library.glu(gate_up.data_ptr(), tokens, inner, int(activation == "gelu_tanh"), out.data_ptr(),
-                int(gate_up.dtype == torch.bfloat16))
+                int(gate_up.dtype == torch.bfloat16), torch.get_num_threads())
     return out

@@ -89,6 +89,34 @@ static inline float dot_values(const float *a, const void *b, int n, int bf16) {
     return hsum(even + odd);
 }
 
+/* e^x per lane, to about an ulp: x = n ln2 + r (|r| <= ln2 / 2, ln2 in two parts), e^r by its Taylor series to
+ * r^7 / 7! (error under 2^-24), times 2^n through the exponent bits; x clamped to +-87 (e^x stays normal). */
+#ifdef __AVX2__
+static inline vf exp_lanes(vf v) {
+    const __m256 x = _mm256_max_ps(_mm256_min_ps((__m256)v, _mm256_set1_ps(87.0f)), _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const vf r = (vf)_mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x)); /* ln2 in two parts */
+    vf p = (vf){0} + 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return p * (vf)_mm256_castsi256_ps(bits);
+}
+#else
+#include <math.h>
+static inline vf exp_lanes(vf v) {
+    for (int i = 0; i < LANES; i++) v[i] = expf(v[i]);
+    return v;
+}
+#endif
+
 /* acc[0 .. n) += weight * b[0 .. n), b float32 or bfloat16, n a multiple of 8. */
 static inline void add_scaled(float *acc, float weight, const void *b, int n, int bf16) {
     const vf w = (vf){0} + weight;

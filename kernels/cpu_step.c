@@ -121,7 +121,7 @@ int decode_step(const Model *m, const Layer *layers, const Step *s) {
         if (L->attn_out_norm) status |= rms_norm(hidden, NULL, L->attn_out_norm, m->eps, hidden, NULL, T, D, bf16);
         status |= rms_norm(hidden, residual, L->post_norm, m->eps, x, residual, T, D, bf16);
         status |= product(&L->gate_up, x, doubled, m, T, gate_up, s->threads);
-        glu(gate_up, T, m->intermediate, m->gelu, act, bf16);
+        glu(gate_up, T, m->intermediate, m->gelu, act, bf16, s->threads);
         status |= product(&L->down, act, doubled, m, T, hidden, s->threads);
         if (L->mlp_out_norm) status |= rms_norm(hidden, NULL, L->mlp_out_norm, m->eps, hidden, NULL, T, D, bf16);
     }

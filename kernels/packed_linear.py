@@ -1,7 +1,7 @@
 """Dense weight matrices laid out once, at load, for the CPU's products at every row count.
 
-- A few rows (decode: up to `cpu_gemv.max_rows()`): this package's streaming kernel (`cpu_gemv`) over the plain
-  row-major weight, at the memory's bandwidth.
+- A few rows (decode: up to `cpu_gemv.max_rows()`, and FLOAT32_ROW_LIMIT / PACKED_ROW_LIMIT below): this package's
+  streaming kernel (`cpu_gemv`) over the plain row-major weight, at the memory's bandwidth.
 - More rows (prefill, big decode batches): oneDNN's GEMM on its own blocked layout, packed once here where the CPU
   has bf16 instructions — `F.linear` on a plain bf16 weight reorders it into that layout on every call, which
   costs more than the product at tens of rows; in float32 `F.linear` runs MKL's GEMM on the plain weight, no
@@ -11,7 +11,7 @@ The cost of a bf16 `PackedWeight`: the blocked copy is the worker's own memory, 
 memory-map that workers on one machine share in the page cache).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -65,18 +65,28 @@ def pack(weight: torch.Tensor) -> DenseWeight:
     return PackedWeight(weight, torch.ops.mkldnn._reorder_linear_weight(weight, None))
 
 
+# The most rows of x the streaming kernel takes a dense weight at, where torch's GEMM is faster past them
+# (scripts/bench_gemv.py, 2 threads of a Zen 2): float32 at 24 (MKL's sgemm, 0.7x the kernel's time at 64 rows); a
+# bf16 weight oneDNN packed at 8 (its blocked GEMM on bf16 instructions); a plain bf16 weight (a CPU without bf16
+# instructions, where F.linear is 4.5-5.5x slower at 16-64 rows, and a prefill's) at every row count.
+FLOAT32_ROW_LIMIT, PACKED_ROW_LIMIT = 24, 8
+
+
 def cpu_operands(weight: DenseWeight) -> cpu_gemv.Operands | None:
     """What the streaming kernel reads of the weight: its plain rows, where they are contiguous on a CPU."""
     plain = weight.plain if isinstance(weight, PackedWeight) else weight
     if not plain.is_cpu or not plain.is_contiguous():
         return None
-    return cpu_gemv.Operands(cpu_gemv.dense_format(plain.dtype), plain, plain.shape[0])
+    operands = cpu_gemv.Operands(cpu_gemv.dense_format(plain.dtype), plain, plain.shape[0])
+    if plain.dtype == torch.float32:
+        return replace(operands, row_limit=FLOAT32_ROW_LIMIT)
+    return replace(operands, row_limit=PACKED_ROW_LIMIT) if isinstance(weight, PackedWeight) else operands.unlimited
 
 
 def linear(x: torch.Tensor, weight: DenseWeight) -> torch.Tensor:
     """x [T, K] @ weight [N, K]ᵀ -> [T, N], weight plain or packed."""
     operands = cpu_operands(weight)
-    if operands is not None and cpu_gemv.takes(x, operands.weight):
+    if operands is not None and cpu_gemv.takes(x, operands):
         return cpu_gemv.gemv(x, operands)
     if isinstance(weight, PackedWeight):
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight.blocked, None, "none", [], "")

@@ -1,8 +1,8 @@
 """Weight-only quantized linear layers: int8 per output channel, int4 in groups along the input dimension, and
 8-bit codes in groups of 32 held as two int4 halves (int8-split).
 
-On a CPU, decode's few rows run in this package's streaming kernel (`cpu_gemv`), more rows in torch's
-weight-only kernels; on CUDA, torch's kernels at every row count:
+On a CPU, decode's rows (up to 64) run in this package's streaming kernel (`cpu_gemv`), more rows in torch's
+weight-only kernels (`cpu_operands`); on CUDA, torch's kernels at every row count:
 - int8: `aten._weight_int8pack_mm(x, q [N, K] int8, scales [N])`, w = q · scale (CPU and CUDA);
 - int4: `aten._weight_int4pack_mm_for_cpu` on a CPU and `aten._weight_int4pack_mm` (tinygemm) on CUDA, with
   codes q in 0..15 and per group of `group_size` inputs a scale s and a zero z: w = (q − 8) · s + z. On a CPU
@@ -199,14 +199,16 @@ def unpack_int4(weight: QuantizedWeight) -> torch.Tensor:
     return linear(eye, ones).T.round().to(torch.int32)  # (q − 8) · 1 + 8 = q: small integers, exact
 
 
-def cpu_operands(weight: QuantizedWeight, rows: int) -> cpu_gemv.Operands | None:
-    """What the streaming kernel reads of a CPU weight at `rows` rows of x: int8 at any; int4 and int8-split at one
-    (at 2..8 rows torch's int4 kernel is faster: bench_gemv). None where another kernel computes it."""
+def cpu_operands(weight: QuantizedWeight) -> cpu_gemv.Operands | None:
+    """What the streaming kernel reads of a CPU weight, to 64 rows (int4: 1.1-1.8x torch's kernel; int8: about its
+    time; scripts/bench_gemv.py). Not a prefill's: in bf16 the kernel rounds x to 8 bits per block of 32, and over a
+    2,048-token prefill that doubles int4 smollm2's logit error against float32 (1.2x faster at 500 tokens, though).
+    None where another kernel computes it."""
     if weight.device.type != "cpu":
         return None
     if weight.format is QuantFormat.INT8:
         return cpu_gemv.Operands(cpu_gemv.WeightFormat.I8, weight.data, weight.out_features, weight.scales)
-    if rows != 1 or weight.row_scales is None:
+    if weight.row_scales is None:
         return None
     return cpu_gemv.Operands(cpu_gemv.WeightFormat.Q4, weight.data, weight.out_features, weight.row_scales,
                              weight.group_size, doubled_inputs=weight.format is QuantFormat.INT8_SPLIT)
@@ -217,8 +219,8 @@ def linear(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
     if x.dtype != weight.dtype:
         raise QuantizationError(f"a {weight.format} weight computing in {weight.dtype} got {x.dtype} inputs")
     x = x.contiguous()
-    operands = cpu_operands(weight, x.shape[0])
-    if operands is not None and cpu_gemv.takes(x, operands.weight):
+    operands = cpu_operands(weight)
+    if operands is not None and cpu_gemv.takes(x, operands):
         return cpu_gemv.gemv(x, operands)
     if weight.format is QuantFormat.INT8:
         return torch.ops.aten._weight_int8pack_mm(x, weight.data, weight.scales)

@@ -2,9 +2,10 @@
 load, and the step's inputs handed over each step. It computes what `DecoderModel.forward` computes through the same
 kernels op by op (the same roundings, the same values), without the ~20 Python calls a layer.
 
-It takes a step when every product of the step would run in the streaming kernel at its row count (int4 and
-int8-split: one row; dense and int8: up to `cpu_gemv.max_rows()`), in the fast mode (the deterministic mode keeps its
-fixed tiles op by op), outside torch.compile and any dispatch mode, and not where the Triton kernels are asked for.
+It takes a step when every product of the step would run in the streaming kernel at its row count (each weight's
+`row_limit`: float32 to 24 rows, oneDNN-packed bf16 to 8, the others to `cpu_gemv.max_rows()`), in the fast mode
+(the deterministic mode keeps its fixed tiles op by op), outside torch.compile and any dispatch mode, and not where
+the Triton kernels are asked for.
 """
 
 from dataclasses import dataclass
@@ -23,10 +24,8 @@ from fleetctl.kernels.quantized_linear import cpu_operands as quantized_operands
 MATRICES = ("qkv", "o_proj", "gate_up", "down")
 
 
-def _operands(matrix: DenseWeight | QuantizedWeight, rows: int) -> cpu_gemv.Operands | None:
-    if isinstance(matrix, QuantizedWeight):
-        return quantized_operands(matrix, rows)
-    return dense_operands(matrix)
+def _operands(matrix: DenseWeight | QuantizedWeight) -> cpu_gemv.Operands | None:
+    return quantized_operands(matrix) if isinstance(matrix, QuantizedWeight) else dense_operands(matrix)
 
 
 @dataclass
@@ -47,19 +46,18 @@ class CpuDecode:
                                     config.traits.activation == "gelu_tanh", config.rms_norm_eps, scale,
                                     weights.final_norm)
         matrices = [getattr(layer, name) for layer in weights.layers for name in MATRICES]
-        first = [_operands(matrix, 1) for matrix in matrices]
+        operands = [_operands(matrix) for matrix in matrices]
         if not cpu_step.fits(shape) or any(o is None or o.weight.shape[1] % cpu_gemv.K_MULTIPLE or
-                                           (o.aux is not None and o.aux.dtype != dtype) for o in first):
+                                           (o.aux is not None and o.aux.dtype != dtype) for o in operands):
             return None
-        many = all(_operands(matrix, 2) is not None for matrix in matrices)
         plans = []
         for index, layer in enumerate(weights.layers):
-            qkv, o_proj, gate_up, down = first[4 * index:4 * index + 4]
+            qkv, o_proj, gate_up, down = operands[4 * index:4 * index + 4]
             window = layer_windows[index]
             plans.append(cpu_step.LayerPlan(
                 layer.input_norm, layer.post_norm, qkv, o_proj, gate_up, down, layer.qkv_bias, layer.q_norm,
                 layer.k_norm, layer.attn_out_norm, layer.mlp_out_norm, window, window is not None, local_rope[index]))
-        return cls(cpu_step.DecodeStep(shape, plans, dtype), cpu_gemv.max_rows() if many else 1)
+        return cls(cpu_step.DecodeStep(shape, plans, dtype), min(cpu_gemv.max_rows(), *(o.row_limit for o in operands)))
 
     def takes(self, tokens: int, batch: AttentionBatch) -> bool:
         """Whether this step (`tokens` new tokens) runs here: decode, one token a sequence, within max_rows, and

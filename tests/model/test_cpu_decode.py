@@ -54,11 +54,9 @@ def test_every_family_decodes_as_the_per_op_path_does(family: str, dtype: str,
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
 def test_quantized_weights_decode_as_the_per_op_path_does(quantization: str,
                                                           family_model_dirs: dict[str, Path]) -> None:
-    """int8 at every row count; int4 at one row (more go to torch's int4 kernel, op by op)."""
     engine = _engine(family_model_dirs["qwen2"], dtype="bfloat16", quantization=quantization, quant_group_size=32)
-    prompts = PROMPTS if quantization == "int8" else PROMPTS[:1]
-    assert engine.model.cpu_decode.max_rows == (cpu_gemv.max_rows() if quantization == "int8" else 1)
-    fused, per_op = _decode_both_ways(engine, prompts)
+    assert engine.model.cpu_decode.max_rows == cpu_gemv.max_rows()
+    fused, per_op = _decode_both_ways(engine, PROMPTS)
     assert torch.equal(fused, per_op)
 
 
