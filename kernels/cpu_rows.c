@@ -35,36 +35,70 @@ int rms_norm(const void *x, const void *residual, const void *weight, float eps,
 /* Decode attention over a paged KV cache: each of B sequences' H query heads (one query each, the sequence's last
  * position) against its keys 0 .. context_len - 1, or the last `window` of them (window 0: all). q [B, H, d], its
  * sequences q_stride values apart (H * d: contiguous; more: views of a qkv row); out [B, H, d];
- * kv [2, blocks, bs, Hkv, d]; tables [B, max_blocks] int32; context_lens [B] int32. The query heads of a KV head
- * share it (GQA). One pass per (sequence, head) with a running softmax, in float32; each output rounds once. */
+ * kv [2, blocks, bs, Hkv, d]; tables [B, max_blocks] int32; context_lens [B] int32. A task takes one sequence's
+ * query heads of one KV head (GQA: up to HEADS_A_TASK of them, each key and value read once for all), the keys
+ * TILE at a time: their scores, one running-softmax rescale per tile, their weights by exp_lanes, then the values.
+ * In float32; each output rounds once. */
+#define TILE 16
+#define HEADS_A_TASK 16
+#define TASK_WIDTH 4096 /* floats of queries (and of accumulators) a task holds: heads x d */
 void decode_attention(const void *q, size_t q_stride, const void *kv, const int32_t *tables, int max_blocks,
                       const int32_t *context_lens, int B, int H, int Hkv, int d, int blocks, int bs, float scale,
                       int window, void *out, int bf16, int threads) {
     const int group = H / Hkv;
-    const size_t token_stride = (size_t)Hkv * d, half = (size_t)blocks * bs * token_stride;
+    int per_task = group < HEADS_A_TASK ? group : HEADS_A_TASK;
+    if (per_task * d > TASK_WIDTH) per_task = TASK_WIDTH / d;
+    const int parts = (group + per_task - 1) / per_task;
+    const size_t token_stride = (size_t)Hkv * d, half = (size_t)blocks * bs * token_stride, element = bf16 ? 2 : 4;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int task = 0; task < B * H; task++) {
-        const int b = task / H, h = task % H, kv_head = h / group, length = context_lens[b];
-        const int start = window > 0 && length > window ? length - window : 0;
-        float query[512] __attribute__((aligned(32))), acc[512] __attribute__((aligned(32))); /* d <= 512, 8 | d */
-        for (int i = 0; i < d; i++) query[i] = load_value(q, (size_t)b * q_stride + (size_t)h * d + i, bf16) * scale, acc[i] = 0.0f;
-        float running_max = -INFINITY, total = 0.0f;
-        for (int p = start; p < length; p++) {
-            const size_t slot = (size_t)tables[(size_t)b * max_blocks + p / bs] * bs + p % bs;
-            const size_t at = slot * token_stride + (size_t)kv_head * d;
-            const size_t element = bf16 ? 2 : 4;
-            const float score = dot_values(query, (const char *)kv + at * element, d, bf16);
-            if (score > running_max) { /* rescale what was summed under the old maximum */
-                const float factor = expf(running_max - score);
-                total *= factor;
-                for (int i = 0; i < d; i++) acc[i] *= factor;
-                running_max = score;
-            }
-            const float weight = expf(score - running_max);
-            total += weight;
-            add_scaled(acc, weight, (const char *)kv + (half + at) * element, d, bf16);
+    for (int task = 0; task < B * Hkv * parts; task++) {
+        const int b = task / (Hkv * parts), kv_head = task / parts % Hkv;
+        const int h0 = kv_head * group + task % parts * per_task;
+        const int heads = kv_head * group + group - h0 < per_task ? kv_head * group + group - h0 : per_task;
+        const int length = context_lens[b], start = window > 0 && length > window ? length - window : 0;
+        float query[TASK_WIDTH] __attribute__((aligned(32))), acc[TASK_WIDTH] __attribute__((aligned(32)));
+        float running_max[HEADS_A_TASK], total[HEADS_A_TASK];
+        for (int g = 0; g < heads; g++) {
+            for (int i = 0; i < d; i++)
+                query[g * d + i] = load_value(q, (size_t)b * q_stride + (size_t)(h0 + g) * d + i, bf16) * scale;
+            memset(acc + g * d, 0, sizeof(float) * d);
+            running_max[g] = -INFINITY, total[g] = 0.0f;
         }
-        for (int i = 0; i < d; i++) store_value(out, (size_t)task * d + i, acc[i] / total, bf16);
+        for (int p0 = start; p0 < length; p0 += TILE) {
+            const int n = length - p0 < TILE ? length - p0 : TILE;
+            const char *keys[TILE];
+            float weights[HEADS_A_TASK][TILE] __attribute__((aligned(32)));
+            for (int i = 0; i < n; i++) {
+                const int p = p0 + i;
+                const size_t slot = (size_t)tables[(size_t)b * max_blocks + p / bs] * bs + p % bs;
+                keys[i] = (const char *)kv + (slot * token_stride + (size_t)kv_head * d) * element;
+            }
+            for (int g = 0; g < heads; g++) {
+                float tile_max = -INFINITY;
+                for (int i = 0; i < n; i++) {
+                    weights[g][i] = dot_values(query + g * d, keys[i], d, bf16);
+                    tile_max = weights[g][i] > tile_max ? weights[g][i] : tile_max;
+                }
+                if (tile_max > running_max[g]) { /* rescale what was summed under the old maximum */
+                    const float factor = expf(running_max[g] - tile_max);
+                    total[g] *= factor;
+                    for (int i = 0; i < d; i++) acc[g * d + i] *= factor;
+                    running_max[g] = tile_max;
+                }
+                for (int i = 0; i < TILE; i += LANES) {
+                    vf lanes;
+                    memcpy(&lanes, weights[g] + i, sizeof lanes);
+                    lanes = exp_lanes(lanes - running_max[g]);
+                    memcpy(weights[g] + i, &lanes, sizeof lanes);
+                }
+                for (int i = 0; i < n; i++) total[g] += weights[g][i];
+            }
+            for (int i = 0; i < n; i++)
+                for (int g = 0; g < heads; g++) add_scaled(acc + g * d, weights[g][i], keys[i] + half * element, d, bf16);
+        }
+        for (int g = 0; g < heads; g++)
+            for (int i = 0; i < d; i++)
+                store_value(out, ((size_t)b * H + h0 + g) * d + i, acc[g * d + i] / total[g], bf16);
     }
 }
 

@@ -59,9 +59,10 @@ def _pool(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 @pytest.mark.parametrize("window", [None, 7, 40])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_attention_is_the_reference(dtype: torch.dtype, window: int | None) -> None:
+@pytest.mark.parametrize("heads", [6, 40])  # 3 or 20 query heads on each of 2 KV heads (more than 16: two tasks)
+def test_decode_attention_is_the_reference(dtype: torch.dtype, window: int | None, heads: int) -> None:
     kv, tables, lens = _pool(dtype)
-    q = torch.randn(3, 6, 64, generator=torch.Generator().manual_seed(6)).to(dtype)  # 6 query heads on 2 KV heads
+    q = torch.randn(3, heads, 64, generator=torch.Generator().manual_seed(6)).to(dtype)
     assert cpu_rows.takes_attention(q, kv)
     out = cpu_rows.decode_attention(q, kv, tables, lens, 0.125, window)
     expected = paged_decode_attention_ref(q, kv, tables, lens, 0.125, None, window)
