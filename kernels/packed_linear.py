@@ -65,11 +65,12 @@ def pack(weight: torch.Tensor) -> DenseWeight:
     return PackedWeight(weight, torch.ops.mkldnn._reorder_linear_weight(weight, None))
 
 
-# The most rows of x the streaming kernel takes a dense weight at, where torch's GEMM is faster past them
-# (scripts/bench_gemv.py, 2 threads of a Zen 2): float32 at 24 (MKL's sgemm, 0.7x the kernel's time at 64 rows); a
-# bf16 weight oneDNN packed at 8 (its blocked GEMM on bf16 instructions); a plain bf16 weight (a CPU without bf16
+# The most rows of x the streaming kernel takes a dense weight at (scripts/bench_gemv.py, 2 threads of a Zen 2):
+# float32 at 8 (the kernel is 1.25-1.7x MKL's sgemm at 16 rows and 0.7x at 64, but its sums land up to 3x further
+# from MKL's than MKL's own at another row count: a chunked prefill's logits moved 1.5e-4 where 1e-4 holds); a bf16
+# weight oneDNN packed at 8 (its blocked GEMM on bf16 instructions); a plain bf16 weight (a CPU without bf16
 # instructions, where F.linear is 4.5-5.5x slower at 16-64 rows, and a prefill's) at every row count.
-FLOAT32_ROW_LIMIT, PACKED_ROW_LIMIT = 24, 8
+FLOAT32_ROW_LIMIT, PACKED_ROW_LIMIT = 8, 8
 
 
 def cpu_operands(weight: DenseWeight) -> cpu_gemv.Operands | None:

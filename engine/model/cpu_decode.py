@@ -3,7 +3,7 @@ load, and the step's inputs handed over each step. It computes what `DecoderMode
 kernels op by op (the same roundings, the same values), without the ~20 Python calls a layer.
 
 It takes a step when every product of the step would run in the streaming kernel at its row count (each weight's
-`row_limit`: float32 to 24 rows, oneDNN-packed bf16 to 8, the others to `cpu_gemv.max_rows()`), in the fast mode
+`row_limit`: float32 and oneDNN-packed bf16 to 8 rows, the others to `cpu_gemv.max_rows()`), in the fast mode
 (the deterministic mode keeps its fixed tiles op by op), outside torch.compile and any dispatch mode, and not where
 the Triton kernels are asked for.
 """
