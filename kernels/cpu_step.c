@@ -23,8 +23,8 @@ typedef struct {
 typedef struct {
     const void *input_norm, *post_norm, *qkv_bias, *q_norm, *k_norm, *attn_out_norm, *mlp_out_norm;
     Matrix qkv, o_proj, gate_up, down;
-    int window;       /* sliding window in tokens, 0: every key */
-    int window_pool;  /* its K/V lives in the windowed layers' own pool: the step's window slots and tables */
+    int window;       /* sliding window in tokens, 0: every key; a windowed layer reads the step's window slots and
+                         tables (its own pool's, or the others' where the windowed layers keep none apart) */
     int local_rope;   /* it rotates by the windowed layers' own tables */
 } Layer;
 
@@ -110,9 +110,9 @@ int decode_step(const Model *m, const Layer *layers, const Step *s) {
             }
         rotary(qkv, qkv_width, H + Hkv, d, L->local_rope ? s->local_cos : s->cos,
                L->local_rope ? s->local_sin : s->sin, s->positions, T, m->rotary_dim, bf16);
-        const int64_t *slots = L->window_pool ? s->window_slots : s->slots;
-        const int32_t *tables = L->window_pool ? s->window_tables : s->tables;
-        const int max_blocks = L->window_pool ? s->window_max_blocks : s->max_blocks;
+        const int64_t *slots = L->window ? s->window_slots : s->slots;
+        const int32_t *tables = L->window ? s->window_tables : s->tables;
+        const int max_blocks = L->window ? s->window_max_blocks : s->max_blocks;
         const char *k = (const char *)qkv + (size_t)H * d * element, *v = k + (size_t)Hkv * d * element;
         store_kv(k, v, qkv_width, s->kv[l], slots, T, Hkv * d, s->kv_blocks[l] * s->block_size, (int)element);
         decode_attention(qkv, qkv_width, s->kv[l], tables, max_blocks, s->context_lens, T, H, Hkv, d,

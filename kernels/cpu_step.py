@@ -9,6 +9,7 @@ the weights' tensors, which it keeps alive); `run` takes what changes from step 
 import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
@@ -25,7 +26,7 @@ class _Layer(ctypes.Structure):
     _fields_ = [*((name, ctypes.c_void_p) for name in ("input_norm", "post_norm", "qkv_bias", "q_norm", "k_norm",
                                                        "attn_out_norm", "mlp_out_norm")),
                 *((name, _Matrix) for name in ("qkv", "o_proj", "gate_up", "down")),
-                ("window", ctypes.c_int), ("window_pool", ctypes.c_int), ("local_rope", ctypes.c_int)]
+                ("window", ctypes.c_int), ("local_rope", ctypes.c_int)]
 
 
 class _Model(ctypes.Structure):
@@ -58,8 +59,7 @@ class LayerPlan:
     k_norm: torch.Tensor | None = None
     attn_out_norm: torch.Tensor | None = None  # [D]
     mlp_out_norm: torch.Tensor | None = None
-    window: int | None = None  # sliding window in tokens
-    window_pool: bool = False  # its K/V lives in the windowed layers' own pool
+    window: int | None = None  # sliding window in tokens: the layer reads the step's window slots and tables
     local_rope: bool = False  # it rotates by the windowed layers' own tables
 
 
@@ -77,10 +77,19 @@ class ModelShape:
     final_norm: torch.Tensor  # [D]
 
 
+@cache
+def _library() -> ctypes.CDLL | None:
+    library = cpu_build.library()
+    if library is not None:
+        library.decode_step.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Layer), ctypes.POINTER(_Step)]
+        library.decode_step.restype = ctypes.c_int
+    return library
+
+
 def available() -> bool:
     """Whether the kernel is built here and nothing watches the dispatcher (a FLOP counter or a tracer sees the
     per-op path's ops instead)."""
-    return cpu_build.library() is not None and not torch._C._len_torch_dispatch_stack()
+    return _library() is not None and not torch._C._len_torch_dispatch_stack()
 
 
 def fits(shape: ModelShape) -> bool:
@@ -106,11 +115,9 @@ class DecodeStep:
     (float32 or bfloat16) and stay alive as long as it: it keeps its own references."""
 
     def __init__(self, shape: ModelShape, layers: Sequence[LayerPlan], dtype: torch.dtype) -> None:
-        library = cpu_build.library()
+        library = _library()
         if library is None:
             raise cpu_build.KernelBuildError("the CPU kernels are not built on this machine: check available() first")
-        library.decode_step.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Layer), ctypes.POINTER(_Step)]
-        library.decode_step.restype = ctypes.c_int
         self._call = library.decode_step
         self.shape, self.layers, self.dtype = shape, tuple(layers), dtype
         self._model = _Model(len(layers), shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.rotary_dim,
@@ -119,8 +126,8 @@ class DecodeStep:
         self._layers = (_Layer * len(layers))(*(_Layer(
             _pointer(p.input_norm), _pointer(p.post_norm), _pointer(p.qkv_bias), _pointer(p.q_norm),
             _pointer(p.k_norm), _pointer(p.attn_out_norm), _pointer(p.mlp_out_norm), _matrix(p.qkv),
-            _matrix(p.o_proj), _matrix(p.gate_up), _matrix(p.down), p.window or 0, int(p.window_pool),
-            int(p.local_rope)) for p in layers))
+            _matrix(p.o_proj), _matrix(p.gate_up), _matrix(p.down), p.window or 0, int(p.local_rope))
+            for p in layers))
 
     def run(self, hidden: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
             local_rope: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor, block_tables: torch.Tensor,

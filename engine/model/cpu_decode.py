@@ -53,10 +53,9 @@ class CpuDecode:
         plans = []
         for index, layer in enumerate(weights.layers):
             qkv, o_proj, gate_up, down = operands[4 * index:4 * index + 4]
-            window = layer_windows[index]
             plans.append(cpu_step.LayerPlan(
                 layer.input_norm, layer.post_norm, qkv, o_proj, gate_up, down, layer.qkv_bias, layer.q_norm,
-                layer.k_norm, layer.attn_out_norm, layer.mlp_out_norm, window, window is not None, local_rope[index]))
+                layer.k_norm, layer.attn_out_norm, layer.mlp_out_norm, layer_windows[index], local_rope[index]))
         return cls(cpu_step.DecodeStep(shape, plans, dtype), min(cpu_gemv.max_rows(), *(o.row_limit for o in operands)))
 
     def takes(self, tokens: int, batch: AttentionBatch) -> bool:
