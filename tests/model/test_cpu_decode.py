@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
 from fleetctl.engine.core.llm_engine import LLMEngine
@@ -80,5 +79,7 @@ def test_it_steps_aside_where_it_does_not_take_the_step(family_model_dirs: dict[
     _, _, decode = engine.runner._prepare(engine.scheduler.schedule())
     assert plan.takes(len(PROMPTS), decode)
     assert plan.max_rows == packed_linear.FLOAT32_ROW_LIMIT  # float32 weights: MKL's GEMM past their limit
+    from torch.utils.flop_counter import FlopCounterMode  # imports triton: not before tests/kernels' interpreter
+
     with FlopCounterMode(display=False):  # a dispatch mode sees the per-op path's ops
         assert not plan.takes(len(PROMPTS), decode)
