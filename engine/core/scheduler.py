@@ -80,6 +80,9 @@ class Scheduler:
         self.prefilling: list[Sequence] = []  # admitted, blocks held, prompt computed part-way (chunked)
         self.num_preemptions = 0
         self._decode_turn = False  # a chunk ran last: decodes go next
+        # sequences moved here live since the last step: they decode first, alone, so a moved session's gap is the
+        # wait for this worker's step boundary plus a step of one, not plus a whole batch's step
+        self.arrived: list[Sequence] = []
         window = config.kv_window
         # the windowed layers' slots each sequence holds, when their K/V lives apart
         self.windows = WindowHolds(allocator, window) if window is not None and window.apart else None
@@ -88,6 +91,10 @@ class Scheduler:
         self.waiting.append(seq)
 
     def schedule(self) -> ScheduledStep | None:
+        arrived = [seq for seq in self.arrived if seq in self.running]
+        self.arrived = []
+        if arrived and (first := self._schedule_decode(arrived)):
+            return first
         if self._decode_turn:
             self._decode_turn = False
             decode = self._schedule_decode()
@@ -138,6 +145,7 @@ class Scheduler:
         self._drop_passed(seq)  # blocks the source had dropped arrive unwritten: they go first
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
+        self.arrived.append(seq)
 
     def admit_prefilled(self, seq: Sequence, first_block: int = 0) -> int:
         """Take a sequence whose KV for all but its last token arrives from elsewhere, from its block
@@ -237,9 +245,11 @@ class Scheduler:
         start = seq.num_cached_tokens
         return self.windows.reach(seq, start + chunk) - start
 
-    def _schedule_decode(self) -> ScheduledStep | None:
+    def _schedule_decode(self, seqs: list[Sequence] | None = None) -> ScheduledStep | None:
+        """A decode step of the running sequences (or of `seqs`, some of them), each grown by a block where its
+        next token needs one; a sequence that cannot grow preempts the youngest."""
         batch: list[Sequence] = []
-        for seq in list(self.running):
+        for seq in list(self.running if seqs is None else seqs):
             if seq not in self.running:  # preempted below to make room for an earlier one
                 continue
             self._drop_passed(seq)  # before it grows: the block it frees may be the one it needs

@@ -431,3 +431,32 @@ def test_allocator_rejects_double_free_and_over_allocation() -> None:
     with pytest.raises(ValueError, match="freed twice"):
         alloc.free([blocks[0]])
     assert alloc.num_free == 2 and alloc.num_used == 0
+
+
+def test_a_sequence_moved_here_decodes_first_alone_then_with_the_batch() -> None:
+    sched = make_scheduler(num_blocks=16)
+    running = seq(4, "running")
+    sched.add(running)
+    first = sched.schedule()
+    assert first is not None and first.phase is Phase.PREFILL
+    run_step(sched, [running])
+    waiting = seq(4, "waiting")
+    sched.add(waiting)  # a prompt is queued too: the arrival still goes first
+    moved = Sequence([1, 2, 3, 4, 5], SamplingParams(), request_id="moved", output_token_ids=[6])
+    sched.admit_moved(moved, sched.allocator.allocate(2))
+    arrival = sched.schedule()
+    assert arrival is not None and arrival.phase is Phase.DECODE and arrival.seqs == [moved]
+    run_step(sched, [moved])
+    prefill = sched.schedule()
+    assert prefill is not None and prefill.phase is Phase.PREFILL and prefill.seqs == [waiting]
+    run_step(sched, [waiting])
+    decode = sched.schedule()
+    assert decode is not None and decode.seqs == [running, moved, waiting]
+
+
+def test_a_moved_sequence_that_ended_before_its_step_is_not_scheduled() -> None:
+    sched = make_scheduler(num_blocks=16)
+    moved = Sequence([1, 2, 3], SamplingParams(), request_id="moved", output_token_ids=[4])
+    sched.admit_moved(moved, sched.allocator.allocate(1))
+    sched.finish(moved)
+    assert sched.schedule() is None
