@@ -4,8 +4,9 @@
  * of x, kept in registers, so the time is W's bytes over the memory's bandwidth. The weight formats:
  *   f32   W float32
  *   bf16  W bfloat16 (widened to float32 by a shift)
- *   i8    W int8, one float32 scale per output row: w = q * s (in bf16 with AVX2 and K a multiple of 32, x is
- *         rounded to int8 per block of 32 and the dot product runs in integers, as llama.cpp's Q8_0 x Q8_0)
+ *   i8    W int8, one scale per output row (G = 0) or per block of 32 inputs (G = 32: llama.cpp's Q8_0, scales
+ *         [N, K / 32] in x's dtype): w = q * s (in bf16 with AVX2 and K a multiple of 32, x is rounded to int8 per
+ *         block of 32 and the dot product runs in integers, as llama.cpp's Q8_0 x Q8_0)
  *   q4    W in llama.cpp-style blocks of 32 inputs: 16 bytes, byte j holding input j (low nibble) and
  *         input j + 16 (high nibble), codes 0..15; per group of G inputs (a multiple of 32) a scale s and a zero z
  *         : w = (q - 8) * s + z, so a row's sum is s * dot(x, q) + (z - 8 s) * sum(x) per group (sum(x) of the x
@@ -46,6 +47,22 @@ DENSE_ROW(row_f32, float, load_f32)
 DENSE_ROW(row_bf16, uint16_t, widen_bf16)
 DENSE_ROW(row_i8, int8_t, widen_i8)
 
+/* One int8 row with a scale per block of 32 inputs, on the float path: the block's weights scaled, then multiplied. */
+static inline __attribute__((always_inline)) void row_i8_blocks(const int8_t *w, const void *block_scales,
+                                                                int aux_bf16, const float *x, int T, int K,
+                                                                float *out) {
+    vf acc[GROUP];
+    for (int t = 0; t < T; t++) acc[t] = (vf){0};
+    for (int b = 0; b < K; b += 32) {
+        const float s = scalar_at(block_scales, b / 32, aux_bf16);
+        vf block[32 / LANES];
+        for (int i = 0; i < 32 / LANES; i++) block[i] = widen_i8(w + b + i * LANES) * s;
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < 32 / LANES; i++) acc[t] += block[i] * load_f32(x + (size_t)t * K + b + i * LANES);
+    }
+    for (int t = 0; t < T; t++) out[t] = hsum(acc[t]);
+}
+
 /* The inputs of a product: x [T, K] in float32, its per-group sums (q4's zeros' term, [T, K / G]) and, where the
  * integer dot product runs (AVX2, and x in bfloat16: 8 bits of precision already), x rounded to int8 per block of
  * 32 with one scale each, as llama.cpp's Q8 activations are; xq is NULL otherwise (float products). */
@@ -73,8 +90,10 @@ static inline vf block_dot_i8(__m256i w, __m256i magnitude, const int8_t *xq) {
     return (vf)_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 
-/* One int8 row on the integer path (K a multiple of 32): per block its integer dot times x's block scale. */
-static inline __attribute__((always_inline)) void row_i8_q8(const int8_t *w, Inputs in, int T, int K, float *out) {
+/* One int8 row on the integer path (K a multiple of 32): per block its integer dot times x's block scale (and the
+ * weight's, where it has one a block: block_scales, else NULL). */
+static inline __attribute__((always_inline)) void row_i8_q8(const int8_t *w, const void *block_scales, int aux_bf16,
+                                                            Inputs in, int T, int K, float *out) {
     vf acc[GROUP][2];
     for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = (vf){0};
     for (int b = 0; b < K; b += 64) { /* two blocks a pass, one into each accumulator (fixed indices: registers) */
@@ -82,10 +101,12 @@ static inline __attribute__((always_inline)) void row_i8_q8(const int8_t *w, Inp
         const __m256i first = _mm256_loadu_si256((const __m256i *)(w + b)), first_size = _mm256_sign_epi8(first, first);
         const __m256i second = pair ? _mm256_loadu_si256((const __m256i *)(w + b + 32)) : _mm256_setzero_si256();
         const __m256i second_size = _mm256_sign_epi8(second, second);
+        const float s0 = block_scales ? scalar_at(block_scales, b / 32, aux_bf16) : 1.0f;
+        const float s1 = block_scales && pair ? scalar_at(block_scales, b / 32 + 1, aux_bf16) : 1.0f;
         for (int t = 0; t < T; t++) {
             const size_t at = (size_t)t * K + b;
-            acc[t][0] += block_dot_i8(first, first_size, in.xq + at) * in.xscale[at / 32];
-            if (pair) acc[t][1] += block_dot_i8(second, second_size, in.xq + at + 32) * in.xscale[at / 32 + 1];
+            acc[t][0] += block_dot_i8(first, first_size, in.xq + at) * (in.xscale[at / 32] * s0);
+            if (pair) acc[t][1] += block_dot_i8(second, second_size, in.xq + at + 32) * (in.xscale[at / 32 + 1] * s1);
         }
     }
     for (int t = 0; t < T; t++) out[t] = hsum(acc[t][0] + acc[t][1]);
@@ -263,16 +284,29 @@ static inline __attribute__((always_inline)) void group_rows(int format, const v
     switch (format) {
     case W_F32: DISPATCH_T(row_f32((const float *)w + (size_t)n * K, x, TT, K, out)); break;
     case W_BF16: DISPATCH_T(row_bf16((const uint16_t *)w + (size_t)n * K, x, TT, K, out)); break;
-    case W_I8:
+    case W_I8: {
+        const int8_t *codes = (const int8_t *)w + (size_t)n * K;
+        if (G == 32) { /* a scale per block */
+            const void *block_scales = (const char *)aux + (size_t)n * (K / 32) * (aux_bf16 ? 2 : 4);
+            if (in.xq) {
+#ifdef __AVX2__
+                DISPATCH_T(row_i8_q8(codes, block_scales, aux_bf16, in, TT, K, out));
+#endif
+            } else {
+                DISPATCH_T(row_i8_blocks(codes, block_scales, aux_bf16, x, TT, K, out));
+            }
+            break;
+        }
         if (in.xq) {
 #ifdef __AVX2__
-            DISPATCH_T(row_i8_q8((const int8_t *)w + (size_t)n * K, in, TT, K, out));
+            DISPATCH_T(row_i8_q8(codes, NULL, 0, in, TT, K, out));
 #endif
         } else {
-            DISPATCH_T(row_i8((const int8_t *)w + (size_t)n * K, x, TT, K, out));
+            DISPATCH_T(row_i8(codes, x, TT, K, out));
         }
         for (int t = 0; t < T; t++) out[t] *= scalar_at(aux, n, aux_bf16);
         break;
+    }
     default: {
         const uint8_t *codes = (const uint8_t *)w + (size_t)n * K / 2;
         const void *scales_zeros = (const char *)aux + (size_t)n * (K / G) * 2 * (aux_bf16 ? 2 : 4);
@@ -318,8 +352,8 @@ static void rows(int format, const void *w, const void *aux, int aux_bf16, int N
         }
 }
 
-/* y [T, N] (float32 or bfloat16 as x) = x [T, K] @ W^T. aux: the i8 scales [N] or the q4 scales and zeros
- * [N, K / G, 2], in x's dtype; G: the q4 group. Returns 0, or -1 when a buffer could not be had. */
+/* y [T, N] (float32 or bfloat16 as x) = x [T, K] @ W^T. aux: the i8 scales ([N] at G = 0, [N, K / 32] at
+ * G = 32) or the q4 scales and zeros [N, K / G, 2], in x's dtype; G: the q4 group, or i8's. Returns 0, or -1 when a buffer could not be had. */
 int gemv(int format, const void *w, const void *aux, int N, int K, int G, const void *x, int x_bf16, int T,
          void *y, int threads) {
     const size_t inputs = (size_t)T * K, groups = format == W_Q4 ? (size_t)K / G : 0;

@@ -21,7 +21,7 @@ class WeightFormat(IntEnum):
 
     F32 = 0
     BF16 = 1
-    I8 = 2  # int8 codes, a scale per output row
+    I8 = 2  # int8 codes, a scale per output row or per block of 32 inputs
     Q4 = 3  # 4-bit blocks of 32 inputs, a scale and a zero per group (cpu_gemv.c)
 
 
@@ -33,7 +33,7 @@ class Operands:
     weight: torch.Tensor
     out_features: int
     aux: torch.Tensor | None = None
-    group_size: int = 0
+    group_size: int = 0  # q4: inputs per scale and zero; I8: 32 where a scale covers a block of 32 (else 0: a row)
     doubled_inputs: bool = False  # int8-split: the product over [x, x], 2K inputs
     row_limit: int = 64  # the most rows of x this weight goes through the kernel at (past it, torch's GEMM is faster)
 
@@ -94,9 +94,9 @@ def gemv(x: torch.Tensor, operands: Operands) -> torch.Tensor:
 
 def _gemv(x: torch.Tensor, weight_format: WeightFormat, weight: torch.Tensor, out_features: int,
           aux: torch.Tensor | None, group_size: int) -> torch.Tensor:
-    """x [T, K] @ Wᵀ -> [T, N] in x's dtype. weight: F32/BF16 [N, K], I8 [N, K] with aux = scales [N], Q4
-    [N, K/2] uint8 with aux = scales and zeros row by row, [N, K/group, 2]; aux in x's dtype. Contiguous weight
-    and aux, `takes(x, weight)` true."""
+    """x [T, K] @ Wᵀ -> [T, N] in x's dtype. weight: F32/BF16 [N, K], I8 [N, K] with aux = scales [N] (or
+    [N, K/32] at group_size 32), Q4 [N, K/2] uint8 with aux = scales and zeros row by row, [N, K/group, 2]; aux in
+    x's dtype. Contiguous weight and aux, `takes(x, weight)` true."""
     library = _library()
     if library is None:
         raise cpu_build.KernelBuildError("the CPU kernel is not built on this machine: check takes() first")

@@ -1,9 +1,12 @@
-"""Weight-only quantized linear layers: int8 per output channel, int4 in groups along the input dimension, and
-8-bit codes in groups of 32 held as two int4 halves (int8-split).
+"""Weight-only quantized linear layers: int8 per output channel (or, for a GGUF's head, in llama.cpp's Q8_0 blocks
+of 32), int4 in groups along the input dimension, and 8-bit codes in groups of 32 held as two int4 halves
+(int8-split).
 
 On a CPU, decode's rows (up to 64) run in this package's streaming kernel (`cpu_gemv`), more rows in torch's
 weight-only kernels (`cpu_operands`); on CUDA, torch's kernels at every row count:
-- int8: `aten._weight_int8pack_mm(x, q [N, K] int8, scales [N])`, w = q · scale (CPU and CUDA);
+- int8: `aten._weight_int8pack_mm(x, q [N, K] int8, scales [N])`, w = q · scale (CPU and CUDA); int8 in blocks
+  (scales [N, K/32], group_size 32: a GGUF's Q8_0 head) runs in the streaming kernel at every row count on a CPU
+  (torch has no grouped int8 kernel) and through its dequantized matrix elsewhere;
 - int4: `aten._weight_int4pack_mm_for_cpu` on a CPU and `aten._weight_int4pack_mm` (tinygemm) on CUDA, with
   codes q in 0..15 and per group of `group_size` inputs a scale s and a zero z: w = (q − 8) · s + z. On a CPU
   the codes are kept in llama.cpp-style blocks of 32 inputs (`q4_blocks`: what the streaming kernel reads, and
@@ -55,9 +58,9 @@ class QuantizedWeight:
     format: QuantFormat
     out_features: int
     in_features: int
-    group_size: int  # inputs sharing one scale: in_features for int8 (per channel)
+    group_size: int  # inputs sharing one scale: in_features for int8 per channel, 32 for int8 in blocks
     data: torch.Tensor  # int8: [N, K] int8; int4 CPU: [N, K/2] uint8 q4 blocks; int4 CUDA: tinygemm's int32 tiles
-    scales: torch.Tensor  # int8: [N]; int4: [K/group, N, 2] scale and zero, in the compute dtype
+    scales: torch.Tensor  # int8: [N] or [N, K/32]; int4: [K/group, N, 2] scale and zero, in the compute dtype
     # int8-split: data and scales as int4's over 2K inputs (the hi codes of every input, then the lo codes)
     gemm_data: torch.Tensor | None = None  # int4 on a CPU: the codes in torch's layout, for its kernel's many rows
     row_scales: torch.Tensor | None = None  # int4 on a CPU: scales [N, K/group, 2], each row's together (cpu_gemv)
@@ -76,6 +79,11 @@ class QuantizedWeight:
         return self.data.numel() * self.data.element_size() + self.scales.numel() * self.scales.element_size()
 
     @property
+    def blockwise(self) -> bool:
+        """int8 with a scale per block of 32 inputs (a GGUF's Q8_0), not per output channel."""
+        return self.format is QuantFormat.INT8 and self.group_size < self.in_features
+
+    @property
     def packed_features(self) -> int:
         """Inputs the kernel multiplies over: 2K for int8-split (its two halves), K otherwise."""
         return 2 * self.in_features if self.format is QuantFormat.INT8_SPLIT else self.in_features
@@ -83,7 +91,8 @@ class QuantizedWeight:
     def dequantize(self) -> torch.Tensor:
         """The float32 weight [N, K] this layout multiplies by (tests; the reference dequantization)."""
         if self.format is QuantFormat.INT8:
-            return self.data.float() * self.scales.float()[:, None]
+            blocks = self.data.float().reshape(self.out_features, -1, self.group_size)  # one block per scale
+            return (blocks * self.scales.float().reshape(self.out_features, -1, 1)).reshape(self.data.shape)
         codes = unpack_int4(self).float()  # [N, packed_features]
         scale = self.scales[..., 0].float().T.repeat_interleave(self.group_size, dim=1)
         zero = self.scales[..., 1].float().T.repeat_interleave(self.group_size, dim=1)
@@ -129,6 +138,18 @@ def round_int8_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     scales = (groups.abs().amax(dim=2) / 127).clamp_min(torch.finfo(torch.float32).tiny)
     codes = torch.round(groups / scales[..., None]).clamp(-127, 127).reshape(rows, cols)
     return codes.to(torch.int16), scales, torch.zeros_like(scales)
+
+
+def int8_blocks(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> QuantizedWeight:
+    """codes [N, K] integers in −128..127; scales [N, K/32]: w = code · scale per group of 32 inputs (llama.cpp's
+    Q8_0), the scales kept in `dtype` (the dtype the layer computes in)."""
+    rows, cols = codes.shape
+    _check_int4_shape(cols, SPLIT_GROUP)
+    if scales.shape != (rows, cols // SPLIT_GROUP):
+        raise QuantizationError(f"int8 scales {tuple(scales.shape)} do not fit codes {tuple(codes.shape)} "
+                                f"in groups of {SPLIT_GROUP}")
+    return QuantizedWeight(QuantFormat.INT8, rows, cols, SPLIT_GROUP, codes.to(torch.int8).contiguous(),
+                           scales.to(dtype).contiguous())
 
 
 def int8_split(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, dtype: torch.dtype) -> QuantizedWeight:
@@ -207,6 +228,9 @@ def cpu_operands(weight: QuantizedWeight) -> cpu_gemv.Operands | None:
     if weight.device.type != "cpu":
         return None
     if weight.format is QuantFormat.INT8:
+        if weight.blockwise:  # torch has no kernel for it: the streaming one at every row count
+            return cpu_gemv.Operands(cpu_gemv.WeightFormat.I8, weight.data, weight.out_features, weight.scales,
+                                     SPLIT_GROUP).unlimited
         return cpu_gemv.Operands(cpu_gemv.WeightFormat.I8, weight.data, weight.out_features, weight.scales)
     if weight.row_scales is None:
         return None
@@ -222,6 +246,8 @@ def linear(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
     operands = cpu_operands(weight)
     if operands is not None and cpu_gemv.takes(x, operands):
         return cpu_gemv.gemv(x, operands)
+    if weight.blockwise:
+        return x @ weight.dequantize().to(x.dtype).T
     if weight.format is QuantFormat.INT8:
         return torch.ops.aten._weight_int8pack_mm(x, weight.data, weight.scales)
     if weight.format is QuantFormat.INT8_SPLIT:

@@ -12,8 +12,8 @@ Norms, RoPE, SiLU, softmax and the embedding lookup are O(hidden) per token and 
 the usual 2·N·D estimate.
 
 Bytes:
-- every matmul weight is read once per step (params × weight element size; quantized layers: their codes
-  and scales as stored, `layer_bytes`); the embedding rows
+- every matmul weight is read once per step (params × weight element size; quantized layers and a quantized
+  head: their codes and scales as stored, `layer_bytes` and `head_bytes`); the embedding rows
   looked up are a few KB and are left out, except that with tied embeddings the lm_head read is
   that same matrix, counted once;
 - KV read: each sequence's whole context, once (paged attention streams each block once per step); a
@@ -43,6 +43,7 @@ class CostModel:
     kv_bytes: int  # bytes per KV-cache element
     layer_bytes: int | None = None  # the decoder layers' matrices as stored (quantized: codes + scales); None:
     # layer_params × weight_bytes
+    head_bytes: int | None = None  # the lm_head as stored; None: lm_head_params × weight_bytes
 
     def __post_init__(self) -> None:
         if self.weight_bytes <= 0 or self.kv_bytes <= 0:
@@ -64,7 +65,8 @@ class CostModel:
     def weight_bytes_per_step(self) -> int:
         """Every matmul weight, read once (the lm_head once even when tied to the embedding)."""
         layers = self.layer_params * self.weight_bytes if self.layer_bytes is None else self.layer_bytes
-        return layers + self.lm_head_params * self.weight_bytes
+        head = self.lm_head_params * self.weight_bytes if self.head_bytes is None else self.head_bytes
+        return layers + head
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -30,8 +30,9 @@ from fleetctl.kernels.quantized_linear import QuantFormat, QuantizedWeight, with
 LAYER_FIELDS = [f.name for f in fields(LayerWeights)]
 BUILD_TIMEOUT_S = 600.0  # a slow disk converting a large model; waiters then fall back to plain copies
 # part of every cache key: bumped whenever a layout is built differently, so no file of the old build is mapped
-# (2: a non-llama GGUF's 4-bit Q/K blocks had been un-permuted as llama's; 3: CPU int4 codes as q4 blocks)
-LAYOUT_VERSION = 3
+# (2: a non-llama GGUF's 4-bit Q/K blocks had been un-permuted as llama's; 3: CPU int4 codes as q4 blocks; 4: a GGUF's
+# Q8_0 head kept in its blocks)
+LAYOUT_VERSION = 4
 
 
 def weights_key(model_dir: Path) -> str:
@@ -55,25 +56,29 @@ def _flatten(weights: ModelWeights) -> tuple[dict[str, torch.Tensor], dict[str, 
     """Tensors by name, and the metadata that rebuilds quantized matrices from their two tensors."""
     flat = {"embed": weights.embed, "final_norm": weights.final_norm}
     metadata: dict[str, str] = {}
-    if weights.lm_head is not weights.embed:
+    if isinstance(weights.lm_head, QuantizedWeight):  # a GGUF's Q8_0 head: its own format beside the layers'
+        flat["lm_head.data"], flat["lm_head.scales"] = weights.lm_head.data, weights.lm_head.scales
+        head = weights.lm_head
+        metadata |= {"lm_head.format": head.format.value, "lm_head.group_size": str(head.group_size)}
+    elif weights.lm_head is not weights.embed:
         flat["lm_head"] = weights.lm_head
     for i, layer in enumerate(weights.layers):
         for name in LAYER_FIELDS:
             tensor = getattr(layer, name)
             if isinstance(tensor, QuantizedWeight):
                 flat[f"layers.{i}.{name}.data"], flat[f"layers.{i}.{name}.scales"] = tensor.data, tensor.scales
-                metadata = {"format": tensor.format.value, "group_size": str(tensor.group_size)}
+                metadata |= {"format": tensor.format.value, "group_size": str(tensor.group_size)}
             elif tensor is not None:
                 flat[f"layers.{i}.{name}"] = tensor
     return flat, metadata
 
 
 def _unflatten(flat: dict[str, torch.Tensor], metadata: dict[str, str], num_layers: int) -> ModelWeights:
-    def field(key: str) -> Matrix | None:
+    def field(key: str, prefix: str = "") -> Matrix | None:
         if f"{key}.data" not in flat:
             return flat.get(key)
         data, scales = _aligned(flat[f"{key}.data"]), _aligned(flat[f"{key}.scales"])
-        fmt, group_size = QuantFormat(metadata["format"]), int(metadata["group_size"])
+        fmt, group_size = QuantFormat(metadata[f"{prefix}format"]), int(metadata[f"{prefix}group_size"])
         if fmt is QuantFormat.INT8:
             return QuantizedWeight(fmt, scales.shape[0], data.shape[1], group_size, data, scales)
         packed_cols = scales.shape[0] * group_size  # int8-split packs its two halves over twice its inputs
@@ -81,8 +86,9 @@ def _unflatten(flat: dict[str, torch.Tensor], metadata: dict[str, str], num_laye
         return with_gemm_layout(QuantizedWeight(fmt, scales.shape[1], cols, group_size, data, scales))
 
     layers = [LayerWeights(**{name: field(f"layers.{i}.{name}") for name in LAYER_FIELDS}) for i in range(num_layers)]
-    embed = flat["embed"]
-    return ModelWeights(embed=embed, layers=layers, final_norm=flat["final_norm"], lm_head=flat.get("lm_head", embed))
+    embed, head = flat["embed"], field("lm_head", "lm_head.")
+    return ModelWeights(embed=embed, layers=layers, final_norm=flat["final_norm"],
+                        lm_head=embed if head is None else head)
 
 
 def _aligned(tensor: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,10 @@
 """Which weight format an engine serves, and its linear layers laid out in it.
 
-Only the decoder layers' matrices (fused Q/K/V, O, fused gate/up, down) change format; the embedding, the
-norms, the lm_head (tied to the embedding in most small models) and the KV cache stay in the model's dtype.
+The decoder layers' matrices (fused Q/K/V, O, fused gate/up, down) change format; the embedding, the norms and
+the KV cache stay in the model's dtype. The lm_head does too, except in a layout taken from a GGUF on a CPU where the
+GGUF ships the head (or the embedding it is tied to) in Q8_0: then it is those very blocks (int8 in blocks of 32,
+the streaming kernel's), as llama.cpp computes with them — half the bytes of a bfloat16 head, which is most of a
+small model's decode step.
 
 int4 in groups of 32 (the 4-bit blocks' size) comes from a pulled model's own GGUF where that GGUF ships a
 layer matrix in a 4-bit block type (Q4_0, Q4_1, Q4_K): the engine then multiplies by the very weights the file
@@ -41,6 +44,7 @@ from fleetctl.kernels.quantized_linear import (
     QuantizationError,
     QuantizedWeight,
     int4_from_codes,
+    int8_blocks,
     int8_split,
     quantize_int4,
     quantize_int8,
@@ -52,6 +56,7 @@ from fleetctl.kernels.quantized_linear import (
 _GGUF_PARTS = {"qkv": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",), "gate_up": ("ffn_gate", "ffn_up"),
                "down": ("ffn_down",)}
 MATRICES = tuple(_GGUF_PARTS)
+_GGUF_HEADS = ("output.weight", "token_embd.weight")  # the head's tensor: its own, else the embedding it is tied to
 AUTO_INT4_SHARE = 0.75  # auto is int4 when the GGUF ships at least this share of the layer weights in 4 bits
 SPLIT_TYPES = {**INT4_TYPES, **INT8_TYPES}  # what int8-split holds exactly
 Blocks = TypeVar("Blocks", Int4Blocks, Int8Blocks)
@@ -65,6 +70,7 @@ class GGUFMatrices:
 
     tensors: Matrices
     rotary_permuted: bool = False
+    head: gguf.ReaderTensor | None = None  # the lm_head's tensor (output.weight, else the tied token_embd.weight)
 
 
 def resolve_quantization(asked: Quantization, model_dir: Path) -> Quantization:
@@ -111,10 +117,10 @@ def _quantized(weights: ModelWeights, quantization: Quantization, group_size: in
             parts = _gguf_parts(matrices, config, index, name, dense, SPLIT_TYPES, read_int8_blocks,
                                 lambda rows: Int8Blocks(*round_int8_groups(rows)))
             blocks = Int8Blocks.stacked(parts)
-            _check_blocks(blocks.codes, dense, index, name)
+            _check_blocks(blocks.codes, dense, f"layer {index} {name}")
             return int8_split(blocks.codes, blocks.scales, blocks.offsets, dense.dtype)
 
-        return _map_matrices(weights, int8_from_gguf)
+        return _gguf_head(_map_matrices(weights, int8_from_gguf), matrices)
     if group_size != BLOCK or not _ships(matrices.tensors, INT4_TYPES):
         return _map_matrices(weights, lambda _i, _name, w: quantize_int4(w, group_size))
 
@@ -122,10 +128,22 @@ def _quantized(weights: ModelWeights, quantization: Quantization, group_size: in
         parts = _gguf_parts(matrices, config, index, name, dense, INT4_TYPES, read_int4_blocks,
                             lambda rows: Int4Blocks(*round_int4(rows, BLOCK)))
         blocks = Int4Blocks.stacked(parts)
-        _check_blocks(blocks.codes, dense, index, name)
+        _check_blocks(blocks.codes, dense, f"layer {index} {name}")
         return int4_from_codes(blocks.codes, blocks.scales.to(dense.dtype), blocks.zeros.to(dense.dtype), BLOCK)
 
-    return _map_matrices(weights, int4_from_gguf)
+    return _gguf_head(_map_matrices(weights, int4_from_gguf), matrices)
+
+
+def _gguf_head(weights: ModelWeights, matrices: GGUFMatrices) -> ModelWeights:
+    """The weights with the GGUF's own Q8_0 head, on a CPU (where the streaming kernel multiplies by it); as they
+    are elsewhere, or where the GGUF's head is in another type."""
+    head, dense = matrices.head, weights.lm_head
+    if head is None or head.tensor_type is not gguf.GGMLQuantizationType.Q8_0 or not isinstance(dense, torch.Tensor) \
+            or dense.device.type != "cpu":
+        return weights
+    blocks = read_int8_blocks(head)
+    _check_blocks(blocks.codes, dense, "the lm_head")
+    return replace(weights, lm_head=int8_blocks(blocks.codes, blocks.scales, dense.dtype))
 
 
 def _gguf_parts(matrices: GGUFMatrices, config: ModelConfig, index: int, name: str, dense: torch.Tensor,
@@ -152,10 +170,9 @@ def _gguf_parts(matrices: GGUFMatrices, config: ModelConfig, index: int, name: s
     return parts
 
 
-def _check_blocks(codes: torch.Tensor, dense: torch.Tensor, index: int, name: str) -> None:
+def _check_blocks(codes: torch.Tensor, dense: torch.Tensor, what: str) -> None:
     if codes.shape != dense.shape:
-        raise QuantizationError(f"GGUF blocks of layer {index} {name} are {tuple(codes.shape)}, "
-                                f"the weights {tuple(dense.shape)}")
+        raise QuantizationError(f"GGUF blocks of {what} are {tuple(codes.shape)}, the weights {tuple(dense.shape)}")
 
 
 def _map_matrices(weights: ModelWeights, convert: Callable[[int, str, torch.Tensor], Matrix]) -> ModelWeights:
@@ -180,7 +197,9 @@ def _read_layer_matrices(path: Path, _mtime_ns: int, _size: int) -> GGUFMatrices
     names = {part for parts in _GGUF_PARTS.values() for part in parts}
     reader = gguf.GGUFReader(path)
     tensors = {t.name: t for t in reader.tensors if t.name.startswith("blk.") and t.name.split(".")[2] in names}
-    return GGUFMatrices(tensors, rotary_permuted=field(reader, "general.architecture") == "llama")
+    heads = {t.name: t for t in reader.tensors if t.name in _GGUF_HEADS}
+    head = next((heads[name] for name in _GGUF_HEADS if name in heads), None)
+    return GGUFMatrices(tensors, rotary_permuted=field(reader, "general.architecture") == "llama", head=head)
 
 
 def _ships(matrices: Matrices, types: Mapping[gguf.GGMLQuantizationType, object]) -> bool:

@@ -31,20 +31,25 @@ class ModelWeights:
     embed: torch.Tensor  # [V, D]
     layers: list[LayerWeights]
     final_norm: torch.Tensor  # [D]
-    lm_head: DenseWeight  # [V, D]; the embedding itself when tied
+    lm_head: Matrix  # [V, D]; the embedding itself when tied (or a GGUF's Q8_0 blocks of it: engine/model/quantize)
 
     def packed(self) -> "ModelWeights":
         """The dense weight matrices laid out for the CPU's products (kernels/packed_linear; unchanged on a GPU or
         quantized); the embedding and norms as they are. A tied head gets a packed copy beside the embedding."""
         layers = [replace(layer, qkv=_pack(layer.qkv), o_proj=_pack(layer.o_proj), gate_up=_pack(layer.gate_up),
                           down=_pack(layer.down)) for layer in self.layers]
-        return replace(self, layers=layers, lm_head=pack(self.lm_head))
+        return replace(self, layers=layers, lm_head=_pack(self.lm_head))
 
     @property
     def layer_matrix_bytes(self) -> int:
         """Bytes of the decoder layers' matrices as stored (quantized: codes and scales): what a step reads."""
         return sum(matrix_bytes(getattr(layer, name)) for layer in self.layers
                    for name in ("qkv", "o_proj", "gate_up", "down"))
+
+    @property
+    def head_bytes(self) -> int:
+        """Bytes of the lm_head as stored: what a step reads of it."""
+        return matrix_bytes(self.lm_head)
 
 
 def matrix_bytes(matrix: Matrix) -> int:

@@ -59,8 +59,9 @@ class Worker:
         self.prefix_summary = PrefixSummary()
         self.running = True
         elem = self.engine.kv_cache.tensor.element_size()
+        weights = self.engine.model.weights
         self.cost = CostModel(self.engine.model_config, weight_bytes=elem, kv_bytes=elem,
-                              layer_bytes=self.engine.model.weights.layer_matrix_bytes)
+                              layer_bytes=weights.layer_matrix_bytes, head_bytes=weights.head_bytes)
         self.peaks = device_peaks(self.engine.device, self.engine.dtype, self.cost.weight_bytes_per_step,
                                   spec.store_path)
 

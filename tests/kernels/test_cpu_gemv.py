@@ -4,10 +4,11 @@ it takes, with odd output counts (a partial chunk per thread) and one thread or 
 import pytest
 import torch
 
-from fleetctl.kernels import cpu_build, cpu_gemv
+from fleetctl.kernels import cpu_build, cpu_gemv, quantized_linear
 from fleetctl.kernels.cpu_gemv import Operands, WeightFormat, gemv
 from fleetctl.kernels.quantized_linear import (
     QuantizedWeight,
+    int8_blocks,
     int8_split,
     q4_blocks,
     q4_codes,
@@ -76,6 +77,31 @@ def test_int8_rows_in_bf16_round_x_to_8_bits_per_block(rows: int) -> None:
     weight.data[0, :32] = -128  # |-128| reads as 128 unsigned in the byte product
     x = _x(rows, 96, torch.bfloat16)
     out = gemv(x, Operands(WeightFormat.I8, weight.data, 75, weight.scales))
+    _within_the_8_bit_rounding(x, weight.dequantize(), out)
+
+
+def _int8_blocks(dtype: torch.dtype) -> QuantizedWeight:
+    """A Q8_0-like weight [75, 96]: codes over the whole int8 range (-128 too), a scale per block of 32 that differs
+    between blocks by up to 10x (a per-row scale would get them wrong)."""
+    generator = torch.Generator().manual_seed(3)
+    codes = torch.randint(-128, 128, (75, 96), generator=generator)
+    scales = torch.rand(75, 3, generator=generator) * 0.09 + 0.01
+    return int8_blocks(codes, scales, dtype)
+
+
+@pytest.mark.parametrize("rows", [*ROWS, 70])
+def test_int8_blocks_in_float32_are_the_product_with_the_dequantized_weight(rows: int) -> None:
+    weight = _int8_blocks(torch.float32)
+    x = _x(rows, 96, torch.float32)
+    out = gemv(x, quantized_linear.cpu_operands(weight))
+    torch.testing.assert_close(out, x @ weight.dequantize().T, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [*ROWS, 70])
+def test_int8_blocks_in_bf16_round_x_to_8_bits_per_block(rows: int) -> None:
+    weight = _int8_blocks(torch.bfloat16)
+    x = _x(rows, 96, torch.bfloat16)
+    out = quantized_linear.linear(x, weight)  # past 64 rows too: torch has no kernel for it
     _within_the_8_bit_rounding(x, weight.dequantize(), out)
 
 

@@ -60,6 +60,15 @@ def test_a_partly_cached_prompt_attends_its_prefix():
     assert cost.flops == 2 * LAYERS * 4 + 2 * LM_HEAD + ATTN_PER_KEY * keys
 
 
+def test_quantized_layers_and_head_are_charged_their_bytes_as_stored():
+    """int4 layers and a GGUF's Q8_0 head: the step reads their codes and scales, not their bf16 size."""
+    q4_layers, q8_head = LAYERS * 9 // 16, LM_HEAD * 34 // 32
+    cost = CostModel(SMOLLM2, weight_bytes=2, kv_bytes=2, layer_bytes=q4_layers, head_bytes=q8_head)
+    assert cost.weight_bytes_per_step == q4_layers + q8_head
+    assert cost.decode_step([100]).bytes == q4_layers + q8_head + KV_PER_TOKEN * 101
+    assert cost.decode_step([100]).flops == BF16.decode_step([100]).flops
+
+
 def test_fp32_doubles_the_bytes_not_the_flops():
     fp32 = CostModel(SMOLLM2, weight_bytes=4, kv_bytes=4)
     assert fp32.decode_step([50]).flops == BF16.decode_step([50]).flops

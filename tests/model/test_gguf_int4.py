@@ -21,6 +21,7 @@ from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.model.model_store import SOURCE_GGUF, ModelStore
 from fleetctl.engine.model.prepared import cache_path
 from fleetctl.engine.model.quantize import MATRICES, resolve_quantization, weight_source
+from fleetctl.kernels.quantized_linear import QuantizedWeight
 from fleetctl.tests.support.tiny_wheel import write_tiny_gguf
 
 BLOCK_TYPES = [gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1]
@@ -74,3 +75,24 @@ def test_int4_from_the_gguf_serves_the_shipped_weights_bit_for_bit(q4_model: Pat
     outputs = [[r.token_ids for r in e.generate(PROMPTS, params)] for e in (int4, dense)]
     assert outputs[0] == outputs[1]
     assert int4.model.weights.layer_matrix_bytes < dense.model.weights.layer_matrix_bytes / 5
+
+
+def test_a_q8_0_head_is_served_as_its_blocks(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A GGUF that ships its head in Q8_0 (as llama.cpp's files do): the engine multiplies by those blocks (int8 with
+    a scale per 32 inputs, half a bf16 head's bytes), kept in the prepared cache; its logits are the dense head's to
+    float32 rounding."""
+    path = write_tiny_gguf(tiny_model_dir, tmp_path / "tiny.gguf", gguf.GGMLQuantizationType.Q4_0,
+                           {"output.weight": gguf.GGMLQuantizationType.Q8_0})
+    model_dir = ModelStore(tmp_path / "models").import_gguf("tiny-q8-head", path, "test")
+    settings = EngineSettings(dtype="float32", quantization=Quantization.INT4, num_kv_blocks=64)
+    engines = [LLMEngine(EngineConfig(model_dir, settings=settings)) for _ in range(2)]  # built, then mapped
+    head = engines[1].model.weights.lm_head
+    assert isinstance(head, QuantizedWeight) and head.blockwise and head.data.dtype == torch.int8
+    shipped = next(t for t in gguf.GGUFReader(model_dir / SOURCE_GGUF).tensors if t.name == "output.weight")
+    reference = gguf.quants.dequantize(shipped.data, shipped.tensor_type).astype(np.float32)
+    assert np.array_equal(head.dequantize().numpy(), reference)
+    weights = head.out_features * head.in_features
+    assert engines[1].model.weights.head_bytes == weights + weights // 32 * 4  # the codes, a float32 scale per 32
+    hidden = torch.randn(3, head.in_features, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(engines[1].model.logits(hidden), hidden @ torch.from_numpy(reference).T,
+                               rtol=1e-5, atol=1e-4)

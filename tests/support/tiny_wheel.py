@@ -71,9 +71,9 @@ def write_tiny_gguf(model_dir: Path, out: Path,
                     matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
                     types: Mapping[str, gguf.GGMLQuantizationType] | None = None) -> Path:
     """The Hugging Face Llama directory `model_dir` (tiny_model.write_tiny_llama's) as a llama.cpp GGUF, its
-    layers' matrices in `matrix_type` but those `types` names (`blk.0.attn_v.weight`: Q6_K) in another type, as
-    a Q4_K_M file mixes them (quantized by the `gguf` package as llama.cpp would, Q4_K and Q6_K by
-    kquants.py), the rest F32. K-quants need the hidden and intermediate sizes in multiples of 256."""
+    layers' matrices in `matrix_type` but those `types` names (`blk.0.attn_v.weight`: Q6_K; `output.weight`: Q8_0)
+    in another type, as a Q4_K_M file mixes them (quantized by the `gguf` package as llama.cpp would, Q4_K and Q6_K
+    by kquants.py), the rest F32. K-quants need the hidden and intermediate sizes in multiples of 256."""
     config = json.loads((model_dir / "config.json").read_text())
     tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
     writer = gguf.GGUFWriter(out, "llama")
@@ -87,7 +87,7 @@ def write_tiny_gguf(model_dir: Path, out: Path,
     for hf_name, weight in load_file(model_dir / "model.safetensors").items():
         name, kind = _gguf_name(hf_name)
         weight = permute_rotary(weight, heads[kind]) if kind in heads else weight
-        qtype = (types or {}).get(name, matrix_type) if kind in _LAYER_MATRICES else gguf.GGMLQuantizationType.F32
+        qtype = (types or {}).get(name, matrix_type if kind in _LAYER_MATRICES else gguf.GGMLQuantizationType.F32)
         if qtype is gguf.GGMLQuantizationType.F32:
             writer.add_tensor(name, weight)
         else:
