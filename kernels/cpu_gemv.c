@@ -352,10 +352,11 @@ static void rows(int format, const void *w, const void *aux, int aux_bf16, int N
         }
 }
 
-/* y [T, N] (float32 or bfloat16 as x) = x [T, K] @ W^T. aux: the i8 scales ([N] at G = 0, [N, K / 32] at
- * G = 32) or the q4 scales and zeros [N, K / G, 2], in x's dtype; G: the q4 group, or i8's. Returns 0, or -1 when a buffer could not be had. */
-int gemv(int format, const void *w, const void *aux, int N, int K, int G, const void *x, int x_bf16, int T,
-         void *y, int threads) {
+/* y [T, N] (float32 or bfloat16 as x) = x [T, K] @ W^T, or [x, x] [T, K] with x [T, K / 2] when `doubled`
+ * (int8-split). aux: the i8 scales ([N] at G = 0, [N, K / 32] at G = 32) or the q4 scales and zeros [N, K / G, 2], in
+ * x's dtype; G: the q4 group, or i8's. Returns 0, or -1 when a buffer could not be had. */
+int gemv(int format, const void *w, const void *aux, int N, int K, int G, int doubled, const void *x, int x_bf16,
+         int T, void *y, int threads) {
     const size_t inputs = (size_t)T * K, groups = format == W_Q4 ? (size_t)K / G : 0;
 #ifdef __AVX2__
     const int integer = x_bf16 && (format == W_Q4 || (format == W_I8 && K % 32 == 0));
@@ -372,7 +373,9 @@ int gemv(int format, const void *w, const void *aux, int N, int K, int G, const 
     float *xsum = xf + inputs, *xscale = xsum + (size_t)T * groups, *paired_xscale = xscale + blocks;
     float *paired_xsum = paired_xscale + paired, *yf = paired_xsum + paired;
     int8_t *xq = (int8_t *)(yf + (size_t)T * N), *paired_xq = xq + blocks * 32;
-    for (size_t i = 0; i < inputs; i++) xf[i] = x_bf16 ? bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+    const int width = doubled ? K / 2 : K; /* x's inputs: int8-split multiplies [x, x] (its hi halves', then lo's) */
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) xf[(size_t)t * K + k] = load_value(x, (size_t)t * width + k % width, x_bf16);
     if (blocks) quantize_blocks(xf, inputs, xq, xscale);
     /* the zeros' terms' sums of x: of the x the dots multiply (rounded to int8: the codes' mean, 8 s, then cancels
      * against the same x; with the float x, 8 s times the rounding errors' sum stays, ~10 % of an int8-split row) */

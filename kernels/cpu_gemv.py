@@ -48,8 +48,8 @@ def _library() -> ctypes.CDLL | None:
     library = cpu_build.library()
     if library is not None:
         library.gemv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                 ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                 ctypes.c_int]
+                                 ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                 ctypes.c_void_p, ctypes.c_int]
         library.gemv.restype = ctypes.c_int
     return library
 
@@ -84,19 +84,19 @@ def gemv(x: torch.Tensor, operands: Operands) -> torch.Tensor:
     """x [T, K] @ Wᵀ -> [T, N]: straight into the kernel, or — while a dispatch mode watches (torch's FLOP counter,
     a profiler's, a tracer's) — as the op `torch.ops.fleetctl.gemv`, so that it sees an opaque op with its shapes
     (the op costs ~8 µs more a call, which a decode step's 121 calls would pay for nothing otherwise)."""
-    if operands.doubled_inputs:
-        x = torch.cat([x, x], dim=-1)
     weight_format, weight, out_features = operands.format, operands.weight, operands.out_features
     if torch._C._len_torch_dispatch_stack():
-        return torch.ops.fleetctl.gemv(x, int(weight_format), weight, out_features, operands.aux, operands.group_size)
-    return _gemv(x, weight_format, weight, out_features, operands.aux, operands.group_size)
+        return torch.ops.fleetctl.gemv(x, int(weight_format), weight, out_features, operands.aux, operands.group_size,
+                                       operands.doubled_inputs)
+    return _gemv(x, weight_format, weight, out_features, operands.aux, operands.group_size, operands.doubled_inputs)
 
 
 def _gemv(x: torch.Tensor, weight_format: WeightFormat, weight: torch.Tensor, out_features: int,
-          aux: torch.Tensor | None, group_size: int) -> torch.Tensor:
+          aux: torch.Tensor | None, group_size: int, doubled: bool) -> torch.Tensor:
     """x [T, K] @ Wᵀ -> [T, N] in x's dtype. weight: F32/BF16 [N, K], I8 [N, K] with aux = scales [N] (or
     [N, K/32] at group_size 32), Q4 [N, K/2] uint8 with aux = scales and zeros row by row, [N, K/group, 2]; aux in
-    x's dtype. Contiguous weight and aux, `takes(x, weight)` true."""
+    x's dtype; `doubled` (int8-split): the weight's inputs are [x, x], 2K of them. Contiguous weight and aux,
+    `takes(x, weight)` true."""
     library = _library()
     if library is None:
         raise cpu_build.KernelBuildError("the CPU kernel is not built on this machine: check takes() first")
@@ -107,20 +107,21 @@ def _gemv(x: torch.Tensor, weight_format: WeightFormat, weight: torch.Tensor, ou
     for start in range(0, rows, step):  # max_rows() a call: each call reads the weight once
         count = min(step, rows - start)
         status = library.gemv(weight_format, weight.data_ptr(), None if aux is None else aux.data_ptr(), out_features,
-                              in_features, group_size, x[start].data_ptr(), x.dtype is torch.bfloat16, count,
-                              y[start].data_ptr(), torch.get_num_threads())
+                              in_features * (2 if doubled else 1), group_size, doubled, x[start].data_ptr(),
+                              x.dtype is torch.bfloat16, count, y[start].data_ptr(), torch.get_num_threads())
         if status:
             raise MemoryError("the CPU kernel could not allocate its scratch buffer")
     return y
 
 
 _LIBRARY = torch.library.Library("fleetctl", "DEF")
-_LIBRARY.define("gemv(Tensor x, int weight_format, Tensor weight, int out_features, Tensor? aux, int group_size) "
-                "-> Tensor")
-_LIBRARY.impl("gemv", lambda x, fmt, weight, n, aux, group: _gemv(x, WeightFormat(fmt), weight, n, aux, group), "CPU")
+_LIBRARY.define("gemv(Tensor x, int weight_format, Tensor weight, int out_features, Tensor? aux, int group_size, "
+                "bool doubled) -> Tensor")
+_LIBRARY.impl("gemv", lambda x, fmt, weight, n, aux, group, doubled: _gemv(x, WeightFormat(fmt), weight, n, aux, group,
+                                                                           doubled), "CPU")
 
 
 @torch.library.register_fake("fleetctl::gemv")
 def _gemv_shape(x: torch.Tensor, weight_format: int, weight: torch.Tensor, out_features: int,
-                aux: torch.Tensor | None, group_size: int) -> torch.Tensor:
+                aux: torch.Tensor | None, group_size: int, doubled: bool) -> torch.Tensor:
     return x.new_empty(x.shape[0], out_features)

@@ -5,8 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-int gemv(int format, const void *w, const void *aux, int N, int K, int G, const void *x, int x_bf16, int T,
-         void *y, int threads);
+int gemv(int format, const void *w, const void *aux, int N, int K, int G, int doubled, const void *x, int x_bf16,
+         int T, void *y, int threads);
 int rms_norm(const void *x, const void *residual, const void *weight, float eps, void *out, void *residual_out,
              int T, int D, int bf16);
 void rotary(void *x, size_t stride, int heads, int head_stride, const void *cos, const void *sin,

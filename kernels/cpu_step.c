@@ -50,18 +50,11 @@ typedef struct {
     int threads;
 } Step;
 
-/* y [T, N] = x [T, K] @ W^T; `doubled` [T, 2K] scratch for int8-split. */
-static int product(const Matrix *m, const void *x, void *doubled, const Model *model, int T, void *y, int threads) {
-    const size_t element = model->bf16 ? 2 : 4, row = (size_t)m->in_features * element;
-    int K = m->in_features;
-    if (m->doubled_inputs) {
-        for (int t = 0; t < T; t++) {
-            memcpy((char *)doubled + 2 * t * row, (const char *)x + t * row, row);
-            memcpy((char *)doubled + (2 * t + 1) * row, (const char *)x + t * row, row);
-        }
-        x = doubled, K *= 2;
-    }
-    return gemv(m->format, m->weight, m->aux, m->out_features, K, m->group_size, x, model->bf16, T, y, threads);
+/* y [T, N] = x [T, K] @ W^T (int8-split: [x, x] @ W^T over its 2K inputs). */
+static int product(const Matrix *m, const void *x, const Model *model, int T, void *y, int threads) {
+    const int K = m->doubled_inputs ? 2 * m->in_features : m->in_features;
+    return gemv(m->format, m->weight, m->aux, m->out_features, K, m->group_size, m->doubled_inputs, x, model->bf16, T,
+                y, threads);
 }
 
 static void add_bias(void *x, const void *bias, int T, int N, int bf16) {
@@ -77,19 +70,17 @@ static void add_bias(void *x, const void *bias, int T, int N, int bf16) {
 int decode_step(const Model *m, const Layer *layers, const Step *s) {
     const int T = s->tokens, D = m->hidden, d = m->head_dim, H = m->heads, Hkv = m->kv_heads, bf16 = m->bf16;
     const size_t element = bf16 ? 2 : 4, qkv_width = (size_t)(H + 2 * Hkv) * d;
-    size_t widest = (size_t)D > (size_t)m->intermediate ? (size_t)D : (size_t)m->intermediate;
-    if ((size_t)H * d > widest) widest = (size_t)H * d;
-    /* scratch, in the model's dtype: residual, x, qkv, attention out, gate|up, activation, doubled inputs */
+    /* scratch, in the model's dtype: residual, x, qkv, attention out, gate|up, activation */
     const size_t sizes[] = {(size_t)T * D, (size_t)T * D, T * qkv_width, (size_t)T * H * d,
-                            (size_t)T * 2 * m->intermediate, (size_t)T * m->intermediate, (size_t)T * 2 * widest};
+                            (size_t)T * 2 * m->intermediate, (size_t)T * m->intermediate};
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) total += sizes[i];
     char *scratch = malloc(total * element);
     if (!scratch) return -1;
-    char *at = scratch, *buffers[7];
-    for (int i = 0; i < 7; i++) buffers[i] = at, at += sizes[i] * element;
+    char *at = scratch, *buffers[sizeof sizes / sizeof *sizes];
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) buffers[i] = at, at += sizes[i] * element;
     void *hidden = s->hidden, *residual = buffers[0], *x = buffers[1], *qkv = buffers[2], *attn = buffers[3];
-    void *gate_up = buffers[4], *act = buffers[5], *doubled = buffers[6];
+    void *gate_up = buffers[4], *act = buffers[5];
     int status = 0;
     for (int l = 0; l < m->layers && !status; l++) {
         const Layer *L = &layers[l];
@@ -99,7 +90,7 @@ int decode_step(const Model *m, const Layer *layers, const Step *s) {
         } else {
             status |= rms_norm(hidden, residual, L->input_norm, m->eps, x, residual, T, D, bf16);
         }
-        status |= product(&L->qkv, x, doubled, m, T, qkv, s->threads);
+        status |= product(&L->qkv, x, m, T, qkv, s->threads);
         if (L->qkv_bias) add_bias(qkv, L->qkv_bias, T, (int)qkv_width, bf16);
         if (L->q_norm && L->k_norm)
             for (int t = 0; t < T; t++) { /* over each head, in place */
@@ -117,12 +108,12 @@ int decode_step(const Model *m, const Layer *layers, const Step *s) {
         store_kv(k, v, qkv_width, s->kv[l], slots, T, Hkv * d, s->kv_blocks[l] * s->block_size, (int)element);
         decode_attention(qkv, qkv_width, s->kv[l], tables, max_blocks, s->context_lens, T, H, Hkv, d,
                          s->kv_blocks[l], s->block_size, m->scale, L->window, attn, bf16, s->threads);
-        status |= product(&L->o_proj, attn, doubled, m, T, hidden, s->threads);
+        status |= product(&L->o_proj, attn, m, T, hidden, s->threads);
         if (L->attn_out_norm) status |= rms_norm(hidden, NULL, L->attn_out_norm, m->eps, hidden, NULL, T, D, bf16);
         status |= rms_norm(hidden, residual, L->post_norm, m->eps, x, residual, T, D, bf16);
-        status |= product(&L->gate_up, x, doubled, m, T, gate_up, s->threads);
+        status |= product(&L->gate_up, x, m, T, gate_up, s->threads);
         glu(gate_up, T, m->intermediate, m->gelu, act, bf16, s->threads);
-        status |= product(&L->down, act, doubled, m, T, hidden, s->threads);
+        status |= product(&L->down, act, m, T, hidden, s->threads);
         if (L->mlp_out_norm) status |= rms_norm(hidden, NULL, L->mlp_out_norm, m->eps, hidden, NULL, T, D, bf16);
     }
     if (!status) status |= rms_norm(hidden, residual, m->final_norm, m->eps, hidden, residual, T, D, bf16);
