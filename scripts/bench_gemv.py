@@ -25,14 +25,20 @@ from fleetctl.kernels.packed_linear import PackedWeight
 from fleetctl.kernels.quantized_linear import QuantFormat, QuantizedWeight
 
 NAMES = ("qkv", "o_proj", "gate_up", "down")
+_DENSE: dict[int, torch.Tensor] = {}  # blockwise int8 heads' dense copies, by id
 
 
 def torch_product(x: torch.Tensor, weight: Matrix) -> torch.Tensor:
-    """What torch alone runs for this weight: oneDNN on the packed copy, F.linear, or its weight-only kernels."""
+    """What torch alone runs for this weight: oneDNN on the packed copy, F.linear, or its weight-only kernels (a Q8_0
+    head, which torch has no kernel for: F.linear on its dequantized copy)."""
     if isinstance(weight, PackedWeight):
         return torch.ops.mkldnn._linear_pointwise(x, weight.blocked, None, "none", [], "")
     if not isinstance(weight, QuantizedWeight):
         return F.linear(x, weight)
+    if weight.blockwise:  # a GGUF's Q8_0 head: torch has no grouped int8 kernel, so it multiplies the dense head
+        if id(weight) not in _DENSE:
+            _DENSE[id(weight)] = weight.dequantize().to(x.dtype)
+        return F.linear(x, _DENSE[id(weight)])
     if weight.format is QuantFormat.INT8:
         return torch.ops.aten._weight_int8pack_mm(x, weight.data, weight.scales)
     if weight.format is QuantFormat.INT8_SPLIT:

@@ -36,6 +36,14 @@ class OffloadPolicy(StrEnum):
     WRITE_THROUGH = "write-through"
 
 
+class SpeculativeMode(StrEnum):
+    """How a decode step proposes tokens to verify (`engine/core/speculation.py`): none, or prompt lookup (the
+    tokens that followed the sequence's latest earlier occurrence of its last few tokens)."""
+
+    NONE = "none"
+    NGRAM = "ngram"
+
+
 class CompileMode(StrEnum):
     """Whether decode steps run compiled (`engine/model/compiled_decode.py`), outside deterministic mode and
     on workers that decode. Off by default: on a 2-core CPU the compiled step measured no faster than the
@@ -74,6 +82,13 @@ class EngineSettings:
         "--compile", envvar="FLEET_COMPILE",
         help="on: the decode step runs compiled, once per batch bucket (inductor; not with --deterministic; a "
              "fleet's decode workers compile theirs at start).")] = CompileMode.OFF
+    speculative: Annotated[SpeculativeMode, CliOption(
+        "--speculative", help="ngram: a decode step verifies tokens proposed by prompt lookup (what followed the "
+                              "sequence's last few tokens before), as many as pay for their rows; under "
+                              "--deterministic the tokens are the ones decoding without it gives (none: off).")] = \
+        SpeculativeMode.NONE
+    speculative_tokens: Annotated[int, CliOption(
+        "--speculative-tokens", min=1, help="Draft tokens a sequence proposes per step, at most.")] = 4
     max_num_seqs: Annotated[int, CliOption("--max-num-seqs", min=1, help="Sequences per worker batch.")] = 64
     max_num_batched_tokens: Annotated[int, CliOption(
         "--max-num-batched-tokens", min=16,
@@ -120,11 +135,12 @@ class EngineSettings:
             raise EngineSettingsError(f"dtype must be one of {', '.join(DType)}, got {self.dtype!r}")
         object.__setattr__(self, "dtype", DType(self.dtype))
         object.__setattr__(self, "compile", CompileMode(self.compile))
+        object.__setattr__(self, "speculative", SpeculativeMode(self.speculative))
         object.__setattr__(self, "quantization", Quantization(self.quantization))
         object.__setattr__(self, "kv_offload_policy", OffloadPolicy(self.kv_offload_policy))
         if self.quant_group_size not in INT4_GROUP_SIZES:
             raise EngineSettingsError(f"quant_group_size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}")
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "speculative_tokens"):
             if getattr(self, name) < 1:
                 raise EngineSettingsError(f"{name} must be positive")
         if self.session_ttl_s < 0:

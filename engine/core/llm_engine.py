@@ -13,7 +13,7 @@ from fleetctl.domain import Phase, Quantization
 from fleetctl.engine.core.block_allocator import KV_LAYOUT_VERSION, blocks_for
 from fleetctl.engine.core.block_hash import KVSalt, Numerics, PrefixDigest
 from fleetctl.engine.core.decode_compile import compile_refusal, use_fleet_inductor_cache
-from fleetctl.engine.core.engine_settings import EngineConfig
+from fleetctl.engine.core.engine_settings import EngineConfig, SpeculativeMode
 from fleetctl.engine.core.grammar import Grammars
 from fleetctl.engine.core.kernel_warmup import needs_kernel_warm_up, warm_up_kernels
 from fleetctl.engine.core.kv_cache import KVCache, KVCacheSpec
@@ -21,10 +21,17 @@ from fleetctl.engine.core.kv_offload import KVOffload, TierRead, open_tiers
 from fleetctl.engine.core.kv_tiers.file_tier import TierStats
 from fleetctl.engine.core.kv_window import KVWindow
 from fleetctl.engine.core.model_runner import ModelRunner, StepStats
-from fleetctl.engine.core.output import GenerationResult, RequestOutput, TextStream, result_of, token_finish_reason
+from fleetctl.engine.core.output import (
+    GenerationResult,
+    RequestOutput,
+    TextStream,
+    result_of,
+    token_finish_reason,
+)
 from fleetctl.engine.core.prompt import PromptError, check_prompt
 from fleetctl.engine.core.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from fleetctl.engine.core.sequence import FinishReason, SamplingParams, Sequence
+from fleetctl.engine.core.speculation import Speculator
 from fleetctl.engine.core.torch_devices import available_memory, kv_budget, resolve_dtype, torch_device, total_memory
 from fleetctl.engine.model.compiled_decode import CompiledDecoder
 from fleetctl.engine.model.decoder import DecoderModel
@@ -112,10 +119,20 @@ class LLMEngine:
         self.max_model_len = min(requested_len, self.kv_cache.allocator.num_blocks * spec.block_size)
         self._seqs: dict[str, Sequence] = {}
         self._streams: dict[str, TextStream] = {}
+        self.speculator = self._speculator()
         self._tier_reads: dict[str, tuple[Sequence, TierRead]] = {}  # prefixes coming off a KV tier, oldest first
         self.last_step: StepStats | None = None
         self.warmed_launches: set[Launch] = set()  # the kernel variants warm_up launched
         self.load_seconds = time.perf_counter() - start
+
+    def _speculator(self) -> Speculator | None:
+        """The drafts, where decode steps speculate (`--speculative ngram`): not on a prefill worker, nor
+        where the compiled step (its batch buckets) or windowed layers' slots decode."""
+        settings = self.config.settings
+        if settings.speculative is SpeculativeMode.NONE or self.config.prefill_only or self.decoder is not None \
+                or self.kv_window is not None:
+            return None
+        return Speculator(settings.speculative_tokens)
 
     def warm_up(self) -> float:
         """Compile now what steps would otherwise compile on first use (a worker does this before it reports
@@ -153,6 +170,7 @@ class LLMEngine:
             self.eager_reason = compile_refusal(self.config, self.device, self.quantization is not Quantization.NONE,
                                                 self.model_config) or SWITCHED_EAGER
         self.runner = ModelRunner(self.model, self.kv_cache, self.grammars, self.decoder)
+        self.speculator = self._speculator()
         self.warm_up()
         return time.perf_counter() - start
 
@@ -282,6 +300,8 @@ class LLMEngine:
         seq = self._seqs.pop(request_id, None)
         self._streams.pop(request_id, None)
         self._tier_reads.pop(request_id, None)  # a read in flight ends unused
+        if self.speculator is not None:
+            self.speculator.forget(request_id)
         if seq is None:  # an adopt that failed half-way leaves its sequence admitted but not registered
             seq = next((s for s in self.scheduler.running if s.request_id == request_id), None)
         if seq is not None:
@@ -328,6 +348,7 @@ class LLMEngine:
 
     def schedule(self) -> ScheduledStep | None:
         self._land_tier_reads()
+        self._propose()
         scheduled = self.scheduler.schedule()
         if scheduled is None and self._tier_reads:  # nothing else to run: wait a little for the oldest read
             wait([next(iter(self._tier_reads.values()))[1]], timeout=TIER_READ_WAIT_S)
@@ -336,6 +357,15 @@ class LLMEngine:
         if scheduled is None:
             self.last_step = None
         return scheduled
+
+    def _propose(self) -> None:
+        """Each decoding sequence's draft for the next step (a prefill step leaves them unread): within its
+        max_tokens and the context, after the token the step draws itself."""
+        if self.speculator is None:
+            return
+        running = self.scheduler.running
+        self.speculator.draft(running, [min(seq.params.max_tokens - len(seq.output_token_ids),
+                                          self.max_model_len - seq.num_tokens) - 1 for seq in running])
 
     def _land_tier_reads(self) -> None:
         """Copy the KV tier reads that finished into the pool and let their sequences be admitted."""
@@ -349,34 +379,51 @@ class LLMEngine:
 
     def run(self, scheduled: ScheduledStep) -> list[RequestOutput]:
         """Run a scheduled step, or some of its sequences again: a step that raised changed no sequence
-        (a worker re-runs them one at a time to find the one that fails)."""
+        (a worker re-runs them one at a time to find the one that fails). One output per token a sequence gained
+        (several where a draft was verified), in order."""
+        written_from = [seq.num_cached_tokens for seq in scheduled.seqs]
         tokens, logprobs, stats = self.runner.run(scheduled)
         self.last_step = dataclasses.replace(stats, tier_tokens=_take_tier_tokens(scheduled.seqs))
-        for seq, new in zip(scheduled.seqs, self.last_step.new_tokens, strict=True):
-            self.kv_cache.allocator.cache_full_blocks(seq, seq.num_cached_tokens - new)
+        if self.speculator is not None and scheduled.phase is Phase.DECODE:
+            self.speculator.observe(stats.request_ids, stats.drafted, stats.accepted, stats.num_tokens, stats.seconds)
         park = self.config.prefill_only and scheduled.phase is Phase.PREFILL
         outputs = []
-        for seq, token, token_logprobs in zip(scheduled.seqs, tokens, logprobs, strict=True):
-            if token is None:  # a prefill chunk with more of the prompt to come
-                continue
-            seq.append_token(token)
-            reason = token_finish_reason(seq, self.tokenizer.eos_token_ids, self.max_model_len)
-            delta = ""
-            stream = self._streams.get(seq.request_id)
-            if stream is not None:
-                delta = stream.push(token)
-                if stream.stopped:
-                    reason = reason or FinishReason.STOP
+        for seq, new, new_logprobs, start in zip(scheduled.seqs, tokens, logprobs, written_from, strict=True):
+            reason = None
+            for token, token_logprobs in zip(new, new_logprobs, strict=True):  # none: a prefill chunk with more to come
+                reason, delta = self._append(seq, token)
+                outputs.append(RequestOutput(seq.request_id, token, delta, reason is not None, reason, token_logprobs))
                 if reason:
-                    delta += stream.flush()
-            seq.finish_reason = reason
+                    break
+            if new and scheduled.phase is Phase.DECODE:  # a token that ended it early leaves later K/V unread
+                seq.num_cached_tokens = seq.num_tokens - 1
+            self.kv_cache.allocator.cache_full_blocks(seq, start)
             if reason:
                 self.scheduler.finish(seq)
                 del self._seqs[seq.request_id]
-            elif park:
+                if self.speculator is not None:
+                    self.speculator.forget(seq.request_id)
+            elif new and scheduled.phase is Phase.DECODE:
+                self.scheduler.trim(seq)  # the blocks a rejected draft's tokens took
+            elif new and park:
                 self.scheduler.park(seq)
-            outputs.append(RequestOutput(seq.request_id, token, delta, reason is not None, reason, token_logprobs))
         return outputs
+
+    def _append(self, seq: Sequence, token: int) -> tuple[FinishReason | None, str]:
+        """`token` appended to `seq` and its text streamed: why that ends the sequence (None: it goes on), and the
+        text it adds."""
+        seq.append_token(token)
+        reason = token_finish_reason(seq, self.tokenizer.eos_token_ids, self.max_model_len)
+        delta = ""
+        stream = self._streams.get(seq.request_id)
+        if stream is not None:
+            delta = stream.push(token)
+            if stream.stopped:
+                reason = reason or FinishReason.STOP
+            if reason:
+                delta += stream.flush()
+        seq.finish_reason = reason
+        return reason, delta
 
     def generate(self, prompts: list[str | list[int]], params: SamplingParams) -> list[GenerationResult]:
         """Run a batch of prompts to completion."""

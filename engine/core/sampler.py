@@ -16,15 +16,18 @@ def position_seed(seed: int, position: int) -> int:
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: frozenset[int] = frozenset(),
-           masks: MaskJob | None = None) -> list[int]:
-    """logits: [B, V] float32, row i for seqs[i] -> one token id per row. `masks`: the grammar rows' masks."""
+           masks: MaskJob | None = None, positions: list[int] | None = None) -> list[int]:
+    """logits: [B, V] float32, row i for seqs[i] -> one token id per row. `masks`: the grammar rows' masks;
+    `positions`: the output position each row draws for (default: the sequence's next; a verified draft's rows
+    draw for the positions after it)."""
     logits = shape_logits(logits, seqs, eos_token_ids, masks)
     choices = logits.argmax(dim=-1).tolist()
     generator: torch.Generator | None = None
     for row, seq in enumerate(seqs):
         if not seq.params.greedy:
             generator = generator or torch.Generator()
-            generator.manual_seed(position_seed(seq.seed, len(seq.output_token_ids)))
+            position = len(seq.output_token_ids) if positions is None else positions[row]
+            generator.manual_seed(position_seed(seq.seed, position))
             choices[row] = _sample_row(logits[row], seq, generator)
     return choices
 

@@ -264,8 +264,29 @@ class Scheduler:
             if seq in self.running:
                 if self.windows is not None:
                     self.windows.hold(seq, seq.num_tokens)
+                self._room_for_draft(seq)
                 batch.append(seq)
-        return ScheduledStep(Phase.DECODE, batch, [1] * len(batch), [0] * len(batch)) if batch else None
+        chunks = [1 + len(seq.draft_token_ids) for seq in batch]  # its token, and the draft it verifies
+        return ScheduledStep(Phase.DECODE, batch, chunks, [0] * len(batch)) if batch else None
+
+    def _room_for_draft(self, seq: Sequence) -> None:
+        """Blocks for the slots of `seq`'s draft tokens, from free ones only: a draft is cut to what fits rather than
+        preempt anything (and dropped where the K/V has a window: engine/core/speculation.py)."""
+        if self.config.kv_window is not None:
+            seq.draft_token_ids = []
+            return
+        short = self._blocks(seq.num_tokens + len(seq.draft_token_ids)) - len(seq.block_table)
+        if short > 0:
+            seq.block_table += self.allocator.allocate(min(short, self.allocator.num_free))
+        room = len(seq.block_table) * self.config.block_size - seq.num_tokens
+        seq.draft_token_ids = seq.draft_token_ids[:room]
+
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past what `seq`'s tokens need: those a rejected draft's slots took."""
+        needed = self._blocks(seq.num_tokens)
+        if len(seq.block_table) > needed:
+            self.allocator.free(seq.block_table[needed:])
+            del seq.block_table[needed:]
 
     def _preempt(self, seq: Sequence) -> None:
         (self.prefilling if seq in self.prefilling else self.running).remove(seq)

@@ -136,6 +136,8 @@ class Sequence:
     # Sampling draws for output position i come from a generator seeded with (seed, i): no RNG state
     # to carry through a handoff, a recompute or a checkpoint.
     seed: int = -1
+    # tokens proposed for its next decode step to verify (engine/core/speculation.py); set before each schedule
+    draft_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.request_id:

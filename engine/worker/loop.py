@@ -234,7 +234,9 @@ class Worker:
         tokens = [m.TokenEvent(o.request_id, o.token_id, o.finished, o.finish_reason, o.logprobs,
                                handoffs.get(o.request_id)) for o in outputs]
         computed = dict(zip(stats.request_ids, stats.new_tokens, strict=True))
-        seq_tokens = [computed.pop(o.request_id) for o in outputs]  # what is left: prefill chunks, no token yet
+        # a sequence's computed tokens go with its first token event (later ones: a verified draft's, 0); what is
+        # left: prefill chunks, no token yet
+        seq_tokens = [computed.pop(o.request_id, 0) for o in outputs]
         cost = self.cost.step(stats.new_tokens, stats.context_lens)
         prefill = stats.phase is Phase.PREFILL
         urgent = prefill or any(o.finished for o in outputs)
@@ -247,7 +249,7 @@ class Worker:
             cached_tokens={rid: hit for rid, hit in zip(stats.request_ids, stats.cached_tokens, strict=True) if hit},
             tier_tokens=stats.tier_tokens, tier_io=self.engine.tier_io(),
             prefix=self.prefix_summary.changes(self.engine.prefix_digest, time.monotonic(), urgent),
-            mask_seconds=stats.mask_seconds,
+            mask_seconds=stats.mask_seconds, drafted=sum(stats.drafted), accepted=sum(stats.accepted),
         ))
         for request_id, exc in failed.items():
             self._drop(request_id, exc)

@@ -214,6 +214,8 @@ class StepReport:
     tier_io: dict[str, TierStats] = field(default_factory=dict)  # the process's KV tier counts so far, by tier
     prefix: PrefixChanges | None = None  # what the router should know of its prefix cache, when it changed
     mask_seconds: dict[str, float] = field(default_factory=dict)  # grammar masks' compute time, by request id
+    drafted: int = 0  # draft tokens the step verified (speculative decoding), over its sequences
+    accepted: int = 0  # of those, the ones that stood
 
 
 @dataclass(frozen=True)

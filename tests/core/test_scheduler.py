@@ -7,6 +7,7 @@ import pytest
 from fleetctl.domain import Phase
 from fleetctl.engine.core.block_allocator import BlockAllocator, OutOfBlocks
 from fleetctl.engine.core.block_manager import BlockManager
+from fleetctl.engine.core.kv_window import KVWindow
 from fleetctl.engine.core.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from fleetctl.engine.core.sequence import SamplingParams, Sequence, SequenceStatus
 
@@ -460,3 +461,27 @@ def test_a_moved_sequence_that_ended_before_its_step_is_not_scheduled() -> None:
     sched.admit_moved(moved, sched.allocator.allocate(1))
     sched.finish(moved)
     assert sched.schedule() is None
+
+
+def test_a_draft_takes_free_blocks_only_and_is_cut_to_what_fits() -> None:
+    sched = make_scheduler(num_blocks=3)
+    s = Sequence([1, 2, 3], SamplingParams(), output_token_ids=[4])  # 4 tokens: one full block
+    sched.admit_prefilled(s)
+    s.draft_token_ids = [5, 6, 7, 8, 9, 10, 11, 12, 13]  # 13 tokens would need 4 blocks; 3 are all there is
+    step = sched.schedule()
+    assert step is not None and step.chunks == [1 + 8] and s.draft_token_ids == [5, 6, 7, 8, 9, 10, 11, 12]
+    assert len(s.block_table) == 3 and sched.allocator.num_free == 0
+    s.output_token_ids += [5, 6]  # two drafted tokens stood, then the model's own: 7 tokens
+    s.num_cached_tokens = 6
+    sched.trim(s)
+    assert len(s.block_table) == 2 and sched.allocator.num_free == 1
+
+
+def test_a_windowed_scheduler_drops_drafts() -> None:
+    sched = Scheduler(SchedulerConfig(block_size=BLOCK, kv_window=KVWindow(8, BLOCK, 1, apart=False)),
+                      BlockManager(16, BLOCK))
+    s = Sequence([1, 2, 3], SamplingParams(), output_token_ids=[4])
+    sched.admit_prefilled(s)
+    s.draft_token_ids = [5, 6]
+    step = sched.schedule()
+    assert step is not None and step.chunks == [1] and s.draft_token_ids == []
