@@ -87,8 +87,9 @@ class EngineSettings:
                               "sequence's last few tokens before), as many as pay for their rows; under "
                               "--deterministic the tokens are the ones decoding without it gives (none: off).")] = \
         SpeculativeMode.NONE
-    speculative_tokens: Annotated[int, CliOption(
-        "--speculative-tokens", min=1, help="Draft tokens a sequence proposes per step, at most.")] = 4
+    speculative_tokens: Annotated[int, CliOption(  # 7: a verifying sequence is 8 rows, one register group of the
+        # CPU's product kernel (kernels/cpu_gemv.c)
+        "--speculative-tokens", min=1, help="Draft tokens a sequence proposes per step, at most.")] = 7
     max_num_seqs: Annotated[int, CliOption("--max-num-seqs", min=1, help="Sequences per worker batch.")] = 64
     max_num_batched_tokens: Annotated[int, CliOption(
         "--max-num-batched-tokens", min=16,

@@ -15,6 +15,16 @@ from fleetctl.engine.core.sequence import Sequence
 
 MAX_NGRAM = 4
 MIN_NGRAM = 2  # a single repeated token is too weak a cue: its drafts are mostly rejected
+PRIOR_ACCEPTANCE = 0.6  # a drafted token's chance to stand before anything was measured
+PRIOR_WEIGHT = 2.0  # verified positions the prior counts for
+DECAY = 0.9  # a sequence's acceptance: each step's weight over the next one's
+EXPLORE_EVERY = 16  # steps a sequence with drafts goes without verifying one before it tries one token
+# the cost of one more row in a decode step, over a step's fixed part, before any step was timed: what a 2-core CPU
+# measured (a row of int4 smollm2 ~2.9 ms over a ~10 ms step); a GPU's steps learn theirs (`StepCost`)
+PRIOR_ROW_COST = 0.3
+DECAY_STEPS = 0.98  # the step-cost fit: each step's weight over the next one's
+MIN_STEPS = 8  # steps the fit needs before it replaces PRIOR_ROW_COST
+MIN_GAIN = 1.1  # a drafted row must yield this much more per second than the step does without it
 
 
 @dataclass
@@ -49,15 +59,24 @@ class Speculator:
         self.max_tokens = max_tokens
         self._indexes: dict[str, NgramIndex] = {}
         self._acceptance: dict[str, Acceptance] = {}
+        self._idle: dict[str, int] = {}  # by request id: steps since its last verified draft while it had one
+        self.pooled = Acceptance()  # every sequence's drafts together: a new sequence's prior
         self.step_cost = StepCost()
 
     def draft(self, seqs: list[Sequence], room: list[int]) -> None:
         """Set each decoding sequence's draft for the next step: what prompt lookup proposes, at most its `room`
-        (what its max_tokens and the context leave after the token the step draws itself), cut to what pays."""
+        (what its max_tokens and the context leave after the token the step draws itself), cut to what pays — but
+        one token every EXPLORE_EVERY steps where a sequence had drafts and verified none, so that its acceptance
+        is measured again (no draft is ever verified otherwise, where the prior says they do not pay)."""
         proposed = [self._propose(seq, min(self.max_tokens, space)) for seq, space in zip(seqs, room, strict=True)]
-        rates = [self._acceptance.get(seq.request_id, Acceptance()).rate for seq in seqs]
+        prior = self.pooled.rate()
+        rates = [self._acceptance.get(seq.request_id, Acceptance()).rate(prior) for seq in seqs]
         lengths = draft_lengths(rates, [len(p) for p in proposed], self.step_cost.row_cost())
         for seq, tokens, length in zip(seqs, proposed, lengths, strict=True):
+            idle = self._idle.get(seq.request_id, 0) + 1 if tokens and not length else 0
+            if idle >= EXPLORE_EVERY:
+                length, idle = 1, 0
+            self._idle[seq.request_id] = idle
             seq.draft_token_ids = tokens[:length]
 
     def _propose(self, seq: Sequence, limit: int) -> list[int]:
@@ -73,10 +92,13 @@ class Speculator:
         for request_id, length, stood in zip(request_ids, drafted, kept, strict=True):
             if request_id in self._indexes:  # one that speculates
                 self._acceptance.setdefault(request_id, Acceptance()).observe(length, stood)
+        if any(drafted):
+            self.pooled.observe(sum(drafted), sum(kept), sum(1 for d, k in zip(drafted, kept, strict=True) if k < d))
 
     def forget(self, request_id: str) -> None:
         self._indexes.pop(request_id, None)
         self._acceptance.pop(request_id, None)
+        self._idle.pop(request_id, None)
 
 
 @dataclass
@@ -88,22 +110,17 @@ class Acceptance:
     kept: float = 0.0
     tried: float = 0.0
 
-    @property
-    def rate(self) -> float:
-        """The chance the next drafted token stands (the prior, PRIOR_ACCEPTANCE, where little is known yet)."""
-        return (self.kept + PRIOR_ACCEPTANCE * PRIOR_WEIGHT) / (self.tried + PRIOR_WEIGHT)
+    def rate(self, prior: float = PRIOR_ACCEPTANCE) -> float:
+        """The chance the next drafted token stands (`prior` where little is known yet)."""
+        return (self.kept + prior * PRIOR_WEIGHT) / (self.tried + PRIOR_WEIGHT)
 
-    def observe(self, drafted: int, kept: int) -> None:
+    def observe(self, drafted: int, kept: int, rejections: int | None = None) -> None:
+        """A verification: `drafted` tokens of which `kept` stood (`rejections`: of the drafts verified together,
+        how many were cut; one draft's is whether it was)."""
         self.kept = self.kept * DECAY + kept
-        self.tried = self.tried * DECAY + kept + (kept < drafted)
+        self.tried = self.tried * DECAY + kept + (int(kept < drafted) if rejections is None else rejections)
 
 
-PRIOR_ACCEPTANCE = 0.6
-PRIOR_WEIGHT = 2.0
-DECAY = 0.9
-# the cost of one more row in a decode step, over a step's fixed part, before any step was timed: what a 2-core CPU
-# measured (a row of int4 smollm2 ~2.9 ms over a ~10 ms step); a GPU's steps learn theirs (`StepCost`)
-PRIOR_ROW_COST = 0.3
 
 
 @dataclass
@@ -128,14 +145,13 @@ class StepCost:
         return PRIOR_ROW_COST if fixed <= 0 or per_row < 0 else per_row / fixed
 
 
-DECAY_STEPS = 0.98
-MIN_STEPS = 8
 
 
 def draft_lengths(acceptance: list[float], proposed: list[int], row_cost: float) -> list[int]:
     """How many of its proposed tokens each sequence of a decode step verifies: a drafted token's expected yield is
     the chance it and every one before it stand (rate^(j + 1)), its cost one row (`row_cost` of the step's fixed
-    cost); rows go, best yield first, while each adds more tokens per second than the step makes without it."""
+    cost); rows go, best yield first, while each yields MIN_GAIN times the tokens per second the step makes without
+    it."""
     lengths = [0] * len(proposed)
     tokens, cost = float(len(proposed)), 1.0 + row_cost * len(proposed)  # every sequence's own token, one row each
     while True:
@@ -143,8 +159,8 @@ def draft_lengths(acceptance: list[float], proposed: list[int], row_cost: float)
         if not gains:
             return lengths
         gain, best = max(gains)
-        if gain / row_cost <= tokens / cost:  # this row would lower the step's tokens per second
-            return lengths
+        if gain / row_cost <= MIN_GAIN * tokens / cost:  # this row would not raise the step's tokens per second
+            return lengths  # by enough to stand the fit's error (at large batches a row's yield is near its cost)
         lengths[best] += 1
         tokens, cost = tokens + gain, cost + row_cost
 

@@ -10,6 +10,7 @@ from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings, S
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams, Sequence
 from fleetctl.engine.core.speculation import (
+    EXPLORE_EVERY,
     PRIOR_ACCEPTANCE,
     PRIOR_ROW_COST,
     Acceptance,
@@ -57,14 +58,14 @@ def test_a_step_drafts_while_the_rows_pay_for_themselves() -> None:
 
 def test_acceptance_follows_recent_steps_and_drifts_back_to_the_prior() -> None:
     acceptance = Acceptance()
-    assert acceptance.rate == pytest.approx(PRIOR_ACCEPTANCE)
+    assert acceptance.rate() == pytest.approx(PRIOR_ACCEPTANCE)
     for _ in range(10):
         acceptance.observe(drafted=4, kept=0)
-    low = acceptance.rate
+    low = acceptance.rate()
     assert low < 0.2
     for _ in range(40):
         acceptance.observe(drafted=0, kept=0)  # steps without a draft
-    assert low < acceptance.rate == pytest.approx(PRIOR_ACCEPTANCE, abs=0.05)
+    assert low < acceptance.rate() == pytest.approx(PRIOR_ACCEPTANCE, abs=0.05)
 
 
 def test_step_cost_fits_what_a_row_costs() -> None:
@@ -161,3 +162,18 @@ def test_every_family_keeps_its_tokens(family_model_dirs: dict[str, Path]) -> No
         speculated, drafted, _, engine = _run(model_dir, SpeculativeMode.NGRAM, params, deterministic=True)
         assert speculated == plain, family
         assert (drafted > 0) == (engine.kv_window is None), family
+
+
+def test_a_sequence_kept_from_drafting_tries_one_token_now_and_then() -> None:
+    """Where drafts do not pay by the prior (a big batch), a sequence with a proposal still verifies one token every
+    EXPLORE_EVERY steps: its acceptance is measured, and the pool's becomes the next sequences' prior."""
+    speculator = Speculator(4)
+    seqs = [Sequence([1, 2, 3], SamplingParams(max_tokens=64), output_token_ids=[1, 2], request_id=f"r{i}")
+            for i in range(32)]
+    lengths = []
+    for _ in range(EXPLORE_EVERY):
+        speculator.draft(seqs, [8] * len(seqs))
+        lengths.append([len(seq.draft_token_ids) for seq in seqs])
+    assert lengths[:-1] == [[0] * 32] * (EXPLORE_EVERY - 1) and lengths[-1] == [1] * 32
+    speculator.observe(tuple(s.request_id for s in seqs), (1,) * 32, (1,) * 32, 64, 0.05)
+    assert speculator.pooled.rate() > PRIOR_ACCEPTANCE
