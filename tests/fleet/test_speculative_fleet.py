@@ -1,6 +1,8 @@
-"""Speculative decoding in a real fleet (tiny model, `--deterministic`, `--speculative ngram`): a decode worker's
-steps verify drafts — several tokens of one stream in one step report — and every completion, streamed or not,
-equals `fleetctl generate`'s without speculation; /metrics counts the drafts."""
+"""Speculative decoding in real fleets (tiny model, `--deterministic`, `--speculative ngram`; the tiny model's
+greedy output falls into loops, which prompt lookup drafts): a decode worker's steps verify drafts — several tokens
+of one stream in one step report — and every completion, streamed or not, equals `fleetctl generate`'s without
+speculation, through live moves mid-stream too (a session's drafts are per step: a move carries nothing new);
+/metrics counts the drafts."""
 
 import asyncio
 import re
@@ -9,12 +11,13 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from support.fleet_harness import generate_json, serve
+from support.fleet_harness import Stream, admin, generate_json, serve, start_streams, wait_until
 
 pytestmark = pytest.mark.fleet
 
 PROMPTS = ["a b c d e f a b c d e f a b c", "one two three one two three one", "x y x y x y x"]
 FLAGS = ("--dtype", "float32", "--deterministic", "--kv-blocks", "256")
+SPECULATIVE = ("--served-model-name", "m", "--speculative", "ngram", *FLAGS)
 
 
 async def complete_all(url: str) -> list[str]:
@@ -29,13 +32,50 @@ async def complete_all(url: str) -> list[str]:
     return [d.choices[0].text for d in whole] + list(await asyncio.gather(*(streamed(p) for p in PROMPTS)))
 
 
+def spec_counts(url: str, worker: str) -> tuple[float, float]:
+    """(draft tokens verified, of them kept) on `worker`, from /metrics."""
+    metrics = httpx.get(f"{url}/metrics", timeout=10).text
+
+    def count(name: str) -> float:
+        found = re.search(rf'vllm:spec_decode_num_{name}_tokens_total\{{role="decode",worker="{worker}"\}} (\S+)',
+                          metrics)
+        return float(found[1]) if found else 0.0
+
+    return count("draft"), count("accepted")
+
+
 def test_speculated_completions_are_generates_own(tiny_model_dir: Path) -> None:
     reference = [r["text"] for r in generate_json(tiny_model_dir, PROMPTS, *FLAGS, "--max-tokens", "40")]
-    with serve(tiny_model_dir, "--prefill", "1", "--decode", "1", "--devices", "cpu:0,cpu:1",
-               "--served-model-name", "m", "--speculative", "ngram", "--speculative-tokens", "6", *FLAGS) as url:
+    with serve(tiny_model_dir, "--prefill", "1", "--decode", "1", "--devices", "cpu:0,cpu:1", *SPECULATIVE) as url:
         assert asyncio.run(complete_all(url)) == reference * 2
-        metrics = httpx.get(f"{url}/metrics").text
-    drafted = re.search(r'vllm:spec_decode_num_draft_tokens_total\{role="decode",worker="decode-0"\} (\S+)', metrics)
-    accepted = re.search(r'vllm:spec_decode_num_accepted_tokens_total\{role="decode",worker="decode-0"\} (\S+)',
-                         metrics)
-    assert drafted and accepted and float(drafted[1]) >= float(accepted[1]) > 0
+        drafted, kept = spec_counts(url, "decode-0")
+    assert drafted >= kept > 0
+
+
+def test_sessions_moved_mid_speculation_stream_generates_own(tiny_model_dir: Path) -> None:
+    tokens = 150
+    reference = [r["text"] for r in generate_json(tiny_model_dir, PROMPTS, *FLAGS, "--max-tokens", str(tokens),
+                                                  "--ignore-eos")]
+    streams = [Stream(p, request_id=f"s{i}") for i, p in enumerate(PROMPTS)]
+    # each step slowed (a fault point's stall), so the sessions are still decoding when they move
+    with serve(tiny_model_dir, "--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2", *SPECULATIVE,
+               env={"FLEET_FAULTS": "step=stall:0.05"}) as url:
+        done = start_streams(url, streams, tokens, "m")
+        for i in range(len(PROMPTS)):
+            assert wait_until(lambda i=i: _holder(url, f"s{i}") is not None, 60)
+            holder = _holder(url, f"s{i}")
+            to = "decode-1" if holder == "decode-0" else "decode-0"
+            moved = httpx.post(f"{url}/fleet/requests/s{i}/move", json={"to": to}, headers=admin(), timeout=30)
+            assert moved.status_code in (200, 202), moved.text
+        assert done.result(timeout=300) == reference
+        assert sum(spec_counts(url, w)[1] for w in ("decode-0", "decode-1")) > 0
+        assert "fleet_migration_downtime_seconds_count 3.0" in httpx.get(f"{url}/metrics", timeout=10).text
+
+
+def _holder(url: str, request_id: str) -> str | None:
+    """The decode worker a session decodes on, once it has some output there."""
+    for worker in ("decode-0", "decode-1"):
+        sessions = httpx.get(f"{url}/fleet/workers/{worker}/sessions", timeout=10).json()["sessions"]
+        if any(s["id"] == request_id and s["stage"] == "decode" and s["output_tokens"] >= 8 for s in sessions):
+            return worker
+    return None
