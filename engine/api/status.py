@@ -25,6 +25,10 @@ class WorkerInfo(OpenModel):
     tokens_per_s: float
     prefix_hit_ratio: float
     was: str | None = None  # its id before it switched role in place (`fleetctl switch`)
+    # speculative decoding since it started: the share of draft tokens that stood, and the tokens a verifying
+    # sequence gained per step (None: it verified no draft)
+    spec_acceptance: float | None = None
+    spec_tokens_per_step: float | None = None
 
 
 class PoolInfo(OpenModel):
@@ -36,6 +40,8 @@ class PoolInfo(OpenModel):
     prefix_hit_ratio: float
     # prompt tokens each KV tier read back for its workers (part of the cached)
     tier_tokens: dict[str, int] = Field(default_factory=dict)
+    spec_acceptance: float | None = None  # its workers' speculative decoding together, as WorkerInfo's
+    spec_tokens_per_step: float | None = None
 
 
 class TierInfo(OpenModel):

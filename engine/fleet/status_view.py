@@ -50,6 +50,7 @@ class StatusView:
         rows = []
         for view in self.state.views.values():
             util = stats.utilization(view.worker_id)
+            drafts = stats.drafts_of([view.worker_id])
             rows.append(WorkerInfo(
                 id=view.worker_id,
                 role=view.role.value,
@@ -69,6 +70,8 @@ class StatusView:
                 tokens_per_s=round(util.tokens_per_s, 1),
                 prefix_hit_ratio=round(stats.hit_ratio_of([view.worker_id]), 4),
                 was=view.was,
+                spec_acceptance=drafts.acceptance,
+                spec_tokens_per_step=drafts.tokens_per_step,
             ))
         return rows
 
@@ -88,6 +91,8 @@ class StatusView:
                 queue=self.dispatcher.queue_length(role),
                 prefix_hit_ratio=round(stats.hit_ratio_of(pool_ids), 4),
                 tier_tokens=stats.tier_tokens_of(pool_ids),
+                spec_acceptance=stats.drafts_of(pool_ids).acceptance,
+                spec_tokens_per_step=stats.drafts_of(pool_ids).tokens_per_step,
             )
         return FleetStatus(model=model, url=url, pid=os.getpid(), window_s=BUSY_WINDOW_S, workers=workers,
                            pools=pools, local_prefills=stats.local_prefill_count, store=self._store(),

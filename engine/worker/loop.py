@@ -250,6 +250,7 @@ class Worker:
             tier_tokens=stats.tier_tokens, tier_io=self.engine.tier_io(),
             prefix=self.prefix_summary.changes(self.engine.prefix_digest, time.monotonic(), urgent),
             mask_seconds=stats.mask_seconds, drafted=sum(stats.drafted), accepted=sum(stats.accepted),
+            verifications=sum(1 for drafted in stats.drafted if drafted),
         ))
         for request_id, exc in failed.items():
             self._drop(request_id, exc)

@@ -216,6 +216,7 @@ class StepReport:
     mask_seconds: dict[str, float] = field(default_factory=dict)  # grammar masks' compute time, by request id
     drafted: int = 0  # draft tokens the step verified (speculative decoding), over its sequences
     accepted: int = 0  # of those, the ones that stood
+    verifications: int = 0  # sequences that verified a draft in the step
 
 
 @dataclass(frozen=True)

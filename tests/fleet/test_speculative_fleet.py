@@ -49,7 +49,13 @@ def test_speculated_completions_are_generates_own(tiny_model_dir: Path) -> None:
     with serve(tiny_model_dir, "--prefill", "1", "--decode", "1", "--devices", "cpu:0,cpu:1", *SPECULATIVE) as url:
         assert asyncio.run(complete_all(url)) == reference * 2
         drafted, kept = spec_counts(url, "decode-0")
+        status = httpx.get(f"{url}/fleet/status", timeout=10).json()
     assert drafted >= kept > 0
+    decode = next(w for w in status["workers"] if w["id"] == "decode-0")
+    assert decode["spec_acceptance"] == round(kept / drafted, 4) == status["pools"]["decode"]["spec_acceptance"]
+    assert decode["spec_tokens_per_step"] > 1
+    prefill = next(w for w in status["workers"] if w["id"] == "prefill-0")
+    assert prefill["spec_acceptance"] is None is prefill["spec_tokens_per_step"]
 
 
 def test_sessions_moved_mid_speculation_stream_generates_own(tiny_model_dir: Path) -> None:

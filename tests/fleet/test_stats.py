@@ -123,3 +123,20 @@ def test_a_tiers_occupancy_is_its_freshest_measurement_whichever_process_reports
     assert stats.registry.get_sample_value("fleet_kv_tier_used_bytes", {"tier": "host"}) == 640
     stats.on_step(reader, replace(report(3.0, 0.1, 1, 1), tier_io=io(320, at=30.0)))
     assert stats.registry.get_sample_value("fleet_kv_tier_used_bytes", {"tier": "host"}) == 320
+
+
+def test_speculative_decoding_counts_per_worker_and_pool() -> None:
+    stats = FleetStats()
+    decode = [WorkerView(f"decode-{i}", WorkerRole.DECODE, f"cpu:{i}", WorkerState.RUNNING) for i in range(2)]
+    for worker, drafted, accepted, verifications in ((decode[0], 12, 9, 3), (decode[0], 4, 1, 2), (decode[1], 8, 8, 1)):
+        stats.on_step(worker, replace(report(1000.0, 0.01, 1, 1), worker_id=worker.worker_id, phase=Phase.DECODE,
+                                      drafted=drafted, accepted=accepted, verifications=verifications))
+    stats.on_step(decode[1], replace(report(1000.0, 0.01, 1, 1), worker_id="decode-1", phase=Phase.DECODE))
+    assert (stats.drafts_of(["decode-0"]).acceptance, stats.drafts_of(["decode-0"]).tokens_per_step) == (0.625, 3.0)
+    pool = stats.drafts_of(["decode-0", "decode-1"])
+    assert (pool.acceptance, pool.tokens_per_step) == (round(18 / 24, 4), 4.0)
+    assert stats.drafts_of(["prefill-0"]).acceptance is None is stats.drafts_of(["prefill-0"]).tokens_per_step
+    assert stats.registry.get_sample_value("vllm:spec_decode_num_draft_tokens_total",
+                                           {"worker": "decode-0", "role": "decode"}) == 16
+    assert stats.registry.get_sample_value("vllm:spec_decode_num_drafts_total",
+                                           {"worker": "decode-1", "role": "decode"}) == 1
