@@ -16,6 +16,7 @@ Workloads (chat-templated, greedy):
 import argparse
 import json
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from fleetctl.console.cli.models import resolve_model
 from fleetctl.domain import Quantization
 from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings, SpeculativeMode
 from fleetctl.engine.core.llm_engine import LLMEngine
+from fleetctl.engine.core.node_outputs import NodeOutputs
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.model.model_store import SOURCE_GGUF
 
@@ -62,7 +64,10 @@ def workloads() -> dict[str, tuple[list[dict], list[dict] | None]]:
 
 def run(engine: LLMEngine, prompt: list[int], batch: int, new_tokens: int) -> dict[str, float]:
     """`batch` copies of the prompt decoded together: decode tokens/s (after every sequence's first token), TPOT,
-    acceptance, tokens gained per verifying step of a sequence; and the first sequence's tokens."""
+    acceptance, tokens gained per verifying step of a sequence; and the first sequence's tokens. A speculating
+    engine starts each run with an empty node-wide outputs file: the runs' identical outputs are not drafted from."""
+    if engine.speculator is not None:
+        engine.speculator.node = NodeOutputs(Path(tempfile.mkdtemp()) / "outputs.tokens")
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     seqs = [engine.add_request(prompt, params) for _ in range(batch)]
     while any(not seq.output_token_ids for seq in seqs):

@@ -21,6 +21,7 @@ from fleetctl.engine.core.kv_offload import KVOffload, TierRead, open_tiers
 from fleetctl.engine.core.kv_tiers.file_tier import TierStats
 from fleetctl.engine.core.kv_window import KVWindow
 from fleetctl.engine.core.model_runner import ModelRunner, StepStats
+from fleetctl.engine.core.node_outputs import NodeOutputs, outputs_path
 from fleetctl.engine.core.output import (
     GenerationResult,
     RequestOutput,
@@ -40,6 +41,7 @@ from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.model.prepared import load_cpu_weights, weights_key
 from fleetctl.engine.model.quantize import quantize_weights, resolve_quantization, weight_source
 from fleetctl.engine.model.tokenizer import Tokenizer
+from fleetctl.engine.paths import fleet_home
 from fleetctl.errors import FleetctlError
 from fleetctl.kernels import cpu_build, ops
 from fleetctl.kernels.batch_invariant import TILE as QUERY_TILE
@@ -132,7 +134,11 @@ class LLMEngine:
         if settings.speculative is SpeculativeMode.NONE or self.config.prefill_only or self.decoder is not None \
                 or self.kv_window is not None:
             return None
-        return Speculator(settings.speculative_tokens)
+        try:
+            node = NodeOutputs(outputs_path(fleet_home(), self.config.model_dir / "tokenizer.json"))
+        except OSError:  # a read-only home: each sequence drafts from its own tokens only
+            node = None
+        return Speculator(settings.speculative_tokens, node)
 
     def warm_up(self) -> float:
         """Compile now what steps would otherwise compile on first use (a worker does this before it reports
@@ -402,7 +408,7 @@ class LLMEngine:
                 self.scheduler.finish(seq)
                 del self._seqs[seq.request_id]
                 if self.speculator is not None:
-                    self.speculator.forget(seq.request_id)
+                    self.speculator.finished(seq)
             elif new and scheduled.phase is Phase.DECODE:
                 self.scheduler.trim(seq)  # the blocks a rejected draft's tokens took
             elif new and park:

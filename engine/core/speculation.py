@@ -11,6 +11,7 @@ penalty, a bias, a grammar or min_tokens would shape each drafted position by th
 
 from dataclasses import dataclass, field
 
+from fleetctl.engine.core.node_outputs import NodeOutputs
 from fleetctl.engine.core.sequence import Sequence
 
 MAX_NGRAM = 4
@@ -55,8 +56,9 @@ class Speculator:
     """The engine's drafts: a prompt-lookup index per sequence, how often each one's drafts stand, and what a
     verified row costs; each decode step, `draft` sets how far every sequence speculates (`draft_lengths`)."""
 
-    def __init__(self, max_tokens: int) -> None:
+    def __init__(self, max_tokens: int, node: NodeOutputs | None = None) -> None:
         self.max_tokens = max_tokens
+        self.node = node  # the node's finished outputs: drafts where a sequence's own tokens have none
         self._indexes: dict[str, NgramIndex] = {}
         self._acceptance: dict[str, Acceptance] = {}
         self._idle: dict[str, int] = {}  # by request id: steps since its last verified draft while it had one
@@ -68,6 +70,8 @@ class Speculator:
         (what its max_tokens and the context leave after the token the step draws itself), cut to what pays — but
         one token every EXPLORE_EVERY steps where a sequence had drafts and verified none, so that its acceptance
         is measured again (no draft is ever verified otherwise, where the prior says they do not pay)."""
+        if self.node is not None:
+            self.node.refresh()
         proposed = [self._propose(seq, min(self.max_tokens, space)) for seq, space in zip(seqs, room, strict=True)]
         prior = self.pooled.rate()
         rates = [self._acceptance.get(seq.request_id, Acceptance()).rate(prior) for seq in seqs]
@@ -82,7 +86,9 @@ class Speculator:
     def _propose(self, seq: Sequence, limit: int) -> list[int]:
         if limit < 1 or not speculates(seq):
             return []
-        return self._indexes.setdefault(seq.request_id, NgramIndex()).propose(seq.token_ids, limit)
+        tokens = seq.token_ids
+        own = self._indexes.setdefault(seq.request_id, NgramIndex()).propose(tokens, limit)
+        return own or (self.node.propose(tokens, limit) if self.node is not None else [])
 
     def observe(self, request_ids: tuple[str, ...], drafted: tuple[int, ...], kept: tuple[int, ...], rows: int,
                 seconds: float) -> None:
@@ -94,6 +100,12 @@ class Speculator:
                 self._acceptance.setdefault(request_id, Acceptance()).observe(length, stood)
         if any(drafted):
             self.pooled.observe(sum(drafted), sum(kept), sum(1 for d, k in zip(drafted, kept, strict=True) if k < d))
+
+    def finished(self, seq: Sequence) -> None:
+        """`seq` ended here: its output joins the node's (for any engine's drafts), and its state here goes."""
+        if self.node is not None:
+            self.node.record(seq.output_token_ids)
+        self.forget(seq.request_id)
 
     def forget(self, request_id: str) -> None:
         self._indexes.pop(request_id, None)
