@@ -10,7 +10,7 @@ Workloads (chat-templated, greedy):
 - chat: a short story (little to look up: speculation should stay out of the way).
 
     python scripts/bench_speculative.py [--model smollm2-135m] [--quantization int4] [--batches 1,4,16]
-        [--new-tokens 256] [--speculative-tokens 8] [--llama-python /path/to/venv/bin/python] [--deterministic]
+        [--new-tokens 256] [--speculative-tokens 7] [--llama-python /path/to/venv/bin/python] [--deterministic]
 """
 
 import argparse
@@ -94,7 +94,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--batches", default="1,4,16")
     parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--speculative-tokens", type=int, default=8)
+    parser.add_argument("--speculative-tokens", type=int, default=EngineSettings().speculative_tokens)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--deterministic", action="store_true")
     parser.add_argument("--llama-python", help="an interpreter with llama-cpp-python: its plain and lookup decode")
