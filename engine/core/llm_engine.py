@@ -138,7 +138,7 @@ class LLMEngine:
             node = NodeOutputs(outputs_path(fleet_home(), self.config.model_dir / "tokenizer.json"))
         except OSError:  # a read-only home: each sequence drafts from its own tokens only
             node = None
-        return Speculator(settings.speculative_tokens, node)
+        return Speculator(settings.speculative_tokens, self.model_config.vocab_size, node)
 
     def warm_up(self) -> float:
         """Compile now what steps would otherwise compile on first use (a worker does this before it reports

@@ -264,8 +264,9 @@ class Scheduler:
             if seq in self.running:
                 if self.windows is not None:
                     self.windows.hold(seq, seq.num_tokens)
-                self._room_for_draft(seq)
                 batch.append(seq)
+        for seq in batch:  # drafts only once every sequence's own token has its slot: a draft never preempts
+            self._room_for_draft(seq)
         chunks = [1 + len(seq.draft_token_ids) for seq in batch]  # its token, and the draft it verifies
         return ScheduledStep(Phase.DECODE, batch, chunks, [0] * len(batch)) if batch else None
 

@@ -56,8 +56,9 @@ class Speculator:
     """The engine's drafts: a prompt-lookup index per sequence, how often each one's drafts stand, and what a
     verified row costs; each decode step, `draft` sets how far every sequence speculates (`draft_lengths`)."""
 
-    def __init__(self, max_tokens: int, node: NodeOutputs | None = None) -> None:
+    def __init__(self, max_tokens: int, vocab_size: int, node: NodeOutputs | None = None) -> None:
         self.max_tokens = max_tokens
+        self.vocab_size = vocab_size  # the model's: another model's output (same tokenizer) may hold ids past it
         self.node = node  # the node's finished outputs: drafts where a sequence's own tokens have none
         self._indexes: dict[str, NgramIndex] = {}
         self._acceptance: dict[str, Acceptance] = {}
@@ -88,7 +89,10 @@ class Speculator:
             return []
         tokens = seq.token_ids
         own = self._indexes.setdefault(seq.request_id, NgramIndex()).propose(tokens, limit)
-        return own or (self.node.propose(tokens, limit) if self.node is not None else [])
+        if own or self.node is None:
+            return own
+        node = self.node.propose(tokens, limit)
+        return node[:next((i for i, token in enumerate(node) if token >= self.vocab_size), len(node))]
 
     def observe(self, request_ids: tuple[str, ...], drafted: tuple[int, ...], kept: tuple[int, ...], rows: int,
                 seconds: float) -> None:

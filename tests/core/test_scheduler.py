@@ -485,3 +485,17 @@ def test_a_windowed_scheduler_drops_drafts() -> None:
     s.draft_token_ids = [5, 6]
     step = sched.schedule()
     assert step is not None and step.chunks == [1] and s.draft_token_ids == []
+
+
+def test_drafts_take_blocks_only_after_every_sequence_has_its_own_slot() -> None:
+    sched = make_scheduler(num_blocks=4)
+    first, second = (Sequence([1, 2, 3], SamplingParams(), request_id=r, output_token_ids=[4]) for r in "ab")
+    sched.admit_prefilled(first)
+    sched.admit_prefilled(second)
+    sched.schedule()
+    run_step(sched, [first, second])  # 5 tokens each: their next steps need a block each, and two are free
+    first.draft_token_ids = [5, 6, 7, 8]
+    step = sched.schedule()
+    assert step is not None and step.seqs == [first, second] and not sched.waiting  # nothing preempted
+    assert step.chunks == [4, 1] and first.draft_token_ids == [5, 6, 7]  # the slots left in its own last block
+    assert sched.allocator.num_free == 0

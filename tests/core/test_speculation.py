@@ -81,7 +81,7 @@ def test_step_cost_fits_what_a_row_costs() -> None:
 
 
 def test_sequences_that_shape_their_logits_do_not_draft() -> None:
-    speculator = Speculator(4)
+    speculator = Speculator(4, 512)
     tokens = [1, 2, 3, 4, 1, 2]
     plain = Sequence(tokens[:3], SamplingParams(max_tokens=8), output_token_ids=tokens[3:])
     penalized = Sequence(tokens[:3], SamplingParams(max_tokens=8, presence_penalty=0.5), output_token_ids=tokens[3:])
@@ -167,7 +167,7 @@ def test_every_family_keeps_its_tokens(family_model_dirs: dict[str, Path]) -> No
 def test_a_sequence_kept_from_drafting_tries_one_token_now_and_then() -> None:
     """Where drafts do not pay by the prior (a big batch), a sequence with a proposal still verifies one token every
     EXPLORE_EVERY steps: its acceptance is measured, and the pool's becomes the next sequences' prior."""
-    speculator = Speculator(4)
+    speculator = Speculator(4, 512)
     seqs = [Sequence([1, 2, 3], SamplingParams(max_tokens=64), output_token_ids=[1, 2], request_id=f"r{i}")
             for i in range(32)]
     lengths = []
