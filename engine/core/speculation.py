@@ -1,6 +1,7 @@
 """Draft tokens for a decode step to verify (`--speculative ngram`): prompt lookup. The tokens that followed the
-latest earlier occurrence of a sequence's last n tokens (n from MAX_NGRAM down to MIN_NGRAM) are its draft; agents'
-outputs repeat their inputs (tool-call JSON, re-quoted files, edited code), so the draft is often right.
+latest earlier occurrence of a sequence's last n tokens (n from MAX_NGRAM down to MIN_NGRAM) are its draft, else those
+that followed its last 3 in an output this node finished (`node_outputs`); agents' outputs repeat their inputs and
+each other (tool-call JSON, re-quoted files, edited code), so the draft is often right.
 
 The runner verifies a draft in the same forward as the sequence's next token (one row per position) and keeps the
 drafted tokens up to the first the sequence would not have drawn itself (`accepted`): the output is the one decoding
