@@ -28,6 +28,7 @@ from fleetctl.engine.core.kv_cache import KVCache
 from fleetctl.engine.core.kv_tiers.block_file import TierBlock
 from fleetctl.engine.core.kv_tiers.file_tier import FileTier, TierStats, tier_roots
 from fleetctl.engine.core.kv_tiers.tiers import KVTiers
+from fleetctl.engine.core.sequence import Sequence
 
 
 def open_tiers(host_bytes: int, host_dir: Path | None, disk_dir: Path | None, disk_bytes: int) -> KVTiers | None:
@@ -132,3 +133,12 @@ class KVOffload:
         self.kv_cache.write_blocks([block], torch.frombuffer(bytearray(payload), dtype=torch.uint8)
                                    .view(spec.dtype).view(shape))
         return True
+
+
+def take_tier_tokens(seqs: list[Sequence]) -> dict[str, dict[str, int]]:
+    """What the tiers served each sequence at admission, once (taken off it): its first step reports it."""
+    taken = {}
+    for seq in seqs:
+        if seq.tier_tokens:  # only at admission: a decode step passes over the rest
+            taken[seq.request_id], seq.tier_tokens = seq.tier_tokens, {}
+    return taken

@@ -13,27 +13,21 @@ from fleetctl.domain import Phase, Quantization
 from fleetctl.engine.core.block_allocator import KV_LAYOUT_VERSION, blocks_for
 from fleetctl.engine.core.block_hash import KVSalt, Numerics, PrefixDigest
 from fleetctl.engine.core.decode_compile import compile_refusal, use_fleet_inductor_cache
-from fleetctl.engine.core.engine_settings import EngineConfig, SpeculativeMode
+from fleetctl.engine.core.engine_settings import EngineConfig
 from fleetctl.engine.core.grammar import Grammars
 from fleetctl.engine.core.kernel_warmup import needs_kernel_warm_up, warm_up_kernels
 from fleetctl.engine.core.kv_cache import KVCache, KVCacheSpec
-from fleetctl.engine.core.kv_offload import KVOffload, TierRead, open_tiers
+from fleetctl.engine.core.kv_offload import KVOffload, TierRead, open_tiers, take_tier_tokens
+from fleetctl.engine.core.kv_pool_size import pool_size
 from fleetctl.engine.core.kv_tiers.file_tier import TierStats
 from fleetctl.engine.core.kv_window import KVWindow
 from fleetctl.engine.core.model_runner import ModelRunner, StepStats
-from fleetctl.engine.core.node_outputs import NodeOutputs, outputs_path
-from fleetctl.engine.core.output import (
-    GenerationResult,
-    RequestOutput,
-    TextStream,
-    result_of,
-    token_finish_reason,
-)
+from fleetctl.engine.core.output import GenerationResult, RequestOutput, TextStream, result_of, token_finish_reason
 from fleetctl.engine.core.prompt import PromptError, check_prompt
 from fleetctl.engine.core.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from fleetctl.engine.core.sequence import FinishReason, SamplingParams, Sequence
-from fleetctl.engine.core.speculation import Speculator
-from fleetctl.engine.core.torch_devices import available_memory, kv_budget, resolve_dtype, torch_device, total_memory
+from fleetctl.engine.core.speculation import Speculator, engine_speculator
+from fleetctl.engine.core.torch_devices import resolve_dtype, torch_device
 from fleetctl.engine.model.compiled_decode import CompiledDecoder
 from fleetctl.engine.model.decoder import DecoderModel
 from fleetctl.engine.model.loader import load_weights
@@ -41,7 +35,6 @@ from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.model.prepared import load_cpu_weights, weights_key
 from fleetctl.engine.model.quantize import quantize_weights, resolve_quantization, weight_source
 from fleetctl.engine.model.tokenizer import Tokenizer
-from fleetctl.engine.paths import fleet_home
 from fleetctl.errors import FleetctlError
 from fleetctl.kernels import cpu_build, ops
 from fleetctl.kernels.batch_invariant import TILE as QUERY_TILE
@@ -99,7 +92,7 @@ class LLMEngine:
         root = self._salt(spec).root() if settings.prefix_cache else None
         # a scratch block for the compiled step's padding rows, or for the kernels' warm-up
         scratch = self.eager_reason is None or needs_kernel_warm_up(self.device)
-        blocks, window_slots = self._pool_size(spec)
+        blocks, window_slots = pool_size(settings, spec, self.device, config.memory_share, self.kv_window)
         self.kv_cache = KVCache(spec, blocks, self.device, root, scratch=scratch, window_slots=window_slots)
         tiers = open_tiers(settings.kv_offload_memory_bytes, settings.kv_offload_host_dir, settings.kv_offload_dir,
                            settings.kv_offload_disk_bytes) if root is not None else None
@@ -128,17 +121,11 @@ class LLMEngine:
         self.load_seconds = time.perf_counter() - start
 
     def _speculator(self) -> Speculator | None:
-        """The drafts, where decode steps speculate (`--speculative ngram`): not on a prefill worker, nor
-        where the compiled step (its batch buckets) or windowed layers' slots decode."""
-        settings = self.config.settings
-        if settings.speculative is SpeculativeMode.NONE or self.config.prefill_only or self.decoder is not None \
-                or self.kv_window is not None:
+        """The drafts, where decode steps speculate: not on a prefill worker, nor where the compiled step (its batch
+        buckets) or windowed layers' slots decode."""
+        if self.config.prefill_only or self.decoder is not None or self.kv_window is not None:
             return None
-        try:
-            node = NodeOutputs(outputs_path(fleet_home(), self.config.model_dir / "tokenizer.json"))
-        except OSError:  # a read-only home: each sequence drafts from its own tokens only
-            node = None
-        return Speculator(settings.speculative_tokens, self.model_config.vocab_size, node)
+        return engine_speculator(self.config.settings, self.config.model_dir, self.model_config.vocab_size)
 
     def warm_up(self) -> float:
         """Compile now what steps would otherwise compile on first use (a worker does this before it reports
@@ -179,29 +166,6 @@ class LLMEngine:
         self.speculator = self._speculator()
         self.warm_up()
         return time.perf_counter() - start
-
-    def _pool_size(self, spec: KVCacheSpec) -> tuple[int, int]:
-        """(blocks, window slots) of the pool: `num_kv_blocks`, else what the memory budget holds. With windowed
-        layers kept apart, the slots are what every sequence's window and a step's chunk need (no more than
-        the blocks), and the global layers' blocks take the rest of the budget."""
-        settings = self.config.settings
-        budget = (settings.num_kv_blocks or 0) * spec.bytes_per_block
-        if not budget:
-            gpu_total = total_memory(self.device) if self.device.type == "cuda" else None
-            budget = kv_budget(available_memory(self.device), gpu_total, self.config.memory_share,
-                               settings.kv_memory_bytes)
-        even = max(1, budget // spec.bytes_per_block)  # blocks holding every layer
-        if self.kv_window is None or not self.kv_window.apart:
-            return even, 0
-        window = self.kv_window
-        per_sequence = blocks_for(window.tokens + window.query_tile, spec.block_size) + 1
-        wanted = settings.max_num_seqs * per_sequence + blocks_for(settings.max_num_batched_tokens, spec.block_size)
-        slots = min(even, wanted)
-        if settings.num_kv_blocks:
-            return settings.num_kv_blocks, slots
-        global_bytes = len(spec.global_layers) * spec.layer_bytes_per_block
-        windowed_bytes = len(spec.windowed_layers) * spec.layer_bytes_per_block
-        return max(1, (budget - slots * windowed_bytes) // global_bytes), slots
 
     def _salt(self, spec: KVCacheSpec) -> KVSalt:
         model_dir = self.config.model_dir
@@ -354,7 +318,8 @@ class LLMEngine:
 
     def schedule(self) -> ScheduledStep | None:
         self._land_tier_reads()
-        self._propose()
+        if self.speculator is not None:  # each decoding sequence's draft for the step (a prefill leaves it unread)
+            self.speculator.draft(self.scheduler.running, self.max_model_len)
         scheduled = self.scheduler.schedule()
         if scheduled is None and self._tier_reads:  # nothing else to run: wait a little for the oldest read
             wait([next(iter(self._tier_reads.values()))[1]], timeout=TIER_READ_WAIT_S)
@@ -363,15 +328,6 @@ class LLMEngine:
         if scheduled is None:
             self.last_step = None
         return scheduled
-
-    def _propose(self) -> None:
-        """Each decoding sequence's draft for the next step (a prefill step leaves them unread): within its
-        max_tokens and the context, after the token the step draws itself."""
-        if self.speculator is None:
-            return
-        running = self.scheduler.running
-        self.speculator.draft(running, [min(seq.params.max_tokens - len(seq.output_token_ids),
-                                          self.max_model_len - seq.num_tokens) - 1 for seq in running])
 
     def _land_tier_reads(self) -> None:
         """Copy the KV tier reads that finished into the pool and let their sequences be admitted."""
@@ -389,10 +345,10 @@ class LLMEngine:
         (several where a draft was verified), in order."""
         written_from = [seq.num_cached_tokens for seq in scheduled.seqs]
         tokens, logprobs, stats = self.runner.run(scheduled)
-        self.last_step = dataclasses.replace(stats, tier_tokens=_take_tier_tokens(scheduled.seqs))
-        if self.speculator is not None and scheduled.phase is Phase.DECODE:
+        self.last_step = dataclasses.replace(stats, tier_tokens=take_tier_tokens(scheduled.seqs))
+        decode = scheduled.phase is Phase.DECODE
+        if self.speculator is not None and decode:
             self.speculator.observe(stats.request_ids, stats.drafted, stats.accepted, stats.num_tokens, stats.seconds)
-        park = self.config.prefill_only and scheduled.phase is Phase.PREFILL
         outputs = []
         for seq, new, new_logprobs, start in zip(scheduled.seqs, tokens, logprobs, written_from, strict=True):
             reason = None
@@ -401,7 +357,7 @@ class LLMEngine:
                 outputs.append(RequestOutput(seq.request_id, token, delta, reason is not None, reason, token_logprobs))
                 if reason:
                     break
-            if new and scheduled.phase is Phase.DECODE:  # a token that ended it early leaves later K/V unread
+            if decode:  # the K/V of every token it keeps but the last (a stop leaves later drafted ones unread)
                 seq.num_cached_tokens = seq.num_tokens - 1
             self.kv_cache.allocator.cache_full_blocks(seq, start)
             if reason:
@@ -409,9 +365,9 @@ class LLMEngine:
                 del self._seqs[seq.request_id]
                 if self.speculator is not None:
                     self.speculator.finished(seq)
-            elif new and scheduled.phase is Phase.DECODE:
+            elif decode:
                 self.scheduler.trim(seq)  # the blocks a rejected draft's tokens took
-            elif new and park:
+            elif new and self.config.prefill_only:
                 self.scheduler.park(seq)
         return outputs
 
@@ -439,11 +395,3 @@ class LLMEngine:
             self.step()
         return [result_of(s, streams[s.request_id]) for s in seqs]
 
-
-def _take_tier_tokens(seqs: list[Sequence]) -> dict[str, dict[str, int]]:
-    """What the tiers served each sequence at admission, once: its first step reports it."""
-    taken = {}
-    for seq in seqs:
-        if seq.tier_tokens:  # only at admission: a decode step passes over the rest
-            taken[seq.request_id], seq.tier_tokens = seq.tier_tokens, {}
-    return taken

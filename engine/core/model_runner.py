@@ -89,8 +89,9 @@ class ModelRunner:
                 logprobs[i] = logprobs[i][:len(tokens[i])]
         kept = tuple(len(new) - 1 for new in tokens) if decode else ()
         context_lens = tuple(s.num_cached_tokens + n for s, n in zip(seqs, step.chunks, strict=True))
-        for seq, n, new in zip(seqs, step.chunks, tokens, strict=True):
-            seq.num_cached_tokens += len(new) if decode else n  # a rejected draft's K/V is overwritten later
+        for seq, n in zip(seqs, step.chunks, strict=True):
+            if not decode:  # a decode's: the engine's, once it appended the tokens it keeps (a draft's may not stand)
+                seq.num_cached_tokens += n
             seq.draft_token_ids = []
         stats = StepStats(
             phase=step.phase,

@@ -11,9 +11,12 @@ penalty, a bias, a grammar or min_tokens would shape each drafted position by th
 """
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from fleetctl.engine.core.node_outputs import NodeOutputs
+from fleetctl.engine.core.engine_settings import EngineSettings, SpeculativeMode
+from fleetctl.engine.core.node_outputs import NodeOutputs, outputs_path
 from fleetctl.engine.core.sequence import Sequence
+from fleetctl.engine.paths import fleet_home
 
 MAX_NGRAM = 4
 MIN_NGRAM = 2  # a single repeated token is too weak a cue: its drafts are mostly rejected
@@ -67,13 +70,15 @@ class Speculator:
         self.pooled = Acceptance()  # every sequence's drafts together: a new sequence's prior
         self.step_cost = StepCost()
 
-    def draft(self, seqs: list[Sequence], room: list[int]) -> None:
-        """Set each decoding sequence's draft for the next step: what prompt lookup proposes, at most its `room`
-        (what its max_tokens and the context leave after the token the step draws itself), cut to what pays — but
+    def draft(self, seqs: list[Sequence], max_model_len: int) -> None:
+        """Set each decoding sequence's draft for the next step: what prompt lookup proposes, within its max_tokens
+        and the context (`max_model_len`) after the token the step draws itself, cut to what pays — but
         one token every EXPLORE_EVERY steps where a sequence had drafts and verified none, so that its acceptance
         is measured again (no draft is ever verified otherwise, where the prior says they do not pay)."""
         if self.node is not None:
             self.node.refresh()
+        room = [min(seq.params.max_tokens - len(seq.output_token_ids), max_model_len - seq.num_tokens) - 1
+                for seq in seqs]
         proposed = [self._propose(seq, min(self.max_tokens, space)) for seq, space in zip(seqs, room, strict=True)]
         prior = self.pooled.rate()
         rates = [self._acceptance.get(seq.request_id, Acceptance()).rate(prior) for seq in seqs]
@@ -116,6 +121,18 @@ class Speculator:
         self._indexes.pop(request_id, None)
         self._acceptance.pop(request_id, None)
         self._idle.pop(request_id, None)
+
+
+def engine_speculator(settings: EngineSettings, model_dir: Path, vocab_size: int) -> Speculator | None:
+    """An engine's drafts as its settings ask (None: `--speculative none`), drafting from the node's outputs of the
+    model's tokenizer too, where its home can be written."""
+    if settings.speculative is SpeculativeMode.NONE:
+        return None
+    try:
+        node = NodeOutputs(outputs_path(fleet_home(), model_dir / "tokenizer.json"))
+    except OSError:  # a read-only home: each sequence drafts from its own tokens only
+        node = None
+    return Speculator(settings.speculative_tokens, vocab_size, node)
 
 
 @dataclass

@@ -64,7 +64,7 @@ def test_an_engine_drafts_from_another_engines_finished_output(tiny_model_dir: P
     assert second.speculator is not None and second.speculator.node is not None
     second.speculator.node.refresh(force=True)
     seq = Sequence([5, *output[:6]], params, output_token_ids=[])
-    second.speculator.draft([seq], [8])
+    second.speculator.draft([seq], 1000)
     assert seq.draft_token_ids and seq.draft_token_ids == output[6:6 + len(seq.draft_token_ids)]
 
 

@@ -86,11 +86,11 @@ def test_sequences_that_shape_their_logits_do_not_draft() -> None:
     plain = Sequence(tokens[:3], SamplingParams(max_tokens=8), output_token_ids=tokens[3:])
     penalized = Sequence(tokens[:3], SamplingParams(max_tokens=8, presence_penalty=0.5), output_token_ids=tokens[3:])
     with_logprobs = Sequence(tokens[:3], SamplingParams(max_tokens=8, logprobs=1), output_token_ids=tokens[3:])
-    speculator.draft([plain], [4])
+    speculator.draft([plain], 1000)
     assert plain.draft_token_ids == [3, 4]  # the two rows the prior acceptance pays for at batch 1
-    speculator.draft([penalized, with_logprobs], [4, 4])
+    speculator.draft([penalized, with_logprobs], 1000)
     assert penalized.draft_token_ids == [] == with_logprobs.draft_token_ids
-    speculator.draft([plain], [1])  # room for one: its max_tokens or the context
+    speculator.draft([plain], 8)  # room for one: the context (8) after its 6 tokens and the step's own
     assert plain.draft_token_ids == [3]
 
 
@@ -172,7 +172,7 @@ def test_a_sequence_kept_from_drafting_tries_one_token_now_and_then() -> None:
             for i in range(32)]
     lengths = []
     for _ in range(EXPLORE_EVERY):
-        speculator.draft(seqs, [8] * len(seqs))
+        speculator.draft(seqs, 1000)
         lengths.append([len(seq.draft_token_ids) for seq in seqs])
     assert lengths[:-1] == [[0] * 32] * (EXPLORE_EVERY - 1) and lengths[-1] == [1] * 32
     speculator.observe(tuple(s.request_id for s in seqs), (1,) * 32, (1,) * 32, 64, 0.05)
