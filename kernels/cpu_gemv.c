@@ -71,7 +71,8 @@ typedef struct {
     const int8_t *xq;               /* [T, K] */
     /* q4 on the integer path: the same in row_q4_paired's order (paired_layout) */
     const int8_t *paired_xq;                  /* [T, K]: per pair of blocks, j's 0..15, j+1's 0..15, j's 16..31 */
-    const float *paired_xscale, *paired_xsum; /* [T, K / 32]: per 8 blocks in ORDER */
+    const float *paired_xscale, *paired_xsum; /* [T, K / 32]: per 8 blocks in ORDER (the last K % 256 inputs' scales
+                                                 in input order, their sums unused) */
 } Inputs;
 
 #ifdef __AVX2__
@@ -160,8 +161,8 @@ static inline __m256i q4_codes(const uint8_t *block) {
  * two blocks each (the low nibbles hold inputs 0..15 of both, the high 16..31, so x comes in that order: `paired_*`),
  * decoded once for every row of x; per row, the integer dots summed into one vector of the eight blocks' sums by
  * three hadds (in the order ORDER), scaled by a vector of the blocks' scales times x's, one FMA. At G = 32 the
- * zeros' terms ride along (a block is a group); wider groups take them per group. The last K % 256 inputs go block
- * by block. */
+ * zeros' terms ride along (a block is a group); wider groups take them per group. The last K % 256 inputs go two
+ * blocks a pass (an odd last block alone). */
 static const int ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7}; /* which block each lane of three hadds' result sums */
 
 static inline void decode_pair(const uint8_t *codes, __m256i low4, __m256i *low, __m256i *high) {
@@ -177,7 +178,8 @@ static inline __m256i pair_dot(__m256i low, __m256i high, const int8_t *xq) {
 
 static inline __attribute__((always_inline)) void row_q4_paired(const uint8_t *w, const uint16_t *scales_zeros,
                                                                 Inputs in, int T, int K, int G, float *out) {
-    const int blocks = K / 32, full = blocks / 8 * 8, shift = __builtin_ctz(G / 32), groups = K / G;
+    const int blocks = K / 32, full = blocks / 8 * 8, pairs = blocks / 2 * 2, shift = __builtin_ctz(G / 32);
+    const int groups = K / G;
     const __m256i order = _mm256_loadu_si256((const __m256i *)ORDER), high_half = _mm256_set1_epi32((int)0xffff0000);
     const __m256i low4 = _mm256_set1_epi8(15);
     __m256 acc[GROUP];
@@ -211,9 +213,22 @@ static inline __attribute__((always_inline)) void row_q4_paired(const uint8_t *w
             if (G == 32) acc[t] = _mm256_fmadd_ps(offset, _mm256_loadu_ps(in.paired_xsum + at), acc[t]);
         }
     }
+    for (int j = full; j < pairs; j += 2) { /* lanes 0..3 sum block j's products, 4..7 block j + 1's */
+        __m256i low, high;
+        decode_pair(w + (size_t)j * 16, low4, &low, &high);
+        const float s0 = bf16_to_f32(scales_zeros[2 * (j >> shift)]);
+        const float s1 = bf16_to_f32(scales_zeros[2 * ((j + 1) >> shift)]);
+        for (int t = 0; t < T; t++) {
+            const size_t at = (size_t)t * blocks + j;
+            const __m256 scale = _mm256_set_m128(_mm_set1_ps(s1 * in.paired_xscale[at + 1]),
+                                                 _mm_set1_ps(s0 * in.paired_xscale[at]));
+            const __m256i sums = pair_dot(low, high, in.paired_xq + (size_t)t * K + (size_t)j * 32);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[t]);
+        }
+    }
     for (int t = 0; t < T; t++) {
         float total = hsum((vf)acc[t]);
-        for (int j = full; j < blocks; j++)
+        for (int j = pairs; j < blocks; j++)
             total += hsum(block_dot(q4_codes(w + (size_t)j * 16), in.xq + (size_t)t * K + (size_t)j * 32)) *
                      bf16_to_f32(scales_zeros[2 * (j >> shift)]) * in.xscale[(size_t)t * blocks + j];
         for (int g = G == 32 ? full : 0; g < groups; g++) {
@@ -227,11 +242,11 @@ static inline __attribute__((always_inline)) void row_q4_paired(const uint8_t *w
 /* x's int8 blocks, scales and (G = 32) sums in the order row_q4_paired reads them, row by row: xq [T, K], xscale,
  * xsum [T, K / 32]. */
 static void paired_layout(const Inputs in, int T, int K, int G, int8_t *xq, float *xscale, float *xsum) {
-    const int blocks = K / 32, full = blocks / 8 * 8;
+    const int blocks = K / 32, full = blocks / 8 * 8, pairs = blocks / 2 * 2;
     for (int t = 0; t < T; t++) {
         const int8_t *from = in.xq + (size_t)t * K;
         int8_t *to = xq + (size_t)t * K;
-        for (int j = 0; j < full; j += 2)
+        for (int j = 0; j < pairs; j += 2)
             for (int half = 0; half < 2; half++) { /* inputs 0..15 of blocks j and j + 1, then 16..31 of both */
                 memcpy(to + (size_t)j * 32 + half * 32, from + (size_t)j * 32 + half * 16, 16);
                 memcpy(to + (size_t)j * 32 + half * 32 + 16, from + (size_t)(j + 1) * 32 + half * 16, 16);
@@ -242,22 +257,44 @@ static void paired_layout(const Inputs in, int T, int K, int G, int8_t *xq, floa
                 xscale[at + i] = in.xscale[at + ORDER[i]];
                 if (G == 32) xsum[at + i] = in.xsum[at + ORDER[i]];
             }
+        for (int j = full; j < pairs; j++) xscale[(size_t)t * blocks + j] = in.xscale[(size_t)t * blocks + j];
     }
 }
 #endif
 
-/* x [T, K] rounded to int8 per block of 32 (round to nearest; the block's largest magnitude maps to 127). */
-static void quantize_blocks(const float *x, size_t count, int8_t *xq, float *xscale) {
+#ifdef __AVX2__
+/* x [T, K] rounded to int8 per block of 32 (round to nearest even, as lrintf; the block's largest magnitude maps to
+ * 127), with each block's scale and the sum of the x its codes stand for (scale times the codes' sum). */
+static void quantize_blocks(const float *x, size_t count, int8_t *xq, float *xscale, float *xblock_sum) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undoes the packs' per-128-bit interleave */
     for (size_t b = 0; b < count / 32; b++) {
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++) {
-            const float v = x[b * 32 + j] < 0 ? -x[b * 32 + j] : x[b * 32 + j];
-            amax = v > amax ? v : amax;
-        }
-        const float scale = amax / 127.0f, inverse = amax > 0 ? 127.0f / amax : 0.0f;
-        xscale[b] = scale;
-        for (int j = 0; j < 32; j++) xq[b * 32 + j] = (int8_t)__builtin_lrintf(x[b * 32 + j] * inverse);
+        __m256 v[4], amax = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++)
+            v[i] = _mm256_loadu_ps(x + b * 32 + 8 * i), amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+        __m128 half = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+        const float largest = _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half)));
+        const float scale = largest / 127.0f, inverse = largest > 0 ? 127.0f / largest : 0.0f;
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inverse)));
+        const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)(xq + b * 32), _mm256_permutevar8x32_epi32(bytes, order));
+        const __m256i sums = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i total = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+        total = _mm_add_epi32(total, _mm_shuffle_epi32(total, 0x4e));
+        total = _mm_add_epi32(total, _mm_shuffle_epi32(total, 0xb1));
+        xscale[b] = scale, xblock_sum[b] = scale * (float)_mm_cvtsi128_si32(total);
     }
+}
+#endif
+
+/* n values (float32 or bfloat16) as float32. */
+static void widen_values(const void *from, float *to, int n, int bf16) {
+    int k = 0;
+    if (bf16)
+        for (; k + LANES <= n; k += LANES) *(vf_u *)(to + k) = widen_bf16((const uint16_t *)from + k);
+    for (; k < n; k++) to[k] = load_value(from, k, bf16);
 }
 
 enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2, W_Q4 = 3 };
@@ -367,27 +404,27 @@ int gemv(int format, const void *w, const void *aux, int N, int K, int G, int do
     const size_t paired = format == W_Q4 ? blocks : 0; /* row_q4_paired's copy of x's blocks */
     /* one buffer: x and y in float32, the per-group sums and block scales of x (and their paired copies), then x in
      * int8 (and its copy) */
-    float *xf = malloc(sizeof(float) * (inputs + (size_t)T * groups + blocks + 2 * paired + (size_t)T * N) +
+    float *xf = malloc(sizeof(float) * (inputs + (size_t)T * groups + 2 * blocks + 2 * paired + (size_t)T * N) +
                        (blocks + paired) * 32);
     if (!xf) return -1;
-    float *xsum = xf + inputs, *xscale = xsum + (size_t)T * groups, *paired_xscale = xscale + blocks;
-    float *paired_xsum = paired_xscale + paired, *yf = paired_xsum + paired;
+    float *xsum = xf + inputs, *xscale = xsum + (size_t)T * groups, *xblock_sum = xscale + blocks;
+    float *paired_xscale = xblock_sum + blocks, *paired_xsum = paired_xscale + paired, *yf = paired_xsum + paired;
     int8_t *xq = (int8_t *)(yf + (size_t)T * N), *paired_xq = xq + blocks * 32;
     const int width = doubled ? K / 2 : K; /* x's inputs: int8-split multiplies [x, x] (its hi halves', then lo's) */
     for (int t = 0; t < T; t++)
-        for (int k = 0; k < K; k++) xf[(size_t)t * K + k] = load_value(x, (size_t)t * width + k % width, x_bf16);
-    if (blocks) quantize_blocks(xf, inputs, xq, xscale);
+        for (int k = 0; k < K; k += width)
+            widen_values((const char *)x + (size_t)t * width * (x_bf16 ? 2 : 4), xf + (size_t)t * K + k, width, x_bf16);
+#ifdef __AVX2__
+    if (blocks) quantize_blocks(xf, inputs, xq, xscale, xblock_sum);
+#endif
     /* the zeros' terms' sums of x: of the x the dots multiply (rounded to int8: the codes' mean, 8 s, then cancels
      * against the same x; with the float x, 8 s times the rounding errors' sum stays, ~10 % of an int8-split row) */
     for (int t = 0; t < T; t++)
         for (size_t g = 0; g < groups; g++) {
             float s = 0.0f;
             if (blocks)
-                for (size_t b = ((size_t)t * K + g * G) / 32; b < ((size_t)t * K + (g + 1) * G) / 32; b++) {
-                    int total = 0;
-                    for (int j = 0; j < 32; j++) total += xq[b * 32 + j];
-                    s += xscale[b] * (float)total;
-                }
+                for (size_t b = ((size_t)t * K + g * G) / 32; b < ((size_t)t * K + (g + 1) * G) / 32; b++)
+                    s += xblock_sum[b];
             else
                 for (size_t k = g * G; k < (g + 1) * G; k++) s += xf[(size_t)t * K + k];
             xsum[(size_t)t * groups + g] = s;

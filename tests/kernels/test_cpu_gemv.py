@@ -122,8 +122,9 @@ def test_q4_rows_in_float32_are_exact_to_rounding(rows: int, group: int) -> None
     torch.testing.assert_close(out, x @ weight.dequantize().T, rtol=1e-5, atol=1e-4)
 
 
-# eight blocks a pass, then the blocks left over (K % 256) one by one; the zeros' terms in the pass at G = 32 only
-@pytest.mark.parametrize(("group", "inputs"), [(32, 256), (32, 576), (64, 576), (128, 640)])
+# eight blocks a pass, then the blocks left over (K % 256) two at a time and an odd one alone; the zeros' terms in
+# the pass at G = 32 only
+@pytest.mark.parametrize(("group", "inputs"), [(32, 96), (32, 256), (32, 576), (32, 608), (64, 576), (128, 640)])
 @pytest.mark.parametrize("rows", [1, 5, 8, 40])
 def test_q4_rows_in_bf16_round_x_to_8_bits_per_block(rows: int, group: int, inputs: int) -> None:
     generator = torch.Generator().manual_seed(group + inputs)
