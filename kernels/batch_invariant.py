@@ -45,7 +45,7 @@ def invariant_attention(
         padded = -(-length // TILE) * TILE
         first = length - (end - start)
         base = _first_key(first // TILE, window, block_size)
-        k, v = gather_kv(kv_layer, block_tables[i], padded, base // block_size)  # [padded - base, Hkv, d]
+        k, v = gather_kv(kv_layer, block_tables[i], padded, base // block_size, q.dtype)  # [padded - base, Hkv, d]
         k = k.permute(1, 2, 0)  # [Hkv, d, padded - base]
         v = v.transpose(0, 1)  # [Hkv, padded - base, d]
         for tile in range(first // TILE, padded // TILE):

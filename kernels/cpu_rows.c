@@ -1,6 +1,7 @@
 /* Row-wise ops of a decode step on a CPU, one call each where torch's composite ops take several: RMSNorm fused
  * with the residual add before it. x, the residual and the output are float32 or bfloat16 (bf16); the sums run in
  * float32 and each output rounds once. Built and loaded by kernels/cpu_build.py. */
+#include <float.h>
 #include <math.h>
 
 #include "cpu_kernels.h"
@@ -32,30 +33,142 @@ int rms_norm(const void *x, const void *residual, const void *weight, float eps,
     return 0;
 }
 
-/* Decode attention over a paged KV cache: each of B sequences' H query heads (one query each, the sequence's last
- * position) against its keys 0 .. context_len - 1, or the last `window` of them (window 0: all). q [B, H, d], its
- * sequences q_stride values apart (H * d: contiguous; more: views of a qkv row); out [B, H, d];
- * kv [2, blocks, bs, Hkv, d]; tables [B, max_blocks] int32; context_lens [B] int32. A task takes one sequence's
- * query heads of one KV head (GQA: up to HEADS_A_TASK of them, each key and value read once for all), the keys
- * TILE at a time: their scores, one running-softmax rescale per tile, their weights by exp_lanes, then the values.
- * In float32; each output rounds once. */
+/* Decode attention (decode_attention, below) takes a sequence's keys TILE at a time, up to HEADS_A_TASK query heads
+ * in a task. */
 #define TILE 16
 #define HEADS_A_TASK 16
 #define TASK_WIDTH 4096 /* floats of queries (and of accumulators) a task holds: heads x d */
+#define MAX_HEAD_DIM 512 /* an int8 tile's widened keys: cpu_rows.py's MAX_HEAD_DIM, past which no wrapper calls */
+
+/* An int8 pool's (token, KV head) row (kernels/kv_quant.py): d codes, then the row's scale, a bfloat16 in two
+ * bytes; a value is code * scale. */
+static inline float row_scale(const int8_t *row, int d) {
+    uint16_t bits;
+    memcpy(&bits, row + d, sizeof bits); /* no alignment: a row is d + 2 bytes */
+    return bf16_to_f32(bits);
+}
+
+/* rows[0 .. n): the rows of a sequence's keys p .. p + n - 1 (base: the pool's first row of their KV head), through
+ * its block table: one division a tile, not one a key. */
+static inline void key_rows(const char *base, const int32_t *table, int bs, size_t token_bytes, int p, int n,
+                            const char **rows) {
+    int block = p / bs, offset = p % bs;
+    for (int i = 0; i < n; i++) {
+        rows[i] = base + ((size_t)table[block] * bs + offset) * token_bytes;
+        if (++offset == bs) offset = 0, block++;
+    }
+}
+
+/* A tile's n scores (TILE lanes, those past n unused) into their softmax weights under the head's running maximum,
+ * first raised to the tile's (rescaling the head's running total and accumulator acc [d] to it); the weights are
+ * added to the total. */
+static inline void softmax_tile(float *weights, int n, float *running_max, float *total, float *acc, int d) {
+    float tile_max = -INFINITY;
+    for (int i = 0; i < n; i++) tile_max = weights[i] > tile_max ? weights[i] : tile_max;
+    if (tile_max > *running_max) { /* rescale what was summed under the old maximum */
+        const float factor = expf(*running_max - tile_max);
+        *total *= factor;
+        for (int i = 0; i < d; i++) acc[i] *= factor;
+        *running_max = tile_max;
+    }
+    for (int i = 0; i < TILE; i += LANES) {
+        vf lanes;
+        memcpy(&lanes, weights + i, sizeof lanes);
+        lanes = exp_lanes(lanes - *running_max);
+        memcpy(weights + i, &lanes, sizeof lanes);
+    }
+    for (int i = 0; i < n; i++) *total += weights[i];
+}
+
+/* Lane j: the sum of v[j]'s lanes (pairwise, in a fixed order): eight dot products' last step at once. */
+static inline vf hsum8(const vf v[LANES]) {
+#ifdef __AVX2__
+    const __m256 a = _mm256_hadd_ps((__m256)v[0], (__m256)v[1]), b = _mm256_hadd_ps((__m256)v[2], (__m256)v[3]);
+    const __m256 c = _mm256_hadd_ps((__m256)v[4], (__m256)v[5]), e = _mm256_hadd_ps((__m256)v[6], (__m256)v[7]);
+    /* lanes 0-3: v[0..3]'s sums over their lanes 0-3, lanes 4-7: over their lanes 4-7; then v[4..7]'s */
+    const __m256 low = _mm256_hadd_ps(a, b), high = _mm256_hadd_ps(c, e);
+    return (vf)_mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+#else
+    vf sums;
+    for (int j = 0; j < LANES; j++) sums[j] = hsum(v[j]);
+    return sums;
+#endif
+}
+
+/* An int8 pool's tile of n keys (rows of row_scale) against `heads` queries of d: scores[g][i] = query_g . codes_i
+ * * scale_i. Each key is widened to float32 once for all the heads (they share it: GQA), and eight keys' dot
+ * products end in one hsum8. */
+static void int8_scores(const float *query, int heads, int d, const char *const *keys, int n,
+                        float scores[][TILE]) {
+    float widened[TILE * MAX_HEAD_DIM] __attribute__((aligned(32)));
+    float scales[TILE] __attribute__((aligned(32)));
+    for (int i = 0; i < TILE; i++) { /* a short tile's missing keys: zeros, scale 0 */
+        for (int c = 0; c < d; c += LANES)
+            *(vf *)(widened + i * d + c) = i < n ? widen_i8((const int8_t *)keys[i] + c) : (vf){0};
+        scales[i] = i < n ? row_scale((const int8_t *)keys[i], d) : 0.0f;
+    }
+    for (int g = 0; g < heads; g++)
+        for (int k0 = 0; k0 < n; k0 += LANES) {
+            vf sums[LANES] = {0};
+            for (int c = 0; c < d; c += LANES) {
+                const vf x = load_f32(query + g * d + c);
+                for (int j = 0; j < LANES; j++) sums[j] += x * *(const vf *)(widened + (k0 + j) * d + c);
+            }
+            const vf tile = hsum8(sums) * load_f32(scales + k0);
+            memcpy(scores[g] + k0, &tile, sizeof tile);
+        }
+}
+
+/* acc_g [d] += sum over the tile's n values (an int8 pool's rows) of weights[g][i] * scale_i * codes_i, for each of
+ * `heads`: eight values' codes at a time widened once for all the heads. The weights past n must be finite (0). */
+static void int8_values(float *acc, int heads, int d, const char *const *values, int n,
+                        const float weights[][TILE]) {
+    for (int k0 = 0; k0 < n; k0 += LANES) {
+        const int8_t *rows[LANES];
+        float scaled[HEADS_A_TASK][LANES]; /* the weights times their rows' scales; 0 past the tile's end */
+        for (int j = 0; j < LANES; j++) {
+            rows[j] = (const int8_t *)values[k0 + j < n ? k0 + j : k0]; /* a missing value: a real row, weight 0 */
+            const float scale = k0 + j < n ? row_scale(rows[j], d) : 0.0f;
+            for (int g = 0; g < heads; g++) scaled[g][j] = weights[g][k0 + j] * scale;
+        }
+        for (int c = 0; c < d; c += LANES) {
+            vf v[LANES];
+            for (int j = 0; j < LANES; j++) v[j] = widen_i8(rows[j] + c);
+            for (int g = 0; g < heads; g++) {
+                const float *w = scaled[g];
+                vf even = w[0] * v[0], odd = w[1] * v[1]; /* two chains of products, not one of eight */
+                for (int j = 2; j < LANES; j += 2) even += w[j] * v[j], odd += w[j + 1] * v[j + 1];
+                *(vf_u *)(acc + g * d + c) = load_f32(acc + g * d + c) + (even + odd);
+            }
+        }
+    }
+}
+
+/* Decode attention over a paged KV cache: each of B sequences' H query heads (one query each, the sequence's last
+ * position) against its keys 0 .. context_len - 1, or the last `window` of them (window 0: all). q [B, H, d], its
+ * sequences q_stride values apart (H * d: contiguous; more: views of a qkv row); out [B, H, d];
+ * kv [2, blocks, bs, Hkv, d] in q's dtype, or with kv_int8 [2, blocks, bs, Hkv, d + 2] int8 (row_scale's rows, read
+ * as they are: d <= MAX_HEAD_DIM); tables [B, max_blocks] int32; context_lens [B] int32. A task takes one sequence's
+ * query heads of one KV head (GQA: up to HEADS_A_TASK of them, each key and value read once for all), the keys TILE
+ * at a time: their scores, one running-softmax rescale per tile, their weights by exp_lanes, then the values. In
+ * float32; each output rounds once. */
 void decode_attention(const void *q, size_t q_stride, const void *kv, const int32_t *tables, int max_blocks,
                       const int32_t *context_lens, int B, int H, int Hkv, int d, int blocks, int bs, float scale,
-                      int window, void *out, int bf16, int threads) {
+                      int window, void *out, int bf16, int kv_int8, int threads) {
     const int group = H / Hkv;
     int per_task = group < HEADS_A_TASK ? group : HEADS_A_TASK;
     if (per_task * d > TASK_WIDTH) per_task = TASK_WIDTH / d;
     const int parts = (group + per_task - 1) / per_task;
-    const size_t token_stride = (size_t)Hkv * d, half = (size_t)blocks * bs * token_stride, element = bf16 ? 2 : 4;
+    const size_t row_bytes = kv_int8 ? (size_t)d + 2 : (size_t)d * (bf16 ? 2 : 4);
+    const size_t token_bytes = (size_t)Hkv * row_bytes, half = (size_t)blocks * bs * token_bytes;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int task = 0; task < B * Hkv * parts; task++) {
         const int b = task / (Hkv * parts), kv_head = task / parts % Hkv;
         const int h0 = kv_head * group + task % parts * per_task;
         const int heads = kv_head * group + group - h0 < per_task ? kv_head * group + group - h0 : per_task;
         const int length = context_lens[b], start = window > 0 && length > window ? length - window : 0;
+        const int32_t *table = tables + (size_t)b * max_blocks;
+        const char *base = (const char *)kv + (size_t)kv_head * row_bytes;
         float query[TASK_WIDTH] __attribute__((aligned(32))), acc[TASK_WIDTH] __attribute__((aligned(32)));
         float running_max[HEADS_A_TASK], total[HEADS_A_TASK];
         for (int g = 0; g < heads; g++) {
@@ -66,35 +179,32 @@ void decode_attention(const void *q, size_t q_stride, const void *kv, const int3
         }
         for (int p0 = start; p0 < length; p0 += TILE) {
             const int n = length - p0 < TILE ? length - p0 : TILE;
-            const char *keys[TILE];
+            const char *keys[TILE], *values[TILE], *next[TILE];
             float weights[HEADS_A_TASK][TILE] __attribute__((aligned(32)));
-            for (int i = 0; i < n; i++) {
-                const int p = p0 + i;
-                const size_t slot = (size_t)tables[(size_t)b * max_blocks + p / bs] * bs + p % bs;
-                keys[i] = (const char *)kv + (slot * token_stride + (size_t)kv_head * d) * element;
+            key_rows(base, table, bs, token_bytes, p0, n, keys);
+            for (int i = 0; i < n; i++) values[i] = keys[i] + half;
+            /* the next tile's rows on their way while this one computes: its blocks are anywhere in the pool */
+            const int ahead = length - p0 - n < TILE ? length - p0 - n : TILE;
+            key_rows(base, table, bs, token_bytes, p0 + n, ahead, next);
+            for (int i = 0; i < ahead; i++) {
+                __builtin_prefetch(next[i]), __builtin_prefetch(next[i] + row_bytes - 1);
+                __builtin_prefetch(next[i] + half), __builtin_prefetch(next[i] + half + row_bytes - 1);
+            }
+            if (kv_int8) { /* every head's scores at once, then their weights, then every head's values */
+                int8_scores(query, heads, d, keys, n, weights);
+                for (int g = 0; g < heads; g++) {
+                    softmax_tile(weights[g], n, running_max + g, total + g, acc + g * d, d);
+                    for (int i = n; i < TILE; i++) weights[g][i] = 0.0f; /* a short tile's: int8_values reads them */
+                }
+                int8_values(acc, heads, d, values, n, weights);
+                continue;
             }
             for (int g = 0; g < heads; g++) {
-                float tile_max = -INFINITY;
-                for (int i = 0; i < n; i++) {
-                    weights[g][i] = dot_values(query + g * d, keys[i], d, bf16);
-                    tile_max = weights[g][i] > tile_max ? weights[g][i] : tile_max;
-                }
-                if (tile_max > running_max[g]) { /* rescale what was summed under the old maximum */
-                    const float factor = expf(running_max[g] - tile_max);
-                    total[g] *= factor;
-                    for (int i = 0; i < d; i++) acc[g * d + i] *= factor;
-                    running_max[g] = tile_max;
-                }
-                for (int i = 0; i < TILE; i += LANES) {
-                    vf lanes;
-                    memcpy(&lanes, weights[g] + i, sizeof lanes);
-                    lanes = exp_lanes(lanes - running_max[g]);
-                    memcpy(weights[g] + i, &lanes, sizeof lanes);
-                }
-                for (int i = 0; i < n; i++) total[g] += weights[g][i];
+                for (int i = 0; i < n; i++) weights[g][i] = dot_values(query + g * d, keys[i], d, bf16);
+                softmax_tile(weights[g], n, running_max + g, total + g, acc + g * d, d);
             }
             for (int i = 0; i < n; i++)
-                for (int g = 0; g < heads; g++) add_scaled(acc + g * d, weights[g][i], keys[i] + half * element, d, bf16);
+                for (int g = 0; g < heads; g++) add_scaled(acc + g * d, weights[g][i], values[i], d, bf16);
         }
         for (int g = 0; g < heads; g++)
             for (int i = 0; i < d; i++)
@@ -102,16 +212,46 @@ void decode_attention(const void *q, size_t q_stride, const void *kv, const int3
     }
 }
 
-/* k, v [T, Hkv * d] (tokens source_stride values apart) into their slots of kv [2, blocks * bs, Hkv * d] (slots [T]
- * int64), in place. */
-void store_kv(const void *k, const void *v, size_t source_stride, void *kv, const int64_t *slots, int T,
-              int row_elements, int blocks_x_bs, int element_size) {
-    const size_t row_bytes = (size_t)row_elements * element_size;
+/* One (token, KV head) row of d values (float32 or bfloat16) into an int8 pool's row, as kv_quant.quantize_rows:
+ * scale = bf16(max |x| / 127), code = clamp(round_half_even(x / scale), -127, 127), in the same float32 steps (a true
+ * division, not a product by the reciprocal), so the bytes are the reference's. A NaN in the row makes its scale NaN
+ * (its codes 0), as torch's amax does. */
+static void quantize_row(const void *x, size_t at, int d, int bf16, int8_t *row) {
+    float amax = 0.0f;
+    for (int i = 0; i < d; i++) {
+        const float a = fabsf(load_value(x, at + i, bf16));
+        amax = a > amax || a != a ? a : amax;
+    }
+    const uint16_t scale_bits = f32_to_bf16(amax / 127.0f);
+    const float scale = bf16_to_f32(scale_bits);
+    /* the reference divides by the scale clamped to FLT_MIN: it differs from the scale where that is subnormal */
+    const float divisor = scale < FLT_MIN ? FLT_MIN : scale;
+    for (int i = 0; i < d; i++) {
+        const long code = scale > 0.0f ? lrintf(load_value(x, at + i, bf16) / divisor) : 0; /* half to even */
+        row[i] = (int8_t)(code > 127 ? 127 : code < -127 ? -127 : code);
+    }
+    memcpy(row + d, &scale_bits, sizeof scale_bits);
+}
+
+/* k, v [T, Hkv * d] (tokens source_stride values apart, in float32 or bfloat16) into their slots of kv
+ * [2, blocks * bs, Hkv, d] (slots [T] int64), in place: copied, in the pool's dtype (k's), or with kv_int8 quantized
+ * into rows of d + 2 int8 (quantize_row). */
+void store_kv(const void *k, const void *v, size_t source_stride, void *kv, const int64_t *slots, int T, int Hkv,
+              int d, int blocks_x_bs, int bf16, int kv_int8) {
+    const size_t element = bf16 ? 2 : 4, row_bytes = kv_int8 ? (size_t)d + 2 : (size_t)d * element;
+    const size_t token_bytes = (size_t)Hkv * row_bytes, half = (size_t)blocks_x_bs * token_bytes;
     for (int t = 0; t < T; t++) {
-        char *keys = (char *)kv + (size_t)slots[t] * row_bytes;
-        const size_t at = (size_t)t * source_stride * element_size;
-        memcpy(keys, (const char *)k + at, row_bytes);
-        memcpy(keys + (size_t)blocks_x_bs * row_bytes, (const char *)v + at, row_bytes);
+        char *keys = (char *)kv + (size_t)slots[t] * token_bytes;
+        const size_t at = (size_t)t * source_stride;
+        if (!kv_int8) {
+            memcpy(keys, (const char *)k + at * element, token_bytes);
+            memcpy(keys + half, (const char *)v + at * element, token_bytes);
+            continue;
+        }
+        for (int h = 0; h < Hkv; h++) {
+            quantize_row(k, at + (size_t)h * d, d, bf16, (int8_t *)(keys + h * row_bytes));
+            quantize_row(v, at + (size_t)h * d, d, bf16, (int8_t *)(keys + half + h * row_bytes));
+        }
     }
 }
 

@@ -1,7 +1,9 @@
 """A decode step's small ops on a CPU in one C call each (`cpu_rows.c`, built by `cpu_build`): RMSNorm, where torch's
 composite runs ~8 small ops (upcast, square, mean, rsqrt, two products, a cast) of ~5 µs each; rotary (~6 ops); the
 KV store (two index copies); the gated MLP's activation (3 ops); decode attention straight off the paged pool, where
-the reference gathers the blocks, builds a mask and runs SDPA (~60 µs a layer).
+the reference gathers the blocks, builds a mask and runs SDPA (~60 µs a layer). The KV store and decode attention
+take an int8 pool too (`--kv-dtype int8`: rows of codes and a scale, kernels/kv_quant), quantizing as the store
+writes and reading the codes as attention runs, where the reference dequantizes the gathered blocks first.
 
 Each takes CPU tensors in float32 or bfloat16 while no torch dispatch mode watches (a FLOP counter or a tracer sees
 torch's own ops instead)."""
@@ -11,7 +13,7 @@ from functools import cache
 
 import torch
 
-from fleetctl.kernels import cpu_build
+from fleetctl.kernels import cpu_build, kv_quant
 
 MAX_WIDTH = 16384  # RMSNorm's float32 scratch row
 MAX_HEAD_DIM = 512  # decode attention's float32 query and accumulator
@@ -28,10 +30,10 @@ def _library() -> ctypes.CDLL | None:
         library.decode_attention.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p,
                                              ctypes.c_int,
                                              ctypes.c_void_p, *[ctypes.c_int] * 6, ctypes.c_float, ctypes.c_int,
-                                             ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+                                             ctypes.c_void_p, *[ctypes.c_int] * 3]
         library.decode_attention.restype = None
         library.store_kv.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
-                                     ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+                                     ctypes.c_void_p, *[ctypes.c_int] * 6]
         library.store_kv.restype = None
         library.rotary.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
@@ -78,6 +80,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return out, stream
 
 
+def _reads_pool(x: torch.Tensor, kv_layer: torch.Tensor) -> bool:
+    """Whether kv_layer [2, blocks, bs, Hkv, W] is a pool the kernels read beside x [..., d] (a CPU tensor of
+    `_computable`): contiguous, in x's dtype with W = d, or int8 with W = kv_quant.stored_width(d)."""
+    int8 = kv_layer.dtype == torch.int8
+    return (kv_layer.device.type == "cpu" and kv_layer.dim() == 5 and kv_layer.dtype in (x.dtype, torch.int8)
+            and kv_layer.shape[-1] == (kv_quant.stored_width(x.shape[-1]) if int8 else x.shape[-1])
+            and kv_layer.is_contiguous())
+
+
 def takes_attention_tables(block_tables: torch.Tensor) -> bool:
     """Whether a decode step over these block tables will run its attention in the C kernel (so nothing needs
     gathering for torch's), as far as the tables tell: `takes_attention` decides per layer."""
@@ -85,9 +96,10 @@ def takes_attention_tables(block_tables: torch.Tensor) -> bool:
 
 
 def takes_attention(q: torch.Tensor, kv_layer: torch.Tensor) -> bool:
-    """Whether `decode_attention` computes q [B, H, d] over kv_layer [2, blocks, bs, Hkv, d] (contiguous)."""
+    """Whether `decode_attention` computes q [B, H, d] over kv_layer [2, blocks, bs, Hkv, d] (contiguous, in q's
+    dtype; or an int8 pool of rows d + kv_quant.SCALE_BYTES)."""
     head_dim = q.shape[-1]
-    return (head_dim <= MAX_HEAD_DIM and head_dim % 8 == 0 and kv_layer.is_contiguous() and _computable(q, kv_layer))
+    return head_dim <= MAX_HEAD_DIM and head_dim % 8 == 0 and _computable(q) and _reads_pool(q, kv_layer)
 
 
 def decode_attention(q: torch.Tensor, kv_layer: torch.Tensor, block_tables: torch.Tensor,
@@ -103,22 +115,26 @@ def decode_attention(q: torch.Tensor, kv_layer: torch.Tensor, block_tables: torc
     out = torch.empty_like(q)
     library.decode_attention(q.data_ptr(), heads * head_dim, kv_layer.data_ptr(), tables.data_ptr(), tables.shape[1],
                              lens.data_ptr(), batch, heads, kv_heads, head_dim, blocks, block_size, scale, window or 0,
-                             out.data_ptr(), int(q.dtype == torch.bfloat16), torch.get_num_threads())
+                             out.data_ptr(), int(q.dtype == torch.bfloat16), int(kv_layer.dtype == torch.int8),
+                             torch.get_num_threads())
     return out
 
 
 def takes_store(k: torch.Tensor, kv_layer: torch.Tensor) -> bool:
-    return kv_layer.is_contiguous() and _computable(k, kv_layer)
+    """Whether `store_kv` writes k [T, Hkv, d] (and v alike) into kv_layer: a pool `decode_attention` reads."""
+    return _computable(k) and _reads_pool(k, kv_layer)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor, slots: torch.Tensor) -> None:
-    """As `store_kv_ref`: k, v [T, Hkv, d] into kv_layer [2, blocks, bs, Hkv, d] at slots [T] int64, in place.
-    `takes_store(k, kv_layer)` true."""
+    """As `store_kv_ref`: k, v [T, Hkv, d] into kv_layer [2, blocks, bs, Hkv, d] at slots [T] int64, in place (an
+    int8 pool: each row quantized, the same bytes as the reference's). `takes_store(k, kv_layer)` true."""
     library = _kernel()
     k, v, slots = k.contiguous(), v.contiguous(), slots.to(torch.int64).contiguous()
-    _, blocks, block_size, kv_heads, head_dim = kv_layer.shape
+    _, blocks, block_size, kv_heads, _ = kv_layer.shape
+    head_dim = k.shape[-1]
     library.store_kv(k.data_ptr(), v.data_ptr(), kv_heads * head_dim, kv_layer.data_ptr(), slots.data_ptr(),
-                     k.shape[0], kv_heads * head_dim, blocks * block_size, k.element_size())
+                     k.shape[0], kv_heads, head_dim, blocks * block_size, int(k.dtype == torch.bfloat16),
+                     int(kv_layer.dtype == torch.int8))
 
 
 def takes_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> bool:

@@ -45,8 +45,9 @@ typedef struct {
     const int32_t *tables, *window_tables;          /* [T, max_blocks], [T, window_max_blocks] */
     int max_blocks, window_max_blocks, block_size;
     const int32_t *context_lens; /* [T] */
-    void *const *kv;             /* per layer: [2, blocks, block_size, Hkv, d] */
+    void *const *kv;             /* per layer: [2, blocks, block_size, Hkv, d], or [.., d + 2] int8 rows */
     const int *kv_blocks;        /* per layer */
+    int kv_int8;                 /* the pools hold int8 rows, codes and a scale (kernels/kv_quant.py) */
     int threads;
 } Step;
 
@@ -105,9 +106,9 @@ int decode_step(const Model *m, const Layer *layers, const Step *s) {
         const int32_t *tables = L->window ? s->window_tables : s->tables;
         const int max_blocks = L->window ? s->window_max_blocks : s->max_blocks;
         const char *k = (const char *)qkv + (size_t)H * d * element, *v = k + (size_t)Hkv * d * element;
-        store_kv(k, v, qkv_width, s->kv[l], slots, T, Hkv * d, s->kv_blocks[l] * s->block_size, (int)element);
+        store_kv(k, v, qkv_width, s->kv[l], slots, T, Hkv, d, s->kv_blocks[l] * s->block_size, bf16, s->kv_int8);
         decode_attention(qkv, qkv_width, s->kv[l], tables, max_blocks, s->context_lens, T, H, Hkv, d,
-                         s->kv_blocks[l], s->block_size, m->scale, L->window, attn, bf16, s->threads);
+                         s->kv_blocks[l], s->block_size, m->scale, L->window, attn, bf16, s->kv_int8, s->threads);
         status |= product(&L->o_proj, attn, m, T, hidden, s->threads);
         if (L->attn_out_norm) status |= rms_norm(hidden, NULL, L->attn_out_norm, m->eps, hidden, NULL, T, D, bf16);
         status |= rms_norm(hidden, residual, L->post_norm, m->eps, x, residual, T, D, bf16);

@@ -13,7 +13,7 @@ from functools import cache
 
 import torch
 
-from fleetctl.kernels import cpu_build, cpu_gemv, cpu_rows
+from fleetctl.kernels import cpu_build, cpu_gemv, cpu_rows, kv_quant
 
 
 class _Matrix(ctypes.Structure):
@@ -41,7 +41,7 @@ class _Step(ctypes.Structure):
                                                        "tables", "window_tables")),
                 *((name, ctypes.c_int) for name in ("max_blocks", "window_max_blocks", "block_size")),
                 ("context_lens", ctypes.c_void_p), ("kv", ctypes.c_void_p), ("kv_blocks", ctypes.c_void_p),
-                ("threads", ctypes.c_int)]
+                ("kv_int8", ctypes.c_int), ("threads", ctypes.c_int)]
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,8 @@ def _matrix(operands: cpu_gemv.Operands) -> _Matrix:
 
 class DecodeStep:
     """A model's decode step as one call. Every tensor it is given must be a contiguous CPU tensor of one dtype
-    (float32 or bfloat16) and stay alive as long as it: it keeps its own references."""
+    (float32 or bfloat16; the KV pools that, or int8: kernels/kv_quant's rows) and stay alive as long as it: it keeps
+    its own references."""
 
     def __init__(self, shape: ModelShape, layers: Sequence[LayerPlan], dtype: torch.dtype) -> None:
         library = _library()
@@ -135,8 +136,14 @@ class DecodeStep:
             window_tables: torch.Tensor | None = None) -> torch.Tensor:
         """hidden [T, D] (the tokens' embeddings; overwritten) -> the final normed hidden states [T, D] (hidden
         itself). positions, slots [T] int64; rope, local_rope: (cos, sin) tables [P, rotary_dim / 2];
-        block_tables [T, max_blocks] and context_lens [T] int32; kv: each layer's [2, blocks, bs, Hkv, d];
-        window_slots, window_tables: the windowed layers' own pool's, where it has one."""
+        block_tables [T, max_blocks] and context_lens [T] int32; kv: each layer's [2, blocks, bs, Hkv, d] in the
+        model's dtype, or int8 [.., d + kv_quant.SCALE_BYTES] (each layer alike: one pool's); window_slots,
+        window_tables: the windowed layers' own pool's, where it has one."""
+        kv_int8 = kv[0].dtype == torch.int8
+        width = kv_quant.stored_width(self.shape.head_dim) if kv_int8 else self.shape.head_dim
+        if kv[0].dtype not in (self.dtype, torch.int8) or kv[0].shape[-1] != width or not kv[0].is_contiguous():
+            raise ValueError(f"the decode step reads contiguous {self.dtype} or int8 KV pools of rows of "
+                             f"{self.shape.head_dim} (int8: {width}), not {kv[0].dtype} {tuple(kv[0].shape)}")
         tables, lens = _int32(block_tables), _int32(context_lens)
         windowed = None if window_tables is None else _int32(window_tables)
         positions, slots = positions.contiguous(), slots.contiguous()
@@ -146,7 +153,7 @@ class DecodeStep:
                      local_rope[0].data_ptr(), local_rope[1].data_ptr(), slots.data_ptr(), _pointer(window_slots),
                      tables.data_ptr(), _pointer(windowed), tables.shape[1],
                      0 if windowed is None else windowed.shape[1], kv[0].shape[2], lens.data_ptr(),
-                     ctypes.addressof(pointers), ctypes.addressof(blocks), torch.get_num_threads())
+                     ctypes.addressof(pointers), ctypes.addressof(blocks), int(kv_int8), torch.get_num_threads())
         if self._call(ctypes.byref(self._model), self._layers, ctypes.byref(step)):
             raise MemoryError("the decode step could not allocate its scratch buffers")
         return hidden

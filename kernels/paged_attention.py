@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from fleetctl.kernels import kv_quant
 from fleetctl.kernels.attention_launch import decode_partition, decode_tiles
 from fleetctl.kernels.triton_support import dot_numerics, interpreting, kernel, next_pow2
 
@@ -27,15 +28,19 @@ if TYPE_CHECKING:
 
 
 def gather_kv(
-    kv_layer: torch.Tensor, block_table: torch.Tensor, length: int, first_block: int = 0
+    kv_layer: torch.Tensor, block_table: torch.Tensor, length: int, first_block: int = 0,
+    dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """kv_layer: [2, blocks, bs, Hkv, d]; block_table: [>= ceil(length/bs)] -> k, v: [length - first_block*bs,
-    Hkv, d], the keys from block `first_block` on."""
-    _, blocks, block_size, num_kv_heads, head_dim = kv_layer.shape
+    """kv_layer: [2, blocks, bs, Hkv, d] (an int8 pool: [.., d + kv_quant.SCALE_BYTES] rows); block_table:
+    [>= ceil(length/bs)] -> k, v: [length - first_block*bs, Hkv, d], the keys from block `first_block` on (an int8
+    pool's dequantized to `dtype`)."""
+    _, blocks, block_size, num_kv_heads, width = kv_layer.shape
     num_blocks = -(-length // block_size) - first_block
     # index_select on a flattened view: several times faster than advanced indexing on CPU
     kv = kv_layer.view(2, blocks, -1).index_select(1, block_table[first_block : first_block + num_blocks].long())
-    kv = kv.view(2, num_blocks * block_size, num_kv_heads, head_dim)[:, : length - first_block * block_size]
+    kv = kv.view(2, num_blocks * block_size, num_kv_heads, width)[:, : length - first_block * block_size]
+    if kv_layer.dtype == torch.int8:
+        kv = kv_quant.dequantize_rows(kv, dtype or torch.float32)
     return kv[0], kv[1]
 
 
@@ -93,11 +98,14 @@ def paged_decode_attention_ref(
     including the current token); `keys`: decode_keys of those (and of `window`), when the caller computed
     them once for every layer. Returns [B, H, d]."""
     batch, num_heads, head_dim = q.shape
-    _, blocks, block_size, num_kv_heads, _ = kv_layer.shape
+    _, blocks, block_size, num_kv_heads, width = kv_layer.shape
     if keys is None:
         keys = decode_keys(block_tables, context_lens, block_size, window)
     kv = kv_layer.view(2, blocks, -1).index_select(1, keys.index)
-    kv = kv.view(2, batch, -1, num_kv_heads, head_dim)[:, :, : keys.length].transpose(2, 3)
+    kv = kv.view(2, batch, -1, num_kv_heads, width)[:, :, : keys.length]
+    if kv_layer.dtype == torch.int8:
+        kv = kv_quant.dequantize_rows(kv, q.dtype)
+    kv = kv.transpose(2, 3)
     # The query heads sharing a KV head become that head's query rows: [B, Hkv, group, d] against
     # [B, Hkv, L, d]. Same math as repeating K/V per query head, without the copies (and ~4x faster).
     rows = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
@@ -126,7 +134,7 @@ def prefill_attention_ref(
         new = end - start
         prefix = length - new
         first_block = window_start(prefix, window) // block_size
-        k, v = gather_kv(kv_layer, block_tables[i], length, first_block)
+        k, v = gather_kv(kv_layer, block_tables[i], length, first_block, q.dtype)
         mask = None
         if prefix or (window is not None and window < length):
             rows = torch.arange(new, device=q.device)[:, None] + prefix
@@ -147,18 +155,34 @@ def prefill_attention_ref(
 
 
 @kernel
-def _load_kv(table, k_base, keys, key_mask, dim_mask, stride_kv, stride_blk, stride_pos, PAGE: tl.constexpr):
-    """K and V rows for `keys` [N] through a block table row; masked rows read 0. Returns k, v: [N, D]."""
+def _row_scale(ptrs, mask):
+    """The bfloat16 scale at `ptrs` [N] (two int8, little-endian) as float32 [N]; masked rows read 0."""
+    low = tl.load(ptrs, mask=mask, other=0).to(tl.int32) & 0xFF
+    high = tl.load(ptrs + 1, mask=mask, other=0).to(tl.int32)
+    return ((high << 24) | (low << 16)).to(tl.float32, bitcast=True)  # a bfloat16 is a float32's top half
+
+
+@kernel
+def _load_kv(table, kv_base, keys, key_mask, dims, head_dim, stride_kv, stride_blk, stride_pos, PAGE: tl.constexpr,
+             KV_INT8: tl.constexpr):  # fmt: skip
+    """K and V rows for `keys` [N] through a block table row, at `dims` [1, D] of the KV head's rows from `kv_base`
+    (an int8 pool's dequantized to float32); masked rows read 0. Returns k, v: [N, D]."""
     page = tl.load(table + keys // PAGE, mask=key_mask, other=0).to(tl.int64)
-    k_ptrs = k_base + (page * stride_blk + (keys % PAGE) * stride_pos)[:, None]
-    mask = key_mask[:, None] & dim_mask
-    return tl.load(k_ptrs, mask=mask, other=0.0), tl.load(k_ptrs + stride_kv, mask=mask, other=0.0)
+    rows = kv_base + page * stride_blk + (keys % PAGE) * stride_pos
+    mask = key_mask[:, None] & (dims < head_dim)
+    k = tl.load(rows[:, None] + dims, mask=mask, other=0.0)
+    v = tl.load(rows[:, None] + dims + stride_kv, mask=mask, other=0.0)
+    if KV_INT8:  # a row: head_dim codes, then their scale
+        k = k.to(tl.float32) * _row_scale(rows + head_dim, key_mask)[:, None]
+        v = v.to(tl.float32) * _row_scale(rows + head_dim + stride_kv, key_mask)[:, None]
+    return k, v
 
 
 @kernel
 def _attend(q, k, v, valid, m, lsum, acc, scale, MASKED: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """One online-softmax step. q: [M, D]; k, v: [N, D]; valid: [M, N] (when MASKED); m, lsum: [M]
     running max (log2 units) and sum; acc: [M, D] float32. Returns the new (m, lsum, acc)."""
+    k, v = k.to(q.dtype), v.to(q.dtype)  # an int8 pool's dequantized float32 rounds as the reference's does
     if UPCAST:  # the interpreter has no 16-bit dot: compute on float32 copies
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision=PRECISION) * scale
     else:
@@ -181,14 +205,15 @@ def _attend(q, k, v, valid, m, lsum, acc, scale, MASKED: tl.constexpr, UPCAST: t
 
 @kernel
 def _attend_span(
-    q, m, lsum, acc, table, k_base, lo, hi, positions, window, dim_mask, qk_scale, stride_kv, stride_blk, stride_pos,
-    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    q, m, lsum, acc, table, kv_base, lo, hi, positions, window, dims, head_dim, qk_scale, stride_kv, stride_blk,
+    stride_pos, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    KV_INT8: tl.constexpr,
 ):  # fmt: skip
     """Keys lo <= k < hi against query rows at `positions` [M], each seeing p - window < k <= p."""
     for first in range(lo, hi, BLOCK_N):
         keys = first + tl.arange(0, BLOCK_N)
         inside = keys < hi
-        k, v = _load_kv(table, k_base, keys, inside, dim_mask, stride_kv, stride_blk, stride_pos, PAGE)
+        k, v = _load_kv(table, kv_base, keys, inside, dims, head_dim, stride_kv, stride_blk, stride_pos, PAGE, KV_INT8)
         valid = inside[None, :] & (keys[None, :] <= positions[:, None]) & (keys[None, :] > positions[:, None] - window)
         m, lsum, acc = _attend(q, k, v, valid, m, lsum, acc, qk_scale, True, UPCAST, PRECISION)
     return m, lsum, acc
@@ -200,34 +225,34 @@ def _decode_kernel(
     stride_qb, stride_qh, stride_ob, stride_oh, stride_table, stride_kv, stride_blk, stride_pos, stride_kvh,
     num_heads, head_dim, num_splits, partition, window,
     GROUP: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, KV_INT8: tl.constexpr,
 ):  # fmt: skip
     seq, kv_head, split = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     length = tl.load(lens_ptr + seq)
     start = tl.maximum(split * partition, length - window)  # keys before the window are never read
     end = tl.minimum(split * partition + partition, length)
     if start < end:
-        rows, dims = tl.arange(0, BLOCK_G), tl.arange(0, BLOCK_D)
+        rows, dims = tl.arange(0, BLOCK_G), tl.arange(0, BLOCK_D)[None, :]
         heads = kv_head * GROUP + rows
-        dim_mask = dims[None, :] < head_dim
-        row_mask = (rows[:, None] < GROUP) & dim_mask
-        q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :], mask=row_mask, other=0.0)
+        row_mask = (rows[:, None] < GROUP) & (dims < head_dim)
+        q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims, mask=row_mask, other=0.0)
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         lsum = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        table, k_base = tables_ptr + seq * stride_table, kv_ptr + kv_head * stride_kvh + dims[None, :]
+        table, kv_base = tables_ptr + seq * stride_table, kv_ptr + kv_head * stride_kvh
         for first in range(start, end, BLOCK_N):
             keys = first + tl.arange(0, BLOCK_N)
-            k, v = _load_kv(table, k_base, keys, keys < end, dim_mask, stride_kv, stride_blk, stride_pos, PAGE)
+            k, v = _load_kv(table, kv_base, keys, keys < end, dims, head_dim, stride_kv, stride_blk, stride_pos, PAGE,
+                            KV_INT8)
             m, lsum, acc = _attend(q, k, v, keys[None, :] < end, m, lsum, acc, qk_scale, True, UPCAST, PRECISION)
         if SPLIT:  # partial state of this split: [B, H, S, d] unnormalized acc, [B, H, S, 2] (max, sum)
             part = (seq * num_heads + heads) * num_splits + split
-            tl.store(part_acc_ptr + part[:, None] * head_dim + dims[None, :], acc, mask=row_mask)
+            tl.store(part_acc_ptr + part[:, None] * head_dim + dims, acc, mask=row_mask)
             tl.store(part_ml_ptr + part * 2, m, mask=rows < GROUP)
             tl.store(part_ml_ptr + part * 2 + 1, lsum, mask=rows < GROUP)
         else:
             out = (acc / lsum[:, None]).to(out_ptr.dtype.element_ty)
-            tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :], out, mask=row_mask)
+            tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims, out, mask=row_mask)
 
 
 @kernel
@@ -256,7 +281,7 @@ def _prefill_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh, stride_table, stride_kv, stride_blk, stride_pos, stride_kvh,
     num_seqs, head_dim, window,
     GROUP: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, KV_INT8: tl.constexpr,
 ):  # fmt: skip
     # Sequence i owns programs [cu[i] // BLOCK_M + i, cu[i + 1] // BLOCK_M + i + 1): enough for its
     # tiles, found by binary search; the spare last program of a sequence has no rows and exits.
@@ -275,17 +300,15 @@ def _prefill_kernel(
     tile = tile_id - (q_start // BLOCK_M + seq)
     if tile * BLOCK_M < new:
         context = tl.load(lens_ptr + seq)
-        rows, dims = tile * BLOCK_M + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D)
+        rows, dims = tile * BLOCK_M + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D)[None, :]
         positions = context - new + rows  # each query row's position in its sequence
-        dim_mask = dims[None, :] < head_dim
-        row_mask = (rows[:, None] < new) & dim_mask
+        row_mask = (rows[:, None] < new) & (dims < head_dim)
         tokens = (q_start + rows).to(tl.int64)
-        q = tl.load(q_ptr + tokens[:, None] * stride_qt + head * stride_qh + dims[None, :], mask=row_mask, other=0.0)
+        q = tl.load(q_ptr + tokens[:, None] * stride_qt + head * stride_qh + dims, mask=row_mask, other=0.0)
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         lsum = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        table = tables_ptr + seq.to(tl.int64) * stride_table
-        k_base = kv_ptr + (head // GROUP) * stride_kvh + dims[None, :]
+        table, kv_base = tables_ptr + seq.to(tl.int64) * stride_table, kv_ptr + (head // GROUP) * stride_kvh
         first_pos = context - new + tile * BLOCK_M
         end = tl.minimum(first_pos + BLOCK_M, context)
         # keys [full_lo, full_hi) are seen by every row, without a mask; before them the window's edge (each
@@ -293,17 +316,19 @@ def _prefill_kernel(
         lo = tl.maximum(first_pos - window + 1, 0)
         full_hi = first_pos // BLOCK_N * BLOCK_N
         full_lo = tl.minimum(tl.cdiv(tl.maximum(end - window, 0), BLOCK_N) * BLOCK_N, full_hi)
-        m, lsum, acc = _attend_span(q, m, lsum, acc, table, k_base, lo, full_lo, positions, window, dim_mask, qk_scale,
-                                    stride_kv, stride_blk, stride_pos, PAGE, BLOCK_N, UPCAST, PRECISION)
+        m, lsum, acc = _attend_span(q, m, lsum, acc, table, kv_base, lo, full_lo, positions, window, dims, head_dim,
+                                    qk_scale, stride_kv, stride_blk, stride_pos, PAGE, BLOCK_N, UPCAST, PRECISION,
+                                    KV_INT8)
         for first in range(full_lo, full_hi, BLOCK_N):
             keys = first + tl.arange(0, BLOCK_N)
-            k, v = _load_kv(table, k_base, keys, keys < full_hi, dim_mask, stride_kv, stride_blk, stride_pos, PAGE)
+            k, v = _load_kv(table, kv_base, keys, keys < full_hi, dims, head_dim, stride_kv, stride_blk,
+                            stride_pos, PAGE, KV_INT8)
             m, lsum, acc = _attend(q, k, v, 0, m, lsum, acc, qk_scale, False, UPCAST, PRECISION)
-        m, lsum, acc = _attend_span(q, m, lsum, acc, table, k_base, tl.maximum(full_hi, lo), end, positions, window,
-                                    dim_mask, qk_scale, stride_kv, stride_blk, stride_pos, PAGE, BLOCK_N, UPCAST,
-                                    PRECISION)
+        m, lsum, acc = _attend_span(q, m, lsum, acc, table, kv_base, tl.maximum(full_hi, lo), end, positions,
+                                    window, dims, head_dim, qk_scale, stride_kv, stride_blk, stride_pos, PAGE,
+                                    BLOCK_N, UPCAST, PRECISION, KV_INT8)
         out = (acc / lsum[:, None]).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :], out, mask=row_mask)
+        tl.store(out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims, out, mask=row_mask)
 
 
 def paged_decode_attention_triton(
@@ -334,7 +359,8 @@ def paged_decode_attention_triton(
             kv_layer.stride(0), kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3),
             num_heads, head_dim, num_splits, partition, window or max_len,
             GROUP=group, PAGE=page, BLOCK_G=max(16, next_pow2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
-            SPLIT=split, UPCAST=upcast, PRECISION=precision, num_warps=warps, num_stages=2,
+            SPLIT=split, UPCAST=upcast, PRECISION=precision, KV_INT8=kv_layer.dtype == torch.int8, num_warps=warps,
+            num_stages=2,
         )  # fmt: skip
     if batch and split:
         _decode_reduce_kernel[(batch, num_heads)](
@@ -368,6 +394,7 @@ def prefill_attention_triton(
             kv_layer.stride(0), kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3),
             num_seqs, head_dim, window or max(1, block_tables.shape[1] * page),
             GROUP=num_heads // num_kv_heads, PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_D=max(16, next_pow2(head_dim)), UPCAST=upcast, PRECISION=precision, num_warps=tiles[2], num_stages=2,
+            BLOCK_D=max(16, next_pow2(head_dim)), UPCAST=upcast, PRECISION=precision,
+            KV_INT8=kv_layer.dtype == torch.int8, num_warps=tiles[2], num_stages=2,
         )  # fmt: skip
     return out

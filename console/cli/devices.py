@@ -77,7 +77,8 @@ def render_devices(peaks: DevicePeaks) -> str:
     lines += [f"not recalibrated: {identity} (a spec-table value, or another machine's device)"
               for identity in peaks.not_recalibrated]
     if peaks.workers:
-        lines.append(f"{'worker':<12} {'role':<8} {'device':<8} {'weights':<12} device name")
-        lines += [f"{w.id:<12} {w.role:<8} {w.device:<8} {w.weights or 'starting':<12} {w.device_name or '-'}"
-                  for w in peaks.workers]
+        lines.append(f"{'worker':<12} {'role':<8} {'device':<8} {'weights':<12} {'KV':<9} {'KV tokens':>10} "
+                     "device name")
+        lines += [f"{w.id:<12} {w.role:<8} {w.device:<8} {w.weights or 'starting':<12} {w.kv_dtype or '-':<9} "
+                  f"{w.kv_tokens:>10,} {w.device_name or '-'}" for w in peaks.workers]
     return "\n".join(lines)

@@ -17,11 +17,12 @@ def _worker_table(workers: list[WorkerInfo]) -> None:
     on_nodes = any(w.node for w in workers)  # a Ray fleet: which node each worker is on
     node_head = f"{'node':<13} " if on_nodes else ""
     print(f"{'worker':<12} {'role':<8} {'device':<8} {node_head}{'state':<9} {'pid':>7} {'sessions':>8} {'kv':>6} "
-          f"{'busy':>6} {'mfu':>7} {'mbu':>7} weights")
+          f"{'busy':>6} {'mfu':>7} {'mbu':>7} {'weights':<12} KV (format, tokens)")
     for w in workers:
         node = f"{(w.node or '-') + (' (lost)' if w.node_lost else ''):<13} " if on_nodes else ""
         print(f"{w.id:<12} {w.role:<8} {w.device:<8} {node}{w.state:<9} {w.pid or '-':>7} "
-              f"{w.sessions:>8} {w.kv_usage:>6.1%} {w.busy:>6.1%} {w.mfu:>7.2%} {w.mbu:>7.2%} {w.weights or '-'}")
+              f"{w.sessions:>8} {w.kv_usage:>6.1%} {w.busy:>6.1%} {w.mfu:>7.2%} {w.mbu:>7.2%} {w.weights or '-':<12} "
+              f"{w.kv_dtype or '-'} {w.kv_tokens:,}")
 
 
 def status(url: str = URL_OPTION, as_json: bool = JSON_OPTION) -> None:

@@ -101,6 +101,8 @@ class DeviceWorker(OpenModel):
     device: str
     device_name: str  # the device as the worker named it when ready ("" while it starts)
     weights: str  # bfloat16, int8, int4-g64, int4-gguf; "" while it starts
+    kv_dtype: str = ""  # its KV pool's stored format: bfloat16, int8; "" while it starts
+    kv_tokens: int = 0  # its KV pool's capacity in tokens
 
 
 class DevicePeaks(OpenModel):

@@ -18,6 +18,8 @@ class WorkerInfo(OpenModel):
     kv_usage: float
     kv_blocks: int
     weights: str = ""  # the layers' weight format: the dtype (bfloat16) or int8, int4-g64, int4-gguf; "" starting
+    kv_dtype: str = ""  # the KV pool's stored format: the dtype (bfloat16) or int8; "" starting
+    kv_tokens: int = 0  # the KV pool's capacity in tokens (kv_blocks x the block size)
     free_blocks: int
     busy: float
     mfu: float

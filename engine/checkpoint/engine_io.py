@@ -64,6 +64,7 @@ def current_compat(engine: LLMEngine, device_name: str) -> Compat:
         weights=engine.weight_format,
         kv_window=engine.kv_window.label if engine.kv_window else "none",
         rope_factors=engine.rope_factors,
+        kv_dtype=engine.kv_cache.spec.kv_dtype.value,
     )
 
 

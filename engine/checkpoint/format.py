@@ -67,6 +67,7 @@ class Compat(_Record):
     weights: str = "none"  # the layers' weight format (quantize.weight_source); older checkpoints were dense
     kv_window: str = "none"  # which leading blocks sessions dropped (kv_window.KVWindow.label); older: none
     rope_factors: str = "short"  # longrope's set the keys were rotated with (LLMEngine.rope_factors); older: short
+    kv_dtype: str = "auto"  # the pool's stored format (EngineSettings.kv_dtype); older: auto, the model's dtype
 
 
 class StopCriteria(_Record):
@@ -162,7 +163,8 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+# the pool's dtypes (int8: an int8 KV pool's rows of codes and scales)
+SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "int8": "I8"}
 _CHUNK = 1 << 20
 
 

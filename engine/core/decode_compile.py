@@ -6,7 +6,7 @@ import shutil
 
 import torch
 
-from fleetctl.engine.core.engine_settings import CompileMode, EngineConfig
+from fleetctl.engine.core.engine_settings import CompileMode, EngineConfig, KVDtype
 from fleetctl.engine.model.compiled_decode import llama_shaped
 from fleetctl.engine.model.model_config import ModelConfig
 from fleetctl.engine.paths import fleet_home
@@ -25,6 +25,8 @@ def compile_refusal(config: EngineConfig, device: torch.device, quantized: bool 
         return "a prefill worker does not decode"
     if quantized:
         return "quantized weights run eagerly (the compiled step multiplies dense ones)"
+    if settings.kv_dtype is not KVDtype.AUTO:
+        return f"a {settings.kv_dtype} KV pool decodes eagerly (the compiled step reads K/V in the model's dtype)"
     if model is not None and not llama_shaped(model):
         return f"the compiled step runs Llama-shaped layers only ({model.family} changes them)"
     if device.type == "cpu" and shutil.which(os.environ.get("CXX", "g++")) is None:

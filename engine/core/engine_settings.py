@@ -27,6 +27,14 @@ class DType(StrEnum):
     FLOAT16 = "float16"
 
 
+class KVDtype(StrEnum):
+    """What a worker's KV pool stores: the model's dtype (`auto`), or int8 codes with a bf16 scale per token and KV
+    head (kernels/kv_quant.py: 0.52x the bytes at head_dim 64)."""
+
+    AUTO = "auto"
+    INT8 = "int8"
+
+
 class OffloadPolicy(StrEnum):
     """When a pool's block goes to the KV tiers (`kv_offload`): as the pool reclaims it (the default: only what it
     would lose), or as soon as it is full and written (every cached block is in the tiers at once: a worker that
@@ -101,6 +109,10 @@ class EngineSettings:
     prefix_cache: Annotated[bool, CliOption(  # reuse the KV blocks of cached prompt prefixes (block_manager)
         "--prefix-cache/--no-prefix-cache", panel=KV_PANEL,
         help="Reuse the KV of prompts' shared leading blocks (on by default).")] = True
+    kv_dtype: Annotated[KVDtype, CliOption(
+        "--kv-dtype", panel=KV_PANEL,
+        help="The KV pool's format: auto (the model's dtype) or int8 (codes and a bf16 scale per token and KV head: "
+             "about half the bytes, twice the tokens).")] = KVDtype.AUTO
     kv_memory_bytes: Annotated[int | None, CliOption(  # None sizes the pool from free memory
         "--kv-memory", convert=MIB_OR_NONE, min=0, panel=KV_PANEL,
         help="Cap each worker's KV pool, MiB (0: from memory).")] = None
@@ -139,6 +151,7 @@ class EngineSettings:
         object.__setattr__(self, "speculative", SpeculativeMode(self.speculative))
         object.__setattr__(self, "quantization", Quantization(self.quantization))
         object.__setattr__(self, "kv_offload_policy", OffloadPolicy(self.kv_offload_policy))
+        object.__setattr__(self, "kv_dtype", KVDtype(self.kv_dtype))
         if self.quant_group_size not in INT4_GROUP_SIZES:
             raise EngineSettingsError(f"quant_group_size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "speculative_tokens"):

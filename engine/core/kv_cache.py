@@ -6,8 +6,10 @@ import torch
 
 from fleetctl.engine.core.block_allocator import BLOCK_SIZE
 from fleetctl.engine.core.block_manager import BlockManager
+from fleetctl.engine.core.engine_settings import KVDtype
 from fleetctl.engine.core.window_slots import NO_SLOT
 from fleetctl.engine.model.model_config import ModelConfig
+from fleetctl.kernels import kv_quant
 
 
 @dataclass(frozen=True)
@@ -15,21 +17,41 @@ class KVCacheSpec:
     num_layers: int
     num_kv_heads: int
     head_dim: int
-    dtype: torch.dtype
+    dtype: torch.dtype  # the model's: what K/V are computed in and attention reads them as
     block_size: int = BLOCK_SIZE
     # layers whose K/V lives in a pool of their own (window_slots): windowed layers beside global ones
     windowed_layers: tuple[int, ...] = ()
+    kv_dtype: KVDtype = KVDtype.AUTO  # what the pool stores (int8: rows of codes and a scale, kernels/kv_quant.py)
 
     @classmethod
-    def for_model(cls, config: ModelConfig, dtype: torch.dtype) -> "KVCacheSpec":
+    def for_model(cls, config: ModelConfig, dtype: torch.dtype, kv_dtype: KVDtype = KVDtype.AUTO) -> "KVCacheSpec":
         return cls(config.num_layers, config.num_kv_heads, config.head_dim, dtype,
-                   windowed_layers=config.windowed_layers)
+                   windowed_layers=config.windowed_layers, kv_dtype=kv_dtype)
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        """The pool tensor's dtype."""
+        return torch.int8 if self.kv_dtype is KVDtype.INT8 else self.dtype
+
+    @property
+    def row_width(self) -> int:
+        """The pool's last dimension: a (token, KV head) row's values as stored."""
+        return kv_quant.stored_width(self.head_dim) if self.kv_dtype is KVDtype.INT8 else self.head_dim
+
+    @property
+    def label(self) -> str:
+        """The stored format as status and compat name it: the model's dtype, or int8."""
+        return self.kv_dtype.value if self.kv_dtype is not KVDtype.AUTO else str(self.dtype).removeprefix("torch.")
+
+    @property
+    def bytes_per_value(self) -> float:
+        """A K or V value's bytes as stored (an int8 pool's rows carry their scale: (d + 2) / d)."""
+        return self.storage_dtype.itemsize * self.row_width / self.head_dim
 
     @property
     def layer_bytes_per_block(self) -> int:
-        """One layer's K and V for one block."""
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.block_size * self.num_kv_heads * self.head_dim * elem
+        """One layer's K and V for one block, as stored."""
+        return 2 * self.block_size * self.num_kv_heads * self.row_width * self.storage_dtype.itemsize
 
     @property
     def bytes_per_block(self) -> int:
@@ -43,7 +65,8 @@ class KVCacheSpec:
 
 
 class KVCache:
-    """The pool tensor [layers, 2, blocks, block_size, kv_heads, head_dim] and its block manager;
+    """The pool tensor [layers, 2, blocks, block_size, kv_heads, head_dim] (an int8 pool: rows of
+    spec.row_width) and its block manager;
     `prefix_root` (block_hash.KVSalt.root) turns on prefix caching. With `scratch`, the tensor holds one
     block more than the manager hands out, `scratch_block`, which the compiled decode step's padding rows
     write to.
@@ -67,11 +90,11 @@ class KVCache:
         self.spec = spec
         self.scratch_block = num_blocks if scratch else None
         self.scratch_slot = window_slots if scratch and window_slots else None
-        shape = (spec.block_size, spec.num_kv_heads, spec.head_dim)
-        self.tensor = torch.zeros(len(spec.global_layers), 2, num_blocks + scratch, *shape, dtype=spec.dtype,
+        shape = (spec.block_size, spec.num_kv_heads, spec.row_width)
+        self.tensor = torch.zeros(len(spec.global_layers), 2, num_blocks + scratch, *shape, dtype=spec.storage_dtype,
                                   device=device)
         self.window_tensor = torch.zeros(len(spec.windowed_layers), 2, window_slots + (scratch and window_slots > 0),
-                                         *shape, dtype=spec.dtype, device=device)
+                                         *shape, dtype=spec.storage_dtype, device=device)
         self.allocator = BlockManager(num_blocks, spec.block_size, prefix_root, window_slots=window_slots)
         # each model layer's [2, blocks or slots, block_size, kv_heads, head_dim], in layer order
         places = {layer: self.tensor[i] for i, layer in enumerate(spec.global_layers)}
@@ -94,8 +117,8 @@ class KVCache:
         if not self.spec.windowed_layers:
             return self.tensor.index_select(2, index)
         spec = self.spec
-        kv = torch.zeros(spec.num_layers, 2, len(blocks), spec.block_size, spec.num_kv_heads, spec.head_dim,
-                         dtype=spec.dtype, device=self.tensor.device)
+        kv = torch.zeros(spec.num_layers, 2, len(blocks), spec.block_size, spec.num_kv_heads, spec.row_width,
+                         dtype=spec.storage_dtype, device=self.tensor.device)
         kv[list(spec.global_layers)] = self.tensor.index_select(2, index)
         rows, slots = self._slotted(blocks)
         if rows:

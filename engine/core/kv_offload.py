@@ -129,9 +129,9 @@ class KVOffload:
         block = self.kv_cache.allocator.register_loaded(cached)
         if block is None:
             return False
-        shape = (spec.num_layers, 2, 1, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        shape = (spec.num_layers, 2, 1, spec.block_size, spec.num_kv_heads, spec.row_width)
         self.kv_cache.write_blocks([block], torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-                                   .view(spec.dtype).view(shape))
+                                   .view(spec.storage_dtype).view(shape))
         return True
 
 

@@ -13,7 +13,7 @@ from fleetctl.domain import Phase, Quantization
 from fleetctl.engine.core.block_allocator import KV_LAYOUT_VERSION, blocks_for
 from fleetctl.engine.core.block_hash import KVSalt, Numerics, PrefixDigest
 from fleetctl.engine.core.decode_compile import compile_refusal, use_fleet_inductor_cache
-from fleetctl.engine.core.engine_settings import EngineConfig
+from fleetctl.engine.core.engine_settings import EngineConfig, KVDtype
 from fleetctl.engine.core.grammar import Grammars
 from fleetctl.engine.core.kernel_warmup import needs_kernel_warm_up, warm_up_kernels
 from fleetctl.engine.core.kv_cache import KVCache, KVCacheSpec
@@ -84,7 +84,7 @@ class LLMEngine:
         requested_len = settings.context_limit(self.model_config.max_context)
         self.model = DecoderModel(self.model_config, weights, deterministic=settings.deterministic,
                                   long_rope=self.model_config.long_rope(requested_len))
-        spec = KVCacheSpec.for_model(self.model_config, self.dtype)
+        spec = KVCacheSpec.for_model(self.model_config, self.dtype, settings.kv_dtype)
         window = self.model_config.widest_window
         # leading blocks (or, windowed layers apart, their window slots) the scheduler gives back as sequences grow
         self.kv_window = None if window is None else KVWindow(
@@ -170,9 +170,11 @@ class LLMEngine:
     def _salt(self, spec: KVCacheSpec) -> KVSalt:
         model_dir = self.config.model_dir
         config_digest = hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()
+        dtype = str(self.dtype).removeprefix("torch.")
         return KVSalt(
             model=f"{weights_key(model_dir)}:{config_digest}:{self.weight_format}:{self.rope_factors}",
-            dtype=str(self.dtype).removeprefix("torch."),
+            # the model's dtype (what K/V are computed in), and a pool's own format beside it
+            dtype=dtype if spec.kv_dtype is KVDtype.AUTO else f"{dtype}/kv-{spec.kv_dtype}",
             numerics=Numerics.DETERMINISTIC if self.config.settings.deterministic else Numerics.FAST,
             device_kind=self.device.type,
             kernels=ops.backend(self.device),

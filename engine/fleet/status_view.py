@@ -63,6 +63,8 @@ class StatusView:
                 kv_usage=round(view.kv.usage, 4),
                 kv_blocks=view.kv.num_blocks,
                 weights=view.weights,
+                kv_dtype=view.kv_dtype,
+                kv_tokens=view.kv.num_blocks * view.kv.block_size,
                 free_blocks=view.kv.free,
                 busy=round(util.busy, 4),
                 mfu=round(util.mfu, 6),

@@ -57,7 +57,8 @@ class StoreReports:
         records = await asyncio.to_thread(read_store, self.store("no device peaks"), all_devices)
         views = sorted(self.state.views.values(), key=lambda v: v.worker_id)
         workers = [DeviceWorker(id=v.worker_id, role=v.role.value, device=v.device, device_name=v.device_name,
-                                weights=v.weights) for v in views]
+                                weights=v.weights, kv_dtype=v.kv_dtype, kv_tokens=v.kv.num_blocks * v.kv.block_size)
+                   for v in views]
         peaks = [DevicePeak.model_validate(peak_report(record)) for record in records]
         return DevicePeaks(devices=peaks, not_recalibrated=[], workers=workers)
 

@@ -89,8 +89,8 @@ class WorkerInbox:
                 view.state, view.pid, view.last_error, view.load_s = WorkerState.RUNNING, msg.pid, "", msg.load_seconds
                 view.kv.started(msg.num_kv_blocks, msg.block_size)
                 view.prefix.clear()  # a new process: its cache starts empty, its changes start with a reset
-                view.device_name, view.peak_flops, view.peak_bytes_per_s, view.weights = (
-                    msg.device_name, msg.peak_flops, msg.peak_bytes_per_s, msg.weights)
+                view.device_name, view.peak_flops, view.peak_bytes_per_s, view.weights, view.kv_dtype = (
+                    msg.device_name, msg.peak_flops, msg.peak_bytes_per_s, msg.weights, msg.kv_dtype)
                 self.watchdog.heard(wid)
                 if recorder:
                     recorder.worker_started(view)

@@ -29,6 +29,7 @@ class WorkerView:
     peak_flops: float = 0.0
     peak_bytes_per_s: float = 0.0
     weights: str = ""  # its layers' weight format as it reported when ready (bfloat16, int8, int4-gguf)
+    kv_dtype: str = ""  # its KV pool's stored format as it reported when ready (bfloat16, int8)
     load_s: float = 0.0  # how long its process took to load the model (its engine's construction), as reported
     was: str | None = None  # its id before it switched role in place
     last_error: str = ""  # why the worker's last process exited, in its own words

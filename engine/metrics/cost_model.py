@@ -40,7 +40,7 @@ class StepCost:
 class CostModel:
     config: ModelConfig
     weight_bytes: int  # bytes per weight element: 4 fp32, 2 bf16/fp16
-    kv_bytes: int  # bytes per KV-cache element
+    kv_bytes: float  # bytes per K or V value as the pool stores it (an int8 pool: 1 + its row's scale's share)
     layer_bytes: int | None = None  # the decoder layers' matrices as stored (quantized: codes + scales); None:
     # layer_params × weight_bytes
     head_bytes: int | None = None  # the lm_head as stored; None: lm_head_params × weight_bytes
@@ -71,7 +71,7 @@ class CostModel:
     @property
     def kv_bytes_per_token(self) -> int:
         c = self.config
-        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.kv_bytes
+        return round(2 * c.num_layers * c.num_kv_heads * c.head_dim * self.kv_bytes)
 
     def step(self, new_tokens: Sequence[int], context_lens: Sequence[int]) -> StepCost:
         """One step over several sequences: sequence i runs new_tokens[i] tokens through the model

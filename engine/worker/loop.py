@@ -58,9 +58,9 @@ class Worker:
         self.mover = SessionMover(self.engine, self.transport, self.send, self._capacity)
         self.prefix_summary = PrefixSummary()
         self.running = True
-        elem = self.engine.kv_cache.tensor.element_size()
-        weights = self.engine.model.weights
-        self.cost = CostModel(self.engine.model_config, weight_bytes=elem, kv_bytes=elem,
+        weights, kv = self.engine.model.weights, self.engine.kv_cache.spec
+        self.cost = CostModel(self.engine.model_config, weight_bytes=self.engine.dtype.itemsize,
+                              kv_bytes=kv.bytes_per_value,
                               layer_bytes=weights.layer_matrix_bytes, head_bytes=weights.head_bytes)
         self.peaks = device_peaks(self.engine.device, self.engine.dtype, self.cost.weight_bytes_per_step,
                                   spec.store_path)
@@ -87,7 +87,7 @@ class Worker:
         self.send(m.WorkerReady(
             self.spec.worker_id, os.getpid(), allocator.num_blocks, self.engine.kv_cache.spec.block_size,
             self.engine.load_seconds, self.peaks.name, self.peaks.peak_flops, self.peaks.peak_bytes_per_s,
-            self.engine.weights_label,
+            self.engine.weights_label, self.engine.kv_cache.spec.label,
         ))
         self.heartbeat.start()
         try:

@@ -159,6 +159,7 @@ class WorkerReady:
     peak_flops: float  # the device's peaks at the worker's dtype (spec table or calibration)
     peak_bytes_per_s: float
     weights: str = ""  # its layers' weights: the dtype, or the quantized format (bfloat16, int8, int4-gguf)
+    kv_dtype: str = ""  # its KV pool's stored format: the dtype, or int8
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Checkpoint compat pins what the KV was computed with: a checkpoint taken at int4 restores with its KV on an int4
 engine and cold-starts on an int8 one, the reason naming the field (its KV was computed by other weights); one
-whose keys longrope's long factors rotated cold-starts on an engine that rotates with the short ones."""
+whose keys longrope's long factors rotated cold-starts on an engine that rotates with the short ones; one of an int8
+KV pool restores onto an int8 pool and cold-starts onto a 16-bit one."""
 
 from pathlib import Path
 
@@ -9,15 +10,15 @@ import pytest
 from fleetctl.domain import Quantization, WorkerRole
 from fleetctl.engine.checkpoint.engine_io import current_compat, restore_engine, write_engine_checkpoint
 from fleetctl.engine.checkpoint.format import RestoreMode, read_checkpoint
-from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings, KVDtype
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 
 PARAMS = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
 
-def engine(model_dir: Path, quantization: Quantization) -> LLMEngine:
-    settings = EngineSettings(dtype="bfloat16", quantization=quantization, num_kv_blocks=64)
+def engine(model_dir: Path, quantization: Quantization, kv_dtype: KVDtype = KVDtype.AUTO) -> LLMEngine:
+    settings = EngineSettings(dtype="bfloat16", quantization=quantization, num_kv_blocks=64, kv_dtype=kv_dtype)
     return LLMEngine(EngineConfig(model_dir=model_dir, settings=settings))
 
 
@@ -53,6 +54,20 @@ def test_the_weight_format_decides_restore_or_cold_start(tiny_model_dir: Path, i
     assert result.mode is mode and result.sessions == 2
     if mode is RestoreMode.COLD_START:
         assert result.reason == "weights: checkpoint has 'int4-g32', destination has 'int8'"
+    assert continue_all(destination) == {"r0", "r1"}
+
+
+@pytest.mark.parametrize(("kv_dtype", "mode"), [(KVDtype.INT8, RestoreMode.RESTORED),
+                                                (KVDtype.AUTO, RestoreMode.COLD_START)])
+def test_the_kv_format_decides_restore_or_cold_start(tiny_model_dir: Path, tmp_path: Path, kv_dtype: KVDtype,
+                                                     mode: RestoreMode) -> None:
+    path = checkpoint_of_two_sessions(engine(tiny_model_dir, Quantization.NONE, KVDtype.INT8), tmp_path)
+    assert read_checkpoint(path).manifest.compat.kv_dtype == "int8"
+    destination = engine(tiny_model_dir, Quantization.NONE, kv_dtype)
+    result = restore_engine(destination, read_checkpoint(path), current_compat(destination, "cpu"))
+    assert result.mode is mode and result.sessions == 2
+    if mode is RestoreMode.COLD_START:  # 8-bit rows never read as 16-bit values
+        assert result.reason == "kv_dtype: checkpoint has 'int8', destination has 'auto'"
     assert continue_all(destination) == {"r0", "r1"}
 
 

@@ -1,11 +1,10 @@
 """Deterministic mode is batch-invariant by construction: a sequence's logits — every bit of them, at
 every position — equal its solo run whatever it is batched with: random batch sizes and prompt
 lengths, late joins, preemption by recompute (a small KV pool), several prompts prefilled in one
-varlen step; in fp32 and bf16, and with int8 and int4 weights. The batched engine caches prefixes and many
-prompts share one, so a
-prefill often starts after blocks another sequence wrote (or its own, before a preemption); the solo
-run has the cache off. Comparing logits rather than tokens catches differences too small to flip a
-token on this prompt, which would flip one on another."""
+varlen step; in fp32 and bf16, with int8 and int4 weights, and with an int8 KV pool. The batched engine
+caches prefixes and many prompts share one, so a prefill often starts after blocks another sequence wrote
+(or its own, before a preemption); the solo run has the cache off. Comparing logits rather than tokens
+catches differences too small to flip a token on this prompt, which would flip one on another."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +18,7 @@ from hypothesis import strategies as st
 
 from fleetctl.domain import Quantization
 from fleetctl.engine.core import model_runner
-from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings, KVDtype
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams, Sequence
 from fleetctl.kernels.batch_invariant import ROW_TILE, per_row_tile
@@ -69,11 +68,11 @@ def recorded_logits() -> Iterator[dict[tuple[str, int], torch.Tensor]]:
         model_runner.sample = sample
 
 
-def check_invariance(model_dir: Path, dtype: str, sequences: list[Arrival],
-                     num_kv_blocks: int, quantization: Quantization = Quantization.NONE) -> None:
+def check_invariance(model_dir: Path, dtype: str, sequences: list[Arrival], num_kv_blocks: int,
+                     quantization: Quantization = Quantization.NONE, kv_dtype: KVDtype = KVDtype.AUTO) -> None:
     def engine(blocks: int = 512, prefix_cache: bool = False) -> LLMEngine:
         settings = EngineSettings(dtype=dtype, deterministic=True, num_kv_blocks=blocks, max_num_batched_tokens=2048,
-                                  prefix_cache=prefix_cache, quantization=quantization)
+                                  prefix_cache=prefix_cache, quantization=quantization, kv_dtype=kv_dtype)
         return LLMEngine(EngineConfig(model_dir, settings=settings))
 
     @cache
@@ -117,6 +116,14 @@ def test_every_sequence_equals_its_solo_run(small_model_dir: Path, dtype: str, s
 def test_quantized_sequences_equal_their_solo_runs(tiny_model_dir: Path, quantization: Quantization,
                                                    sequences: list[Arrival], num_kv_blocks: int) -> None:
     check_invariance(tiny_model_dir, "bfloat16", sequences, num_kv_blocks, quantization)
+
+
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sequences=st.lists(SEQUENCE, min_size=1, max_size=16), num_kv_blocks=st.sampled_from([40, 512]))
+def test_int8_kv_sequences_equal_their_solo_runs(tiny_model_dir: Path, sequences: list[Arrival],
+                                                 num_kv_blocks: int) -> None:
+    check_invariance(tiny_model_dir, "bfloat16", sequences, num_kv_blocks, kv_dtype=KVDtype.INT8)
 
 
 @pytest.mark.slow

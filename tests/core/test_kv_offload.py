@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_batch_invariance import recorded_logits
 
-from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings, OffloadPolicy
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings, KVDtype, OffloadPolicy
 from fleetctl.engine.core.kv_tiers import file_tier
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams, SequenceStatus
@@ -24,8 +24,10 @@ OTHERS = [[(11 * i + 13 * n) % 300 + 3 for i in range(90)] for n in range(1, 4)]
 
 
 def make_engine(model_dir: Path, tmp_path: Path, host_bytes: int, disk_bytes: int,
-                prefix_cache: bool = True, policy: OffloadPolicy = OffloadPolicy.EVICT) -> LLMEngine:
+                prefix_cache: bool = True, policy: OffloadPolicy = OffloadPolicy.EVICT,
+                kv_dtype: KVDtype = KVDtype.AUTO) -> LLMEngine:
     settings = EngineSettings(dtype="float32", deterministic=True, num_kv_blocks=8, prefix_cache=prefix_cache,
+                              kv_dtype=kv_dtype,
                               kv_offload_memory_bytes=host_bytes, kv_offload_host_dir=tmp_path / "host",
                               kv_offload_dir=tmp_path / "disk" if disk_bytes else None,
                               kv_offload_disk_bytes=disk_bytes, kv_offload_policy=policy)
@@ -56,11 +58,14 @@ def evict_prompt(engine: LLMEngine) -> None:
     engine.offload.tiers.flush()
 
 
-def test_a_prefix_read_back_from_host_or_disk_gives_the_computed_logits(tiny_model_dir: Path, tmp_path: Path) -> None:
-    computed, _, _ = run(make_engine(tiny_model_dir, tmp_path / "none", 0, 0, prefix_cache=False), PROMPT)
-    probe = make_engine(tiny_model_dir, tmp_path / "probe", 1 << 20, 0).kv_cache.tensor
+@pytest.mark.parametrize("kv_dtype", list(KVDtype))  # an int8 pool's records: its 8-bit rows as they are
+def test_a_prefix_read_back_from_host_or_disk_gives_the_computed_logits(tiny_model_dir: Path, tmp_path: Path,
+                                                                        kv_dtype: KVDtype) -> None:
+    computed, _, _ = run(make_engine(tiny_model_dir, tmp_path / "none", 0, 0, prefix_cache=False, kv_dtype=kv_dtype),
+                         PROMPT)
+    probe = make_engine(tiny_model_dir, tmp_path / "probe", 1 << 20, 0, kv_dtype=kv_dtype).kv_cache.tensor
     record_bytes = probe[:, :, 0].numel() * probe.element_size() + 1024
-    engine = make_engine(tiny_model_dir, tmp_path, 6 * record_bytes, 64 * record_bytes)
+    engine = make_engine(tiny_model_dir, tmp_path, 6 * record_bytes, 64 * record_bytes, kv_dtype=kv_dtype)
     offload = engine.offload
     assert offload is not None
     host, disk = offload.tiers.tiers

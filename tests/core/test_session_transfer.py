@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings
+from fleetctl.engine.core.engine_settings import EngineConfig, EngineSettings, KVDtype
 from fleetctl.engine.core.llm_engine import LLMEngine
 from fleetctl.engine.core.sequence import SamplingParams
 from fleetctl.engine.core.session_transfer import SessionTransfer, TransferRefused
@@ -20,8 +20,8 @@ GREEDY = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=60, temperature=0.9, seed=5, ignore_eos=True)
 
 
-def engine(model_dir: Path) -> LLMEngine:
-    settings = EngineSettings(dtype="float32", deterministic=True, num_kv_blocks=BLOCKS)
+def engine(model_dir: Path, kv_dtype: KVDtype = KVDtype.AUTO) -> LLMEngine:
+    settings = EngineSettings(dtype="float32", deterministic=True, num_kv_blocks=BLOCKS, kv_dtype=kv_dtype)
     return LLMEngine(EngineConfig(model_dir, settings=settings))
 
 
@@ -30,13 +30,15 @@ def steps(engine: LLMEngine, count: int) -> None:
         engine.step()
 
 
-def unmoved(model_dir: Path, params: SamplingParams) -> list[int]:
-    return engine(model_dir).generate([PROMPT], params)[0].token_ids
+def unmoved(model_dir: Path, params: SamplingParams, kv_dtype: KVDtype = KVDtype.AUTO) -> list[int]:
+    return engine(model_dir, kv_dtype).generate([PROMPT], params)[0].token_ids
 
 
+@pytest.mark.parametrize("kv_dtype", list(KVDtype))
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
-def test_a_session_moved_mid_decode_continues_token_identical(tiny_model_dir: Path, params: SamplingParams) -> None:
-    source, dest = engine(tiny_model_dir), engine(tiny_model_dir)
+def test_a_session_moved_mid_decode_continues_token_identical(tiny_model_dir: Path, params: SamplingParams,
+                                                              kv_dtype: KVDtype) -> None:
+    source, dest = engine(tiny_model_dir, kv_dtype), engine(tiny_model_dir, kv_dtype)
     out, into = SessionTransfer(source), SessionTransfer(dest)
     seq = source.add_request(PROMPT, params, request_id="s", session="agent-7")
     steps(source, 5)
@@ -44,7 +46,9 @@ def test_a_session_moved_mid_decode_continues_token_identical(tiny_model_dir: Pa
     copied = 0
     for _ in range(2):  # pre-copy stages, the session decoding on between them
         full = out.final_blocks(out.running("s"))
-        into.write(reserved, copied, out.read(seq, copied, full))  # [layers, 2, n, block_size, Hkv, d]
+        blocks = out.read(seq, copied, full)  # [layers, 2, n, block_size, Hkv, d (an int8 pool's rows: d + 2)]
+        assert blocks.dtype == source.kv_cache.spec.storage_dtype  # an int8 pool's rows move as they are
+        into.write(reserved, copied, blocks)
         copied = full
         steps(source, 9)
     state, last = out.stop(seq)
@@ -58,7 +62,7 @@ def test_a_session_moved_mid_decode_continues_token_identical(tiny_model_dir: Pa
     assert source.kv_cache.allocator.num_free == BLOCKS
     while dest.has_unfinished():
         dest.step()
-    assert moved.output_token_ids == unmoved(tiny_model_dir, params)
+    assert moved.output_token_ids == unmoved(tiny_model_dir, params, kv_dtype)
     assert dest.kv_cache.allocator.num_free == BLOCKS
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from support.fleet_harness import Stream, admin, generate_json, serve, start_streams, wait_until
+from support.fleet_harness import Stream, admin, decoding_on, generate_json, serve, start_streams, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -68,8 +68,8 @@ def test_sessions_moved_mid_speculation_stream_generates_own(tiny_model_dir: Pat
                env={"FLEET_FAULTS": "step=stall:0.05"}) as url:
         done = start_streams(url, streams, tokens, "m")
         for i in range(len(PROMPTS)):
-            assert wait_until(lambda i=i: _holder(url, f"s{i}") is not None, 60)
-            holder = _holder(url, f"s{i}")
+            assert wait_until(lambda i=i: decoding_on(url, f"s{i}", 8) is not None, 60)
+            holder = decoding_on(url, f"s{i}", 8)
             to = "decode-1" if holder == "decode-0" else "decode-0"
             moved = httpx.post(f"{url}/fleet/requests/s{i}/move", json={"to": to}, headers=admin(), timeout=30)
             assert moved.status_code in (200, 202), moved.text
@@ -77,11 +77,3 @@ def test_sessions_moved_mid_speculation_stream_generates_own(tiny_model_dir: Pat
         assert sum(spec_counts(url, w)[1] for w in ("decode-0", "decode-1")) > 0
         assert "fleet_migration_downtime_seconds_count 3.0" in httpx.get(f"{url}/metrics", timeout=10).text
 
-
-def _holder(url: str, request_id: str) -> str | None:
-    """The decode worker a session decodes on, once it has some output there."""
-    for worker in ("decode-0", "decode-1"):
-        sessions = httpx.get(f"{url}/fleet/workers/{worker}/sessions", timeout=10).json()["sessions"]
-        if any(s["id"] == request_id and s["stage"] == "decode" and s["output_tokens"] >= 8 for s in sessions):
-            return worker
-    return None

@@ -70,9 +70,10 @@ def test_devices_are_the_stores_peaks(client: TestClient) -> None:
     assert response.status_code == 200, response.text
     body = response.json()
     assert DevicePeaks.model_validate(body).model_dump(mode="json") == body
-    workers = [{"id": f"{role}-0", "role": role, "device": device, "device_name": "fake", "weights": "float32"}
+    workers = [{"id": f"{role}-0", "role": role, "device": device, "device_name": "fake", "weights": "float32",
+                "kv_dtype": "float32", "kv_tokens": 1024}
                for role, device in (("decode", "cpu:1"), ("prefill", "cpu:0"))]
-    assert body.pop("workers") == workers  # each worker's weight format, as it reported when ready
+    assert body.pop("workers") == workers  # each worker's weight and KV formats, as it reported when ready
     assert body == {"not_recalibrated": [], "devices": [
         {"identity": "cpu:Synthetic CPU:2threads:64MiB", "dtype": "float32", "kind": "cpu", "name": "Synthetic CPU",
          "peak_flops": 2.5e11, "peak_bytes_per_s": 2e10, "how": "calibrated", "measured_at": T0},

@@ -109,7 +109,7 @@ class FakeWorker:
             if self.fail_start:
                 return
             self.send(m.WorkerReady(self.spec.worker_id, self.pid, NUM_BLOCKS, 16, 0.0, "fake", 1e12, 1e11,
-                                     weights="float32"))
+                                     weights="float32", kv_dtype="float32"))
             threading.Thread(target=self._beat, daemon=True).start()
             checkpoints = FakeCheckpoints(self)
             while not self.killed.is_set():

@@ -46,7 +46,8 @@ class WorkerDetail(Screen[None]):
         weights = f" · {worker.weights}" if worker.weights else ""
         self.query_one("#detail-charts").border_title = f"{worker.id} · {worker.role} · {worker.device}{weights}"
         self.query_one("#detail-summary", Label).update(
-            f"{worker.state}  pid {worker.pid or '-'}  sessions {worker.sessions}  KV {percent(worker.kv_usage)}")
+            f"{worker.state}  pid {worker.pid or '-'}  sessions {worker.sessions}  KV {percent(worker.kv_usage)}"
+            + (f" of {worker.kv_tokens:,} tokens ({worker.kv_dtype})" if worker.kv_dtype else ""))
         for metric, label in CHARTS:
             self.query_one(f"#detail-{metric}-label", Label).update(f"{label:<5}{percent(getattr(worker, metric)):>8}")
             series = reading.worker_series(self.worker_id, metric)
