@@ -53,8 +53,9 @@ def started(llm: LLMEngine, ids: list[list[int]], params: SamplingParams) -> lis
 
 
 def decode_rate(llm: LLMEngine, context: int, batch: int, new_tokens: int) -> float:
+    """Tokens/s of `batch` sequences decoding `new_tokens` each, ending at `context` tokens."""
     params = SamplingParams(max_tokens=new_tokens + 8, temperature=0.0, ignore_eos=True)
-    seqs = started(llm, prompts(context, batch), params)
+    seqs = started(llm, prompts(context - new_tokens - 8, batch), params)
     before = sum(len(s.output_token_ids) for s in seqs)
     start = time.perf_counter()
     for _ in range(new_tokens):
