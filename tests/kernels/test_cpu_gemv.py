@@ -142,6 +142,7 @@ def test_q4_blocks_round_trip_and_hold_input_j_beside_j_plus_16() -> None:
     assert torch.equal(q4_codes(blocks), codes.to(torch.int32))
 
 
+@pytest.mark.slow  # two builds of the library (~20 s): `make test` runs it, `make test-fast` does not
 def test_the_build_is_cached_per_source_and_machine(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("FLEET_KERNEL_CACHE", str(tmp_path))
     built = cpu_build.build()
