@@ -10,7 +10,16 @@ from fleetctl.console.cli.common import JSON_OPTION, URL_OPTION
 from fleetctl.console.client import FleetClient
 
 if TYPE_CHECKING:
-    from fleetctl.engine.api.status import WorkerInfo
+    from fleetctl.engine.api.status import PoolInfo, WorkerInfo
+
+
+def pool_line(name: str, pool: PoolInfo) -> str:
+    """One pool's summary; a pool that verified drafts (`--speculative`) says how many stood and what a step gained."""
+    line = (f"{name:<8} workers {pool.workers}  busy {pool.busy:.1%}  mfu {pool.mfu:.2%}  mbu {pool.mbu:.2%}  "
+            f"queue {pool.queue}  prefix hits {pool.prefix_hit_ratio:.1%}")
+    if pool.spec_acceptance is not None and pool.spec_tokens_per_step is not None:
+        line += f"  drafts kept {pool.spec_acceptance:.0%} ({pool.spec_tokens_per_step:.2f} tokens a step)"
+    return line
 
 
 def _worker_table(workers: list[WorkerInfo]) -> None:
@@ -33,8 +42,7 @@ def status(url: str = URL_OPTION, as_json: bool = JSON_OPTION) -> None:
         return
     print(f"model {data.model}  url {data.url}  (busy, MFU and MBU over the last {data.window_s:g} s)")
     for name, pool in data.pools.items():
-        print(f"{name:<8} workers {pool.workers}  busy {pool.busy:.1%}  mfu {pool.mfu:.2%}  "
-              f"mbu {pool.mbu:.2%}  queue {pool.queue}  prefix hits {pool.prefix_hit_ratio:.1%}")
+        print(pool_line(name, pool))
     print(f"local prefills (decode workers, no handoff): {data.local_prefills}")
     if data.store and data.store.failing:
         print(f"metrics store FAILING: {data.store.error} ({data.store.kept_rows} rows kept; serving goes on)")

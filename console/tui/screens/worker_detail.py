@@ -47,7 +47,9 @@ class WorkerDetail(Screen[None]):
         self.query_one("#detail-charts").border_title = f"{worker.id} · {worker.role} · {worker.device}{weights}"
         self.query_one("#detail-summary", Label).update(
             f"{worker.state}  pid {worker.pid or '-'}  sessions {worker.sessions}  KV {percent(worker.kv_usage)}"
-            + (f" of {worker.kv_tokens:,} tokens ({worker.kv_dtype})" if worker.kv_dtype else ""))
+            + (f" of {worker.kv_tokens:,} tokens ({worker.kv_dtype})" if worker.kv_dtype else "")
+            + (f"  drafts kept {percent(worker.spec_acceptance)}, {worker.spec_tokens_per_step:.2f} tokens a step"
+               if worker.spec_acceptance is not None and worker.spec_tokens_per_step is not None else ""))
         for metric, label in CHARTS:
             self.query_one(f"#detail-{metric}-label", Label).update(f"{label:<5}{percent(getattr(worker, metric)):>8}")
             series = reading.worker_series(self.worker_id, metric)
