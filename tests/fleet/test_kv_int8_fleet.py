@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.fleet_harness import Stream, admin, decoding_on, generate_json, serve, start_streams, wait_until
+from support.fleet_harness import Stream, generate_json, move_each_live, serve, start_streams
 
 pytestmark = pytest.mark.fleet
 
@@ -24,12 +24,7 @@ def test_int8_kv_streams_generates_tokens_through_handoffs_and_live_moves(tiny_m
     with serve(tiny_model_dir, "--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2",
                "--served-model-name", "m", *FLAGS, env={"FLEET_FAULTS": "step=stall:0.05"}) as url:
         done = start_streams(url, streams, TOKENS, "m")
-        for i in range(len(PROMPTS)):
-            assert wait_until(lambda i=i: decoding_on(url, f"s{i}", 8) is not None, 60)
-            holder = decoding_on(url, f"s{i}", 8)
-            to = "decode-1" if holder == "decode-0" else "decode-0"
-            moved = httpx.post(f"{url}/fleet/requests/s{i}/move", json={"to": to}, headers=admin(), timeout=30)
-            assert moved.status_code in (200, 202), moved.text
+        move_each_live(url, [s.request_id for s in streams])
         assert done.result(timeout=300) == reference
         workers = httpx.get(f"{url}/fleet/status", timeout=10).json()["workers"]
         devices = httpx.get(f"{url}/fleet/devices", timeout=10).json()["workers"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from support.fleet_harness import Stream, admin, decoding_on, generate_json, serve, start_streams, wait_until
+from support.fleet_harness import Stream, generate_json, move_each_live, serve, start_streams
 
 pytestmark = pytest.mark.fleet
 
@@ -67,12 +67,7 @@ def test_sessions_moved_mid_speculation_stream_generates_own(tiny_model_dir: Pat
     with serve(tiny_model_dir, "--prefill", "1", "--decode", "2", "--devices", "cpu:0,cpu:1,cpu:2", *SPECULATIVE,
                env={"FLEET_FAULTS": "step=stall:0.05"}) as url:
         done = start_streams(url, streams, tokens, "m")
-        for i in range(len(PROMPTS)):
-            assert wait_until(lambda i=i: decoding_on(url, f"s{i}", 8) is not None, 60)
-            holder = decoding_on(url, f"s{i}", 8)
-            to = "decode-1" if holder == "decode-0" else "decode-0"
-            moved = httpx.post(f"{url}/fleet/requests/s{i}/move", json={"to": to}, headers=admin(), timeout=30)
-            assert moved.status_code in (200, 202), moved.text
+        move_each_live(url, [s.request_id for s in streams])
         assert done.result(timeout=300) == reference
         assert sum(spec_counts(url, w)[1] for w in ("decode-0", "decode-1")) > 0
         assert "fleet_migration_downtime_seconds_count 3.0" in httpx.get(f"{url}/metrics", timeout=10).text

@@ -129,3 +129,12 @@ def decoding_on(url: str, request_id: str, min_tokens: int, decode_workers: Sequ
                for s in sessions):
             return worker
     return None
+
+
+def move_each_live(url: str, request_ids: Sequence[str]) -> None:
+    """Move each session live to the other of decode-0 and decode-1, once it has decoded 8 tokens where it is."""
+    for request_id in request_ids:
+        assert wait_until(lambda request_id=request_id: decoding_on(url, request_id, 8) is not None, 60)
+        to = "decode-1" if decoding_on(url, request_id, 8) == "decode-0" else "decode-0"
+        moved = httpx.post(f"{url}/fleet/requests/{request_id}/move", json={"to": to}, headers=admin(), timeout=30)
+        assert moved.status_code in (200, 202), moved.text
