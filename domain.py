@@ -61,6 +61,7 @@ class EventKind(StrEnum):
     PLAN = "plan"  # an autoplan decision (apply, wait, hold or skip) and its reason
     REBALANCE = "rebalance"  # a rebalance ended (done or failed): the moves it made
     SWITCH = "switch"  # a worker changed role in place (the same process, a new id; `was` names the old one)
+    STALL = "stall"  # a worker holding work stopped stepping (fleet/stalls.py), or its stall ended
 
 
 class RequestOutcome(StrEnum):

@@ -29,7 +29,7 @@ def _worker_table(workers: list[WorkerInfo]) -> None:
           f"{'busy':>6} {'mfu':>7} {'mbu':>7} {'weights':<12} KV (format, tokens)")
     for w in workers:
         node = f"{(w.node or '-') + (' (lost)' if w.node_lost else ''):<13} " if on_nodes else ""
-        print(f"{w.id:<12} {w.role:<8} {w.device:<8} {node}{w.state:<9} {w.pid or '-':>7} "
+        print(f"{w.id:<12} {w.role:<8} {w.device:<8} {node}{w.shown_state:<9} {w.pid or '-':>7} "
               f"{w.sessions:>8} {w.kv_usage:>6.1%} {w.busy:>6.1%} {w.mfu:>7.2%} {w.mbu:>7.2%} {w.weights or '-':<12} "
               f"{w.kv_dtype or '-'} {w.kv_tokens:,}")
 

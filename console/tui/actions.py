@@ -23,6 +23,10 @@ ACTIONS = (
     ConsoleAction("resume", "u", "resume", "Resume routing to a drained worker", True, True),
     ConsoleAction("stop", "x", "stop", "Stop the selected worker", True, True),
     ConsoleAction("start", "n", "new worker", "Start a new worker", True),
+    ConsoleAction("switch", "w", "switch role", "Switch the selected worker's role in place (weights and KV kept; "
+                  "its sessions move live first)", True, True),
+    ConsoleAction("rebalance", "b", "rebalance", "Rebalance to a split you type (P:D, P:D:M or colocated N): the dry "
+                  "run's steps first", True),
     ConsoleAction("plan", "p", "plan", "Open the planner: the recommended split, its gain and why; apply it",
                   False),
     ConsoleAction("detail", "enter", "detail", "Open the selected worker's detail", False, True),

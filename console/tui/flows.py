@@ -19,6 +19,10 @@ from fleetctl.engine.api.status import WorkerInfo
 
 ScreenResult = TypeVar("ScreenResult")
 LIVE_STATES = ("starting", "running", "draining")
+SPLIT_HINT = "or type a split: P:D, P:D:M or colocated N"
+SWITCH_CHOICES = {WorkerRole.PREFILL: "prefill: takes prompts and hands their KV to the decode pool",
+                  WorkerRole.DECODE: "decode: continues handed-off sessions",
+                  WorkerRole.MIXED: "mixed: takes prompts and decodes them itself"}
 HOLD_CHOICES = [("60", "60 s"), (f"{DEFAULT_HOLD_S:g}", f"{DEFAULT_HOLD_S / 60:g} minutes (default)"),
                 ("900", "15 minutes")]
 
@@ -147,8 +151,27 @@ class ActionFlows:
             return None
         return await self.app.source.start(f"/fleet/requests/{request_id}/move", {"to": to})
 
-    async def rebalance(self, split: str) -> OperationInfo | None:
-        """From the plan screen: the dry run's moves in the confirmation, then the rebalance itself."""
+    async def switch(self, worker: str) -> OperationInfo | None:
+        """The selected worker to another role; the fleet's refusal (the last worker to decode, a weight format
+        the new role does not serve) comes back as the CLI prints it."""
+        current = self.app.reading.worker(worker)
+        roles = [role for role in WorkerRole if current is None or role.value != current.role]
+        role = await self._ask(f"switch {worker} to which role?", [(r.value, SWITCH_CHOICES[r]) for r in roles])
+        if role is None or not await self._confirm(f"Switch {worker} to {role}? The same process keeps its weights "
+                                                   f"and KV; sessions that cannot stay move live first."):
+            return None
+        return await self.app.source.start(f"/fleet/workers/{worker}/switch", {"role": role})
+
+    async def rebalance(self, _: str | None) -> OperationInfo | None:
+        """A split the operator picks (the planner's, as the split regret last named it) or types."""
+        regret = self.app.reading.status.split_regret if self.app.reading.status else None
+        choices = [(regret.best, f"{regret.best}  (the best of the last replay: {regret.current} serves "
+                                 f"{regret.ratio:.0%} of it)")] if regret and regret.best != regret.current else []
+        split = await self._ask("rebalance to which split?", choices, free_text=SPLIT_HINT)
+        return None if split is None else await self.rebalance_to(split)
+
+    async def rebalance_to(self, split: str) -> OperationInfo | None:
+        """The dry run's moves in the confirmation, then the rebalance itself."""
         preview = await self.app.source.rebalance_preview(split)
         moves = "\n".join([*(f"  {s.describe()}" for s in preview.starts),
                            *(f"  {m.worker} on {m.device}: {m.from_} → {m.to} ({m.sessions} sessions "

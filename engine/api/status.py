@@ -31,6 +31,16 @@ class WorkerInfo(OpenModel):
     # sequence gained per step (None: it verified no draft)
     spec_acceptance: float | None = None
     spec_tokens_per_step: float | None = None
+    # seconds since its last step while it holds work, once past its stall bound (engine/fleet/stalls.py);
+    # None: it steps as it should
+    stalled_s: float | None = None
+
+    @property
+    def shown_state(self) -> str:
+        """Its state as a table shows it: with how long it has been stalled, if it is."""
+        if self.stalled_s is None:
+            return self.state
+        return f"{'' if self.state == 'running' else f'{self.state} · '}stalled {self.stalled_s:.0f}s"
 
 
 class PoolInfo(OpenModel):

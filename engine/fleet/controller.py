@@ -1,5 +1,5 @@
 """The fleet controller, `Fleet`: it assembles the fleet's parts — dispatch (prompts, endings), token
-streams, handoff routing, recovery, the watchdog and the supervisor (hung and dead workers), operations
+streams, handoff routing, recovery, the watchdog, stall watch and supervisor (hung, stalled, dead workers), operations
 (`ops/`: checkpoint, restore, migrate, session moves, the pool changes start / drain / resume / stop,
 rebalance) and the inbox that routes each worker message to one of them (`worker_inbox`) — starts and stops
 the fleet, and admits requests and streams their tokens back. It is the one face the server sees: the routes
@@ -51,6 +51,7 @@ from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.recovery import Recovery
 from fleetctl.engine.fleet.request import StreamEvent, TrackedRequest
 from fleetctl.engine.fleet.shutdown_budget import WORKER_EXIT_S
+from fleetctl.engine.fleet.stalls import StallWatch
 from fleetctl.engine.fleet.state import FleetState
 from fleetctl.engine.fleet.stats import FleetStats
 from fleetctl.engine.fleet.status_view import Health, StatusView
@@ -109,6 +110,7 @@ class Fleet:
         self.rebalancer = Rebalancer(self.operations, self.lifecycle, self.switches)
         self.supervisor = Supervisor(self.operations, self.dispatcher.fail_stranded)
         self.watchdog = Watchdog(self.state.views, self.state.links, config.supervision.heartbeat_timeout_s)
+        self.stalls = StallWatch(self.state.views, self.state.record_event, self.operations.busy_with)
         self.inbox = WorkerInbox(
             self.state, tokens=self.tokens, handoffs=self.handoffs, recovery=self.recovery,
             operations=self.operations, restores=self.restores, moves=self.moves, checkpoints=self.checkpoints,
@@ -175,13 +177,14 @@ class Fleet:
             self._tasks.append(asyncio.create_task(self.split_regret.run()))
 
     async def _tick(self) -> None:
-        """Once a second the store's rows and a check for requests left without a worker to go to (a
-        catch-all: each change of a worker's state checks too); every STATS_LOG_S a line on the log."""
+        """Once a second: the store's rows, stalled workers, requests left without a worker (a catch-all: each
+        change of a worker's state checks too); every STATS_LOG_S a line on the log."""
         logged_at = time.monotonic()
         while True:
             await asyncio.sleep(1.0)
             self.state.logs.poll()
             self.dispatcher.fail_stranded()
+            self.stalls.check()
             if self.state.recorder:
                 self.state.recorder.tick()
             if time.monotonic() - logged_at >= STATS_LOG_S:

@@ -91,6 +91,8 @@ class FleetStats:
                           registry=r)
         self.mfu = Gauge("fleet_worker_mfu", "Model FLOP/s over device peak", ["worker", "role"], registry=r)
         self.mbu = Gauge("fleet_worker_mbu", "Bytes/s over device peak bandwidth", ["worker", "role"], registry=r)
+        self.stalled = Gauge("fleet_worker_stalled_seconds", "How long a worker holding work has gone without a step, "
+                             "once past its stall bound (0: it steps)", ["worker", "role"], registry=r)
         self.migrations = Counter("fleet_migrations", "Worker migrations", ["mode"], registry=r)
         self.migration_downtime = Histogram(
             "fleet_migration_downtime_seconds", "A live-moved session's stall: its last token from the source to "
@@ -250,6 +252,7 @@ class FleetStats:
             self.busy.labels(worker=v.worker_id, role=v.role.value).set(util.busy)
             self.mfu.labels(worker=v.worker_id, role=v.role.value).set(util.mfu)
             self.mbu.labels(worker=v.worker_id, role=v.role.value).set(util.mbu)
+            self.stalled.labels(worker=v.worker_id, role=v.role.value).set(v.stalled_s() or 0.0)
             self.hit_ratio.labels(worker=v.worker_id, role=v.role.value).set(self.hit_ratio_of([v.worker_id]))
         for role in {v.role for v in views}:
             members = [w for w, totals in self.prefill_tokens.items() if totals.role is role]

@@ -74,6 +74,7 @@ class StatusView:
                 was=view.was,
                 spec_acceptance=drafts.acceptance,
                 spec_tokens_per_step=drafts.tokens_per_step,
+                stalled_s=view.stalled_s(),
             ))
         return rows
 

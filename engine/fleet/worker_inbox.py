@@ -92,11 +92,13 @@ class WorkerInbox:
                 view.device_name, view.peak_flops, view.peak_bytes_per_s, view.weights, view.kv_dtype = (
                     msg.device_name, msg.peak_flops, msg.peak_bytes_per_s, msg.weights, msg.kv_dtype)
                 self.watchdog.heard(wid)
+                view.began_stepping()
                 if recorder:
                     recorder.worker_started(view)
                 self._routing_changed()  # a new decode worker takes pending handoffs too
             case m.StepReport():
                 view.running, view.waiting = msg.running, msg.waiting
+                view.stepped(msg.seconds)
                 view.kv.reported(msg.free_blocks)
                 if msg.prefix is not None:
                     view.prefix.apply(msg.prefix)

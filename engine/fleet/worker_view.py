@@ -3,6 +3,7 @@
 cache holds. Every part of the controller reads it; the router decides from it, the message handlers update
 it."""
 
+import time
 from dataclasses import dataclass, field
 
 from fleetctl.domain import WorkerRole, WorkerState
@@ -34,8 +35,24 @@ class WorkerView:
     was: str | None = None  # its id before it switched role in place
     last_error: str = ""  # why the worker's last process exited, in its own words
     last_heard: float = 0.0  # time.monotonic() of its last message (the watchdog's clock)
+    last_step_at: float = 0.0  # time.monotonic() of its last step report (or of its ready, before any)
+    recent_step_s: float = 0.0  # how long its recent steps took (an exponential average of the reports)
+    stalled_since: float | None = None  # a stalled worker's last step (last_step_at then; fleet/stalls.py); None: not
     prefix: PrefixIndex = field(default_factory=PrefixIndex)  # what its prefix cache holds, as last reported
     prefilling: dict[str, int] = field(default_factory=dict)  # request id -> tokens routed here to prefill
+
+    def began_stepping(self) -> None:
+        """A new process answered ready: its stall clock starts now, with no step time learned yet."""
+        self.last_step_at, self.recent_step_s = time.monotonic(), 0.0
+
+    def stepped(self, seconds: float) -> None:
+        """A step report came: `seconds` is how long the step ran."""
+        self.last_step_at = time.monotonic()
+        self.recent_step_s = seconds if not self.recent_step_s else 0.8 * self.recent_step_s + 0.2 * seconds
+
+    def stalled_s(self) -> float | None:
+        """How long it has gone without a step since it was found stalled (fleet/stalls.py); None: it is not."""
+        return None if self.stalled_since is None else round(time.monotonic() - self.stalled_since, 1)
 
     def prefill_backlog(self) -> int:
         """Tokens routed here to prefill that it still holds: the work ahead of a new prompt. Entries of

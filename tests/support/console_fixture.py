@@ -22,6 +22,7 @@ from fleetctl.engine.api.operation_results import (
     RoleChange,
     RoleChanged,
     SessionMoved,
+    SwitchResult,
 )
 from fleetctl.engine.api.operations import OperationInfo, OpKind, OpState
 from fleetctl.engine.api.reports import FleetPlan
@@ -45,12 +46,13 @@ NOW = 1_764_400_000.0  # a fixed "now": event times and chart buckets derive fro
 
 def worker(wid: str, role: str, device: str, pid: int | None = None, state: str = "running", sessions: int = 0,
            kv: float = 0.0, busy: float = 0.0, mfu: float = 0.0, mbu: float = 0.0, node: str | None = None,
-           node_lost: bool = False, tokens_per_s: float = 0.0, weights: str = "") -> WorkerInfo:
+           node_lost: bool = False, tokens_per_s: float = 0.0, weights: str = "", stalled_s: float | None = None
+           ) -> WorkerInfo:
     """A worker as `/fleet/status` lists it (a pool of 256 KV blocks)."""
     return WorkerInfo(id=wid, role=role, device=device, node=node, node_lost=node_lost, state=state, pid=pid,
                       weights=weights,
                       sessions=sessions, kv_usage=kv, kv_blocks=256, free_blocks=round(256 * (1 - kv)), busy=busy,
-                      mfu=mfu, mbu=mbu, tokens_per_s=tokens_per_s, prefix_hit_ratio=0.0)
+                      mfu=mfu, mbu=mbu, tokens_per_s=tokens_per_s, prefix_hit_ratio=0.0, stalled_s=stalled_s)
 
 
 def _series(level: float, swing: float, phase: float) -> list[dict]:
@@ -86,8 +88,8 @@ _WORKERS = [  # (id, role, device, pid, and what `worker` takes)
     ("decode-1", "decode", "cpu:3", 4104, {"sessions": 11, "kv": 0.58, "busy": 0.95, "mfu": 0.17, "mbu": 0.15,
                                            **INT4}),
     ("decode-2", "decode", "cpu:4", 4105, {"sessions": 9, "kv": 0.44, "busy": 0.9, "mfu": 0.15, "mbu": 0.13, **INT4}),
-    ("decode-3", "decode", "cpu:5", 4106, {"state": "draining", "sessions": 3, "kv": 0.12, "busy": 0.4, "mfu": 0.05,
-                                           "mbu": 0.06, **INT4}),
+    ("decode-3", "decode", "cpu:5", 4106, {"state": "draining", "sessions": 3, "kv": 0.12, "stalled_s": 77.0,
+                                           **INT4}),  # holds sessions and has not stepped for 77 s
     ("decode-4", "decode", "cpu:6", 4107, {"state": "checkpointed"}),
     ("decode-5", "decode", "cpu:7", 4108, {"state": "failed"}),
 ]
@@ -152,6 +154,8 @@ HISTORY = FleetHistory.model_validate({
         {"ts": NOW - 200, "kind": "failure", "worker": "decode-5", "details": {"requests": 3}},
         {"ts": NOW - 120, "kind": "migrate", "worker": "decode-1",
          "details": {"from": "cpu:8", "to": "cpu:3", "mode": "restored"}},
+        {"ts": NOW - 75, "kind": "stall", "worker": "decode-3",  # in a step that does not end: its heartbeat goes on
+         "details": {"stalled": True, "silent_s": 2.4, "bound_s": 2.0, "sessions": 3}},
         {"ts": NOW - 60, "kind": "restore", "worker": "decode-4",
          "details": {"device": "cpu:6", "mode": "cold-start", "reason": "torch: checkpoint has '2.12'"}},
     ],
@@ -189,10 +193,13 @@ RESULTS: dict[OpKind, OperationResult] = {
                                       moves=[RoleChanged(worker="decode-2", device="cpu:4", from_="decode",
                                                          to="prefill", sessions=9, new_worker="prefill-2",
                                                          sessions_finished=0, sessions_moved=9, seconds=6.1)]),
+    OpKind.SWITCH: SwitchResult(worker="mixed-0", was="decode-1", from_="decode", to="mixed", pid=4104,
+                                sessions_finished=0, sessions_moved=0, sessions_kept=7, switch_s=0.31,
+                                out_of_service_s=0.35, seconds=0.35),
 }
 # the operation each route starts, and the position of the worker (or session) it acts on in the path
 ROUTES = {"checkpoint": OpKind.CHECKPOINT, "migrate": OpKind.MIGRATE, "drain": OpKind.DRAIN,
-          "resume": OpKind.RESUME, "stop": OpKind.STOP, "move": OpKind.MOVE}
+          "resume": OpKind.RESUME, "stop": OpKind.STOP, "move": OpKind.MOVE, "switch": OpKind.SWITCH}
 
 
 def _steps(kind: OpKind, result: OperationResult | None) -> list[str]:

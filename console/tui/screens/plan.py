@@ -128,4 +128,4 @@ class PlanScreen(Screen[None]):
         if not self.plan:
             self.notify("no layout to apply: plan first (r)", severity="warning")
             return
-        self.app.flows.launch("rebalance", self.app.flows.rebalance(layout_label(self.plan.recommended)))
+        self.app.flows.launch("rebalance", self.app.flows.rebalance_to(layout_label(self.plan.recommended)))

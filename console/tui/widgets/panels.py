@@ -7,6 +7,7 @@ from textual.widgets.option_list import Option
 
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.format import clock, nbytes, percent, rate, seconds
+from fleetctl.domain import EventKind
 from fleetctl.engine.api.history import EventRecord
 
 BAR = 14  # characters of the prefill/decode split bar
@@ -45,10 +46,22 @@ def devices_text(reading: FleetReading) -> str:
 
 
 def event_line(event: EventRecord) -> str:
+    """One line an event: a stall in words; otherwise its details, a list (a move's stages) by its length."""
     details = dict(event.details)
+    if event.kind == EventKind.STALL.value:
+        return f"{clock(event.ts)} {event.kind:<9} {event.worker or '-':<10} {stall_text(details)}"
     moved = f"{details.pop('from')}→{details.pop('to')} " if "from" in details and "to" in details else ""
-    extra = " ".join(f"{v}" if k in ("mode", "device") else f"{k} {v}" for k, v in details.items() if v is not None)
+    extra = " ".join(f"{v}" if k in ("mode", "device") else f"{k} {len(v)}" if isinstance(v, list) else f"{k} {v}"
+                     for k, v in details.items() if v is not None)
     return f"{clock(event.ts)} {event.kind:<9} {event.worker or '-':<10} {moved}{extra}"
+
+
+def stall_text(details: dict) -> str:
+    """A stall event's details (engine/fleet/stalls.py) as a sentence."""
+    if details.get("stalled"):
+        return (f"stopped stepping: silent {details.get('silent_s', 0):g} s (bound {details.get('bound_s', 0):g} s), "
+                f"holding {details.get('sessions', 0)} session(s)")
+    return f"stall over after {details.get('lasted_s', 0):g} s: {details.get('ended', '')}"
 
 
 class TrafficPanel(Static):

@@ -23,9 +23,15 @@ def device_cell(worker: WorkerInfo) -> Text | str:
     return Text(f"{device} (node lost)", style="bold red") if worker.node_lost else device
 
 
+def state_cell(worker: WorkerInfo) -> Text:
+    """Its state; a stalled worker (holding work, no step for many times its step time) in red, with how long."""
+    style = "bold red" if worker.stalled_s is not None else STATE_STYLES.get(worker.state, "")
+    return Text(worker.shown_state, style=style)
+
+
 def cells(worker: WorkerInfo, reading: FleetReading) -> tuple[Text | str, ...]:
-    style = STATE_STYLES.get(worker.state, "")
-    return (Text(worker.id, style=style), worker.role, device_cell(worker), Text(worker.state, style=style),
+    state = state_cell(worker)
+    return (Text(worker.id, style=state.style), worker.role, device_cell(worker), state,
             str(worker.sessions), percent(worker.kv_usage), percent(worker.busy), percent(worker.mfu),
             percent(worker.mbu), rate(reading.tokens_per_s(worker.id)), worker.weights or "-")
 

@@ -80,6 +80,57 @@ def test_plan_screen_applies_the_best_split_after_a_dry_run() -> None:
                              ("/fleet/rebalance", {"split": "3:3", "apply": True})]
 
 
+def test_switch_a_worker_from_the_keyboard() -> None:
+    """w on decode-1: the roles it does not have, a confirmation, then the switch followed to the CLI's sentence."""
+    source = FixtureSource()
+
+    async def run() -> tuple[list[str], str]:
+        app = FleetConsole(source, ConsoleSettings())
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot_until(pilot, lambda: app.reading.reachable)
+            select(app, "decode-1")
+            await pilot.press("w")
+            await pilot_until(pilot, lambda: isinstance(app.screen, ChoiceDialog))
+            offered = [value for value, _ in app.screen.choices]
+            await pilot.press("down", "enter")  # mixed
+            await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+            await pilot.press("y")
+            await pilot_until(pilot, lambda: isinstance(app.screen, OperationDialog)
+                              and app.screen.operation.state is OpState.DONE)
+            return offered, str(app.screen.query_one("#op-result").render())
+
+    offered, sentence = asyncio.run(run())
+    assert offered == ["prefill", "mixed"]
+    assert source.posted == [("/fleet/workers/decode-1/switch", {"role": "mixed"})]
+    assert sentence.startswith("decode-1 is now mixed-0 (decode → mixed, the same process 4104)")
+
+
+def test_rebalance_to_a_typed_split_shows_the_dry_run_first() -> None:
+    """b offers the split regret's best layout and takes a typed one; the dry run's steps are confirmed first."""
+    source = FixtureSource()
+
+    async def run() -> tuple[list[str], str]:
+        app = FleetConsole(source, ConsoleSettings())
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot_until(pilot, lambda: app.reading.reachable)
+            await pilot.press("b")
+            await pilot_until(pilot, lambda: isinstance(app.screen, ChoiceDialog))
+            offered = [value for value, _ in app.screen.choices]
+            app.screen.query_one("#free").focus()
+            await pilot.press(*"4:2", "enter")
+            await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+            question = str(app.screen.question)
+            await pilot.press("y")
+            await pilot_until(pilot, lambda: len(source.posted) == 2)
+            return offered, question
+
+    offered, question = asyncio.run(run())
+    assert offered == ["3:3"]
+    assert question.startswith("Rebalance 2:4 → 4:2?") and "decode-2 on cpu:4: decode → prefill" in question
+    assert source.posted == [("/fleet/rebalance", {"split": "4:2", "apply": False}),
+                             ("/fleet/rebalance", {"split": "4:2", "apply": True})]
+
+
 def test_plan_screen_applies_a_colocated_recommendation() -> None:
     """Rebalance reaches colocated live: `a` applies the recommended layout, not the best prefill:decode split."""
     colocated = {"prefill": 0, "decode": 0, "mixed": 6, "layout": "colocated"}
@@ -208,7 +259,7 @@ def test_migrate_a_decode_worker_from_the_keyboard(small_model_dir: Path) -> Non
 
 
 @pytest.mark.fleet
-def test_start_drain_and_stop_a_worker_from_the_keyboard(small_model_dir: Path) -> None:
+def test_start_drain_stop_and_switch_workers_from_the_keyboard(small_model_dir: Path) -> None:
     reference = generate_json(small_model_dir, PROMPTS, "--dtype", "float32", "--deterministic", "--max-tokens", "120",
                               "--ignore-eos")
     with serve(small_model_dir, *FLEET) as url:
@@ -242,9 +293,26 @@ def test_start_drain_and_stop_a_worker_from_the_keyboard(small_model_dir: Path) 
                 await pilot.press("y")
                 await pilot_until(pilot, lambda: app.reading.worker("decode-2").state == "stopped", timeout=120)
                 states.append(app.reading.worker("decode-2").state)
+                await pilot.press("enter")  # close the result
+                select(app, "prefill-0")  # the only worker that takes prompts: refused, saying why
+                await pilot.press("w")
+                await pilot_until(pilot, lambda: isinstance(app.screen, ChoiceDialog))
+                await pilot.press("enter", "y")  # decode
+                await pilot_until(pilot, lambda: any("switch:" in n.message for n in app._notifications))
+                states += [n.message for n in app._notifications if "switch:" in n.message]
+                select(app, "decode-1")
+                await pilot.press("w")
+                await pilot_until(pilot, lambda: isinstance(app.screen, ChoiceDialog))
+                await pilot.press("down", "enter", "y")  # mixed
+                await pilot_until(pilot, lambda: getattr(app.reading.worker("mixed-0"), "state", None) == "running",
+                                  timeout=120)
+                states.append(app.reading.worker("mixed-0").device)
             return states
 
-        assert asyncio.run(drive()) == ["cpu:3", "draining", "stopped"]
+        states = asyncio.run(drive())
+        assert states[:3] == ["cpu:3", "draining", "stopped"]
+        assert len(states) == 5 and "prefill-0" in states[3] and "the last running" in states[3], states
+        assert states[4] == "cpu:2"  # decode-1's device: the same process, in its new role
         assert texts.result(timeout=300) == [r["text"] for r in reference]
 
 
