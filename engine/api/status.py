@@ -86,6 +86,34 @@ class SplitRegretInfo(OpenModel):
     series: list[float]
 
 
+class RouteInfo(OpenModel):
+    """One prefill → decode route's handoffs over the flow's window."""
+
+    prefill: str
+    decode: str
+    handoffs: int
+    bytes_per_s: float  # KV bytes adopted over the window, per second
+    p99_s: float  # the slowest 1 % of its handoffs (publish and adopt)
+
+
+class FlowInfo(OpenModel):
+    """How prompts reached the worker that decodes them over the last `window_s` (engine/fleet/kv_flow.py)."""
+
+    window_s: float
+    handoffs: int  # prefilled on a prefill worker, KV adopted by a decode worker
+    local_prefills: int  # a decode worker prefilled it itself (it cached all but `--local-prefill-tokens`)
+    colocated: int  # a mixed worker prefills and decodes it
+    recomputes: int  # KV rebuilt from tokens (a death, a lost handoff, a refused move)
+    decode_recomputes: int  # of those, the ones a decode worker prefilled itself
+    routes: list[RouteInfo] = Field(default_factory=list)  # by bytes per second, busiest first
+
+    @property
+    def local_share(self) -> float | None:
+        """The share of prompts that reached their decoding worker without a handoff; None: none arrived."""
+        local = self.local_prefills + self.colocated + self.decode_recomputes
+        return local / (local + self.handoffs) if local + self.handoffs else None
+
+
 class FleetStatus(OpenModel):
     model: str
     url: str
@@ -98,6 +126,7 @@ class FleetStatus(OpenModel):
     # by tier (host, disk), once a worker reported one; {}: the fleet has none
     kv_tiers: dict[str, TierInfo] = Field(default_factory=dict)
     split_regret: SplitRegretInfo | None = None  # None: no store, or no window replayed yet
+    flow: FlowInfo | None = None  # None: a fleet from before it was reported
 
 
 class WorkerList(OpenModel):

@@ -11,6 +11,7 @@ from fleetctl.domain import PHASES, WorkerRole
 from fleetctl.engine.core.block_hash import chain_hashes
 from fleetctl.engine.core.kv_tiers.presence import TIER_TOKEN_COST, TierPresence
 from fleetctl.engine.fleet import placement
+from fleetctl.engine.fleet.kv_flow import Arrival
 from fleetctl.engine.fleet.request import RequestStage, StreamEvent, TrackedRequest
 from fleetctl.engine.fleet.router import CachedTokens, Router
 from fleetctl.engine.fleet.state import FleetState
@@ -64,6 +65,8 @@ class Dispatcher:
                                                 near=req.sibling_prefill_workers())
         if view is None:
             return False
+        if view.role is WorkerRole.MIXED:
+            state.stats.flow.arrived(Arrival.COLOCATED)
         self.run_on(req, view)
         return True
 
@@ -101,6 +104,8 @@ class Dispatcher:
                 placement.requeue(req)
                 state.queued.appendleft(req)
             return
+        on_decode = phase is WorkerRole.DECODE and view.role is WorkerRole.DECODE
+        state.stats.flow.arrived(Arrival.DECODE_RECOMPUTE if on_decode else Arrival.RECOMPUTE)
         if phase is not WorkerRole.DECODE:
             self.run_on(req, view)
             return

@@ -79,6 +79,7 @@ class HandoffRouting:
         req.times.handoff_bytes += msg.nbytes
         req.times.handoff_seconds += msg.seconds
         self.state.stats.on_handoff(msg.nbytes, msg.seconds, msg.cross_node)
+        self.state.stats.flow.handoff(req.prefill_worker or "-", wid, msg.nbytes, req.times.handoff_seconds)
         self.dispatcher.release_prefill_copy(req)
 
     def _kv_removed_by_its_producer(self, req: TrackedRequest) -> bool:

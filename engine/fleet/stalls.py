@@ -50,7 +50,7 @@ class StallWatch:
     def check(self, now: float | None = None) -> list[str]:
         """Mark the workers that stalled since the last check and clear those that stepped again (an event each);
         returns the ids of the workers stalled now."""
-        now = now or time.monotonic()
+        now = time.monotonic() if now is None else now
         stalled = []
         for view in self.views.values():
             silent = now - view.last_step_at

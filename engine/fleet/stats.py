@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from fleetctl.domain import Phase, WorkerRole
+from fleetctl.engine.fleet.kv_flow import Arrival, KVFlow
 from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.fleet.tier_metrics import TierMetrics
 from fleetctl.engine.fleet.worker_view import WorkerView
@@ -68,6 +69,7 @@ class FleetStats:
         self.prefill_tokens: dict[str, PrefillTokens] = {}  # worker -> its prefills' tokens since it started
         self.drafts: dict[str, Drafts] = {}  # worker -> its speculative decoding since it started
         self.local_prefill_count = 0  # requests prefilled by their decode worker (conditional disaggregation)
+        self.flow = KVFlow()  # how prompts reached their decoding worker, over the last minute
         self.records: deque[dict] = deque(maxlen=max_records)
         self._generated = 0  # tokens of finished requests, for the log's rate
         self._last_summary = (time.time(), 0)
@@ -158,6 +160,7 @@ class FleetStats:
     def on_local_prefill(self) -> None:
         self.local_prefill_count += 1
         self.local_prefills.inc()
+        self.flow.arrived(Arrival.LOCAL_PREFILL)
 
     def hit_ratio_of(self, worker_ids: list[str]) -> float:
         """Share of the prefill tokens of these workers (since they started) that a prefix cache served."""

@@ -101,7 +101,7 @@ class StatusView:
                            pools=pools, local_prefills=stats.local_prefill_count, store=self._store(),
                            kv_tiers={tier: TierInfo(used_bytes=used, capacity_bytes=capacity)
                                      for tier, (used, capacity) in stats.tier_io.occupancy.items()},
-                           split_regret=self._split_regret())
+                           split_regret=self._split_regret(), flow=stats.flow.summary())
 
     def roles(self) -> list[WorkerRole]:
         """The roles of its pools: those it started with, and any a worker has now (a switch adds mixed)."""

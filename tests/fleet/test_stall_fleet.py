@@ -1,7 +1,8 @@
 """A worker that stops stepping while it holds sessions is named stalled within its bound: a real decode worker
 is SIGSTOPped under streams (its heartbeat stops too, but the watchdog's timeout is set far off), and
 /fleet/status, /metrics, the store's events and the console's worker table all say so; after SIGCONT it steps
-again, the stall ends with an event, and every stream ends exactly as `generate` makes it."""
+again, the stall ends with an event, and every stream ends exactly as `generate` makes it. The same fleet's KV
+flow names the route its prompts were handed off on."""
 
 import asyncio
 import os
@@ -65,9 +66,15 @@ def test_a_stopped_decode_worker_is_named_stalled_within_its_bound(tiny_model_di
         assert wait_until(lambda: workers(url)["decode-0"]["stalled_s"] is None, timeout=10)
         assert wait_until(lambda: len(stall_events(url)) == 2, timeout=10)
         began, ended = stall_events(url)
+        flow = httpx.get(f"{url}/fleet/status", timeout=10).json()["flow"]
     # its steps take ~20 ms (the fault's stall and the tiny model's step): the floor is its bound
     assert seen_after <= STALL_FLOOR_S + CHECK_EVERY_S + 1.0, seen_after
     assert float(stalled_gauge.rsplit(" ", 1)[1]) > 0
     assert cell.startswith("stalled ")
     assert began["stalled"] is True and began["sessions"] == len(PROMPTS) and began["bound_s"] == STALL_FLOOR_S
     assert ended["stalled"] is False and ended["ended"] == "it steps again" and ended["lasted_s"] >= seen_after
+    # both prompts reached decode-0 by handoff from prefill-0 (the KV flow of the last minute)
+    assert (flow["handoffs"], flow["local_prefills"], flow["recomputes"]) == (len(PROMPTS), 0, 0)
+    [route] = flow["routes"]
+    assert (route["prefill"], route["decode"], route["handoffs"]) == ("prefill-0", "decode-0", len(PROMPTS))
+    assert route["bytes_per_s"] > 0 and 0 < route["p99_s"] < 5

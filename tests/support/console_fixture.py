@@ -31,8 +31,10 @@ from fleetctl.engine.api.stages import STAGES, CheckpointMigrateStage, LiveMigra
 from fleetctl.engine.api.status import (
     FleetLogLines,
     FleetStatus,
+    FlowInfo,
     LogLineInfo,
     PoolInfo,
+    RouteInfo,
     SessionInfo,
     SplitRegretInfo,
     StoreInfo,
@@ -87,9 +89,9 @@ _WORKERS = [  # (id, role, device, pid, and what `worker` takes)
                                            **INT4}),
     ("decode-1", "decode", "cpu:3", 4104, {"sessions": 11, "kv": 0.58, "busy": 0.95, "mfu": 0.17, "mbu": 0.15,
                                            **INT4}),
-    ("decode-2", "decode", "cpu:4", 4105, {"sessions": 9, "kv": 0.44, "busy": 0.9, "mfu": 0.15, "mbu": 0.13, **INT4}),
-    ("decode-3", "decode", "cpu:5", 4106, {"state": "draining", "sessions": 3, "kv": 0.12, "stalled_s": 77.0,
-                                           **INT4}),  # holds sessions and has not stepped for 77 s
+    ("decode-2", "decode", "cpu:4", 4105, {"sessions": 9, "kv": 0.44, "stalled_s": 77.0, **INT4}),  # no step for 77 s
+    ("decode-3", "decode", "cpu:5", 4106, {"state": "draining", "sessions": 3, "kv": 0.12, "busy": 0.4, "mfu": 0.05,
+                                           "mbu": 0.06, **INT4}),
     ("decode-4", "decode", "cpu:6", 4107, {"state": "checkpointed"}),
     ("decode-5", "decode", "cpu:7", 4108, {"state": "failed"}),
 ]
@@ -139,8 +141,14 @@ TIER_TOKENS = {"prefill": {"host": 1104, "disk": 240}, "decode": {"host": 336}}
 # the planner's replays every 30 s: the 2:4 layout fell behind 3:3 as the traffic turned prompt-heavy (PLAN's numbers)
 SPLIT_REGRET = SplitRegretInfo(ratio=0.847, current="2:4", best="3:3", at=NOW - 12,
                                series=[round(min(1.0, 1.02 - 0.006 * max(0, i - 10)), 3) for i in range(40)])
+FLOW = FlowInfo(window_s=60.0, handoffs=38, local_prefills=2, colocated=0, recomputes=1, decode_recomputes=0,
+                routes=[RouteInfo(prefill=p, decode=d, handoffs=n, bytes_per_s=b, p99_s=t) for p, d, n, b, t in (
+                    ("prefill-0", "decode-0", 12, 2_457_600.0, 0.0041), ("prefill-1", "decode-1", 11, 2_252_800.0,
+                                                                         0.0038),
+                    ("prefill-0", "decode-2", 9, 1_843_200.0, 3.2), ("prefill-1", "decode-3", 6, 1_228_800.0,
+                                                                        0.0036))])
 STATUS = FleetStatus(model="smollm2-135m", url="http://fixture:8700", pid=4100, window_s=5.0, workers=WORKERS,
-                     pools=POOLS, local_prefills=0, split_regret=SPLIT_REGRET)
+                     pools=POOLS, local_prefills=0, split_regret=SPLIT_REGRET, flow=FLOW)
 HISTORY = FleetHistory.model_validate({
     "now": NOW, "window_s": 300.0, "bucket_s": 5.0,
     "pools": {"prefill": _series(0.4, 0.3, 0.0), "decode": _series(0.8, 0.15, 1.0)},
@@ -154,8 +162,8 @@ HISTORY = FleetHistory.model_validate({
         {"ts": NOW - 200, "kind": "failure", "worker": "decode-5", "details": {"requests": 3}},
         {"ts": NOW - 120, "kind": "migrate", "worker": "decode-1",
          "details": {"from": "cpu:8", "to": "cpu:3", "mode": "restored"}},
-        {"ts": NOW - 75, "kind": "stall", "worker": "decode-3",  # in a step that does not end: its heartbeat goes on
-         "details": {"stalled": True, "silent_s": 2.4, "bound_s": 2.0, "sessions": 3}},
+        {"ts": NOW - 75, "kind": "stall", "worker": "decode-2",  # in a step that does not end: its heartbeat goes on
+         "details": {"stalled": True, "silent_s": 2.4, "bound_s": 2.0, "sessions": 9}},
         {"ts": NOW - 60, "kind": "restore", "worker": "decode-4",
          "details": {"device": "cpu:6", "mode": "cold-start", "reason": "torch: checkpoint has '2.12'"}},
     ],

@@ -1,6 +1,6 @@
-"""The dashboard's lower panels: traffic (the `classify` split, latencies, handoffs), this host's devices,
-and the fleet's events (migrations, cold starts with their reason, failures, 429s): a list across the screen,
-each line wrapped at words, whose `enter` (or a click) opens the event's every field."""
+"""The dashboard's lower panels: traffic (the `classify` split, latencies, handoffs, the busiest KV routes), this
+host's devices, and the fleet's events (migrations, cold starts with their reason, failures, 429s, stalls): a list
+across the screen, each line wrapped at words, whose `enter` (or a click) opens the event's every field."""
 
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
@@ -11,11 +11,24 @@ from fleetctl.domain import EventKind
 from fleetctl.engine.api.history import EventRecord
 
 BAR = 14  # characters of the prefill/decode split bar
+ROUTES_SHOWN = 3  # KV routes listed in the traffic panel, busiest first
 
 
 def traffic_text(reading: FleetReading) -> str:
-    if reading.history is None:
-        return "no history: the fleet has no metrics store"
+    """The store's last 5 minutes (requests, latencies, the phase split, handoff bytes) and the KV flow's busiest
+    prefill → decode routes over the last minute (bytes per second, p99 handoff time)."""
+    lines = [history_lines(reading)] if reading.history is not None else ["no history: the fleet has no metrics store"]
+    flow = reading.status.flow if reading.status else None
+    routes = flow.routes if flow else []
+    lines += [f"{r.prefill}→{r.decode} {nbytes(r.bytes_per_s)}/s p99 {seconds(r.p99_s)}"
+              for r in routes[:ROUTES_SHOWN]]
+    if len(routes) > ROUTES_SHOWN:
+        lines.append(f"… {len(routes) - ROUTES_SHOWN} more prefill→decode route(s)")
+    return "\n".join(lines)
+
+
+def history_lines(reading: FleetReading) -> str:
+    assert reading.history is not None
     traffic = reading.history.traffic
     ttft, tpot = traffic.ttft_s, traffic.tpot_s
     prefill, decode = traffic.prefill_share, traffic.decode_share

@@ -1,7 +1,9 @@
 """One pool (prefill, decode or mixed): busy, MFU and MBU now, five minutes of each as a sparkline,
 and a one-line verdict, so that an underfed or saturated phase shows at a glance; with a metrics store, the split
 regret (the current layout's share of the best layout's goodput, replayed every interval) and its sparkline; with
-KV tiers under the pools, a line of what each tier read back for this pool and how full it is."""
+KV tiers under the pools, a line of what each tier read back for this pool and how full it is. The decode pool says
+how its prompts arrived over the last minute (handoffs, local prefills, recomputes) and, in a fleet with prefill
+and decode pools, says plainly when most did not come by handoff: the fleet is not disaggregating."""
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -10,11 +12,12 @@ from textual.widgets import Label
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.chart import UsageChart
 from fleetctl.console.tui.widgets.format import count, percent
-from fleetctl.engine.api.status import PoolInfo, SplitRegretInfo, TierInfo
+from fleetctl.engine.api.status import FlowInfo, PoolInfo, SplitRegretInfo, TierInfo
 
 METRICS = (("busy", "busy"), ("mfu", "MFU (compute)"), ("mbu", "MBU (memory)"))
 # which metric a pool is judged by: prefill reads the prompt (compute), decode writes tokens (bandwidth)
 BOUND_BY = {"prefill": "mfu", "decode": "mbu", "mixed": "mfu"}
+MOSTLY_LOCAL_MIN = 5  # arrivals in the window before a share of them is called "mostly"
 
 
 def verdict(role: str, pool: PoolInfo | None) -> str:
@@ -35,6 +38,25 @@ def regret_label(regret: SplitRegretInfo) -> str:
     if regret.current == regret.best:
         return f"layout {regret.current} is best"
     return f"layout {percent(regret.ratio)} of {regret.best}"
+
+
+def flow_line(flow: FlowInfo, disaggregated: bool, width: int = 80) -> tuple[str, bool]:
+    """`last min: 42 handed off · 3 local · 1 recomputed`, or a shorter form where `width` is less, and whether it
+    warns: in a fleet with prefill and decode pools, `not disaggregating: 80% of 20 prompts came without a
+    handoff` when most did."""
+    share = flow.local_share
+    local = flow.local_prefills + flow.colocated + flow.decode_recomputes
+    if disaggregated and share is not None and share > 0.5 and local + flow.handoffs >= MOSTLY_LOCAL_MIN:
+        forms = [f"not disaggregating: {share:.0%} of {local + flow.handoffs} prompts came without a handoff",
+                 f"not disaggregating: {share:.0%} without a handoff", f"not disaggregating: {share:.0%} local"]
+        return next((form for form in forms if len(form) <= width), forms[-1]), True
+    colocated = f" · {flow.colocated} colocated" if flow.colocated else ""
+    here = f" ({flow.decode_recomputes} here)" if flow.decode_recomputes else ""
+    forms = [f"last min: {flow.handoffs} handed off · {flow.local_prefills} local{colocated} · {flow.recomputes} "
+             f"recomputed{here}",
+             f"1 min: {flow.handoffs} handoffs · {flow.local_prefills} local{colocated} · {flow.recomputes} recomp.",
+             f"{flow.handoffs} handoffs · {flow.local_prefills} local · {flow.recomputes} recomp."]
+    return next((form for form in forms if len(form) <= width), forms[-1]), False
 
 
 def tier_line(tiers: dict[str, TierInfo], served: dict[str, int], width: int) -> str:
@@ -58,6 +80,7 @@ class PoolPanel(Vertical):
         self._composed = False
         self._pending: FleetReading | None = None  # a reading that came before its rows were composed
         self._tiers: tuple[dict[str, TierInfo], dict[str, int]] = ({}, {})  # the last reading's, for a resize
+        self._flow: tuple[FlowInfo | None, bool] = (None, False)  # the last reading's, and whether P and D pools
 
     def on_mount(self) -> None:
         # a pool that appears while the console runs (a switch to mixed) is shown a reading as it is mounted,
@@ -98,12 +121,24 @@ class PoolPanel(Vertical):
         if regret is not None:
             self.query_one(f"#{self.role}-regret-label", Label).update(regret_label(regret))
             self.query_one(f"#{self.role}-regret", UsageChart).series = tuple(regret.series)
+        if self.role == "decode":
+            self._flow = (reading.status.flow if reading.status else None, "prefill" in reading.pools)
+            self._show_flow()
         self._tiers = (reading.kv_tiers, pool.tier_tokens if pool else {})
         self._show_tiers()
+
+    def _show_flow(self) -> None:
+        """The decode pool's arrivals over the last minute on its bottom border (no line of its own)."""
+        flow, disaggregated = self._flow
+        text, warns = flow_line(flow, disaggregated, self.size.width - 6) if flow else ("", False)
+        self.border_subtitle = text
+        self.set_class(warns, "warn")
 
     def on_resize(self) -> None:
         if self._composed:
             self._show_tiers()  # the line's form depends on the width: a reading may come before the layout
+            if self.role == "decode":
+                self._show_flow()
 
     def _show_tiers(self) -> None:
         tiers, served = self._tiers

@@ -4,9 +4,9 @@ tokens/s is the fleet's live rate, not the store's newest bucket."""
 from support.console_fixture import HISTORY, STATUS, worker
 
 from fleetctl.console.tui.reading import FleetReading
-from fleetctl.console.tui.widgets.pools import tier_line
+from fleetctl.console.tui.widgets.pools import flow_line, tier_line
 from fleetctl.engine.api.history import FleetHistory
-from fleetctl.engine.api.status import TierInfo
+from fleetctl.engine.api.status import FlowInfo, TierInfo
 
 
 def point(ts: float, busy: float, tokens_per_s: float) -> dict:
@@ -42,3 +42,14 @@ def test_the_tier_line_takes_the_longest_form_that_fits() -> None:
     assert tier_line(tiers, served, 38) == "tiers host 1.1k tok 5% · disk 0 tok 0%"
     assert tier_line(tiers, served, 30) == "tiers host 1.1k 5% · disk 0 0%"
     assert tier_line(tiers, served, 10) == "host 1.1k 5% · disk 0 0%"
+
+
+def test_the_flow_line_counts_arrivals_and_says_when_the_fleet_does_not_disaggregate() -> None:
+    flow = FlowInfo(window_s=60, handoffs=42, local_prefills=3, colocated=0, recomputes=1, decode_recomputes=1)
+    assert flow_line(flow, disaggregated=True) == ("last min: 42 handed off · 3 local · 1 recomputed (1 here)", False)
+    local = FlowInfo(window_s=60, handoffs=4, local_prefills=15, colocated=0, recomputes=1, decode_recomputes=1)
+    assert flow_line(local, disaggregated=True) == (
+        "not disaggregating: 80% of 20 prompts came without a handoff", True)
+    assert flow_line(local, disaggregated=False)[1] is False  # a fleet without a prefill pool is local by design
+    few = FlowInfo(window_s=60, handoffs=0, local_prefills=4, colocated=0, recomputes=0, decode_recomputes=0)
+    assert flow_line(few, disaggregated=True) == ("last min: 0 handed off · 4 local · 0 recomputed", False)
