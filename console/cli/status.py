@@ -19,6 +19,8 @@ def pool_line(name: str, pool: PoolInfo) -> str:
             f"queue {pool.queue}  prefix hits {pool.prefix_hit_ratio:.1%}")
     if pool.spec_acceptance is not None and pool.spec_tokens_per_step is not None:
         line += f"  drafts kept {pool.spec_acceptance:.0%} ({pool.spec_tokens_per_step:.2f} tokens a step)"
+    if pool.outlier:
+        line += f"  uneven: {pool.outlier}"
     return line
 
 

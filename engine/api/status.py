@@ -54,6 +54,7 @@ class PoolInfo(OpenModel):
     tier_tokens: dict[str, int] = Field(default_factory=dict)
     spec_acceptance: float | None = None  # its workers' speculative decoding together, as WorkerInfo's
     spec_tokens_per_step: float | None = None
+    outlier: str | None = None  # the running worker apart from its peers (busy, sessions), in a sentence
 
 
 class TierInfo(OpenModel):

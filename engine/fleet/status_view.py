@@ -21,6 +21,7 @@ from fleetctl.engine.api.status import (
     WorkerSessions,
 )
 from fleetctl.engine.fleet.dispatch import Dispatcher
+from fleetctl.engine.fleet.imbalance import outlier
 from fleetctl.engine.fleet.logs import FLEET
 from fleetctl.engine.fleet.ops.split_regret import SplitRegret
 from fleetctl.engine.fleet.state import FleetState
@@ -96,6 +97,7 @@ class StatusView:
                 tier_tokens=stats.tier_tokens_of(pool_ids),
                 spec_acceptance=stats.drafts_of(pool_ids).acceptance,
                 spec_tokens_per_step=stats.drafts_of(pool_ids).tokens_per_step,
+                outlier=outlier([w for w in members if w.stalled_s is None]),
             )
         return FleetStatus(model=model, url=url, pid=os.getpid(), window_s=BUSY_WINDOW_S, workers=workers,
                            pools=pools, local_prefills=stats.local_prefill_count, store=self._store(),

@@ -48,11 +48,11 @@ NOW = 1_764_400_000.0  # a fixed "now": event times and chart buckets derive fro
 
 def worker(wid: str, role: str, device: str, pid: int | None = None, state: str = "running", sessions: int = 0,
            kv: float = 0.0, busy: float = 0.0, mfu: float = 0.0, mbu: float = 0.0, node: str | None = None,
-           node_lost: bool = False, tokens_per_s: float = 0.0, weights: str = "", stalled_s: float | None = None
-           ) -> WorkerInfo:
+           node_lost: bool = False, tokens_per_s: float = 0.0, weights: str = "", stalled_s: float | None = None,
+           kv_dtype: str = "") -> WorkerInfo:
     """A worker as `/fleet/status` lists it (a pool of 256 KV blocks)."""
     return WorkerInfo(id=wid, role=role, device=device, node=node, node_lost=node_lost, state=state, pid=pid,
-                      weights=weights,
+                      weights=weights, kv_dtype=kv_dtype, kv_tokens=256 * 16,
                       sessions=sessions, kv_usage=kv, kv_blocks=256, free_blocks=round(256 * (1 - kv)), busy=busy,
                       mfu=mfu, mbu=mbu, tokens_per_s=tokens_per_s, prefix_hit_ratio=0.0, stalled_s=stalled_s)
 
@@ -79,7 +79,8 @@ def _latency() -> list[dict]:
     return points
 
 
-DENSE, INT4 = {"weights": "bfloat16"}, {"weights": "int4-gguf"}  # 16-bit prefill beside int4 decode
+# 16-bit prefill beside int4 decode, whose KV is int8
+DENSE, INT4 = {"weights": "bfloat16", "kv_dtype": "bfloat16"}, {"weights": "int4-gguf", "kv_dtype": "int8"}
 _WORKERS = [  # (id, role, device, pid, and what `worker` takes)
     ("prefill-0", "prefill", "cpu:0", 4101, {"sessions": 2, "kv": 0.05, "busy": 0.42, "mfu": 0.31, "mbu": 0.02,
                                              **DENSE}),
@@ -100,7 +101,8 @@ _WORKER_SERIES = {wid: _series(float(kw.get("busy", 0.0)), 0.1, i) for i, (wid, 
 WORKERS = [worker(wid, role, device, pid, tokens_per_s=_WORKER_SERIES[wid][-1]["tokens_per_s"], **kw)
            for wid, role, device, pid, kw in _WORKERS]
 POOLS = {"prefill": PoolInfo(workers=2, busy=0.385, mfu=0.29, mbu=0.015, queue=0, prefix_hit_ratio=0.0),
-         "decode": PoolInfo(workers=4, busy=0.805, mfu=0.1375, mbu=0.125, queue=0, prefix_hit_ratio=0.0)}
+         "decode": PoolInfo(workers=4, busy=0.805, mfu=0.1375, mbu=0.125, queue=0, prefix_hit_ratio=0.0,
+                            spec_acceptance=0.62, spec_tokens_per_step=1.91)}
 def _request(rid: str, stage: str, arrival: float, queue: float, prefill: float, e2e: float, output: int,
              decode: str | None, **more: object) -> RequestRecord:
     handed = decode is not None

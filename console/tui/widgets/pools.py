@@ -25,6 +25,8 @@ def verdict(role: str, pool: PoolInfo | None) -> str:
         return "no running worker"
     busy = pool.busy
     queue = pool.queue
+    if pool.outlier:
+        return f"uneven: {pool.outlier}"
     if busy < 0.3 and not queue:
         return f"underfed: idle {1 - busy:.0%} of the time"
     if busy > 0.9 or queue:
@@ -110,7 +112,8 @@ class PoolPanel(Vertical):
             return
         pool = reading.pools.get(self.role)
         count, queue = (pool.workers, pool.queue) if pool else (0, 0)
-        self.border_title = f"{self.role} · {count} worker{'s' if count != 1 else ''} · queue {queue}"
+        drafts = f" · drafts kept {pool.spec_acceptance:.0%}" if pool and pool.spec_acceptance is not None else ""
+        self.border_title = f"{self.role} · {count} worker{'s' if count != 1 else ''} · queue {queue}{drafts}"
         for metric, label in METRICS:
             value = percent(getattr(pool, metric) if pool else None)
             self.query_one(f"#{self.role}-{metric}-label", Label).update(f"{label[:4]:<5}{value:>8}")

@@ -8,8 +8,9 @@ from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.format import percent, rate
 from fleetctl.engine.api.status import WorkerInfo
 
-# the weight format last: at 80 columns the live figures come first
-COLUMNS = ("worker", "role", "device", "state", "sessions", "KV", "busy", "MFU", "MBU", "tok/s", "weights")
+# the weight and KV formats last: at 80 columns the live figures come first
+COLUMNS = ("worker", "role", "device", "state", "sessions", "KV", "busy", "MFU", "MBU", "tok/s", "weights",
+           "KV format")
 ROLE_ORDER = {"prefill": 0, "decode": 1, "mixed": 2}
 STATE_STYLES = {"running": "green", "starting": "cyan", "draining": "yellow", "checkpointed": "blue",
                 "stopped": "dim", "failed": "bold red"}
@@ -33,13 +34,13 @@ def cells(worker: WorkerInfo, reading: FleetReading) -> tuple[Text | str, ...]:
     state = state_cell(worker)
     return (Text(worker.id, style=state.style), worker.role, device_cell(worker), state,
             str(worker.sessions), percent(worker.kv_usage), percent(worker.busy), percent(worker.mfu),
-            percent(worker.mbu), rate(reading.tokens_per_s(worker.id)), worker.weights or "-")
+            percent(worker.mbu), rate(reading.tokens_per_s(worker.id)), worker.weights or "-", worker.kv_dtype or "-")
 
 
 def sort_value(worker: WorkerInfo, column: str, reading: FleetReading) -> tuple[str | int | float, int, str]:
     values: dict[str, str | int | float] = {
         "worker": worker.id, "role": ROLE_ORDER.get(worker.role, 9), "device": worker.device,
-        "weights": worker.weights or "", "state": worker.state,
+        "weights": worker.weights or "", "KV format": worker.kv_dtype or "", "state": worker.state,
         "sessions": -worker.sessions, "KV": -worker.kv_usage, "busy": -worker.busy, "MFU": -worker.mfu,
         "MBU": -worker.mbu, "tok/s": -reading.tokens_per_s(worker.id)}
     return values[column], ROLE_ORDER.get(worker.role, 9), worker.id

@@ -330,4 +330,4 @@ def test_a_pool_that_appears_while_the_console_runs_gets_its_panel() -> None:
             await pilot.pause(0.3)  # further readings reach it too
             return str(app.query_one("#pool-mixed").border_title)
 
-    assert asyncio.run(run()) == "mixed · 4 workers · queue 0"
+    assert asyncio.run(run()) == "mixed · 4 workers · queue 0 · drafts kept 62%"
