@@ -23,6 +23,12 @@ from fleetctl.options import build
 if TYPE_CHECKING:
     from fleetctl.engine.fleet.controller import Fleet
 
+# An idle keep-alive connection is closed after this long. Uvicorn's default, 5 s, is also httpx's (the openai
+# client's, the demo's) idle expiry: a request sent on a pooled connection just as the server closed it was reset
+# (httpx `ReadError('')`, 3 of 300 requests sent 5 s apart). Far above any client's expiry, the client always
+# gives a connection up first.
+KEEP_ALIVE_S = 75.0
+
 
 @with_options(Options(FleetConfig, panel="Fleet"), Options(ServerSettings, panel="Server"))
 def serve(options: dict[str, Any]) -> None:
@@ -62,7 +68,7 @@ def run_server(fleet: "Fleet", server: ServerSettings, listener: socket.socket) 
     app = create_app(fleet, token, bound_host=server.host, api_key=server.api_key,
                      response_ttl_s=server.response_ttl_s)
     server_config = uvicorn.Config(app, log_level="warning", access_log=server.access_log, log_config=None,
-                                   timeout_graceful_shutdown=SERVER_CLOSE_S)
+                                   timeout_graceful_shutdown=SERVER_CLOSE_S, timeout_keep_alive=KEEP_ALIVE_S)
     logging.getLogger("uvicorn.access").setLevel(logging.INFO if server.access_log else logging.WARNING)
     logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)  # failures are reported below, in one line
     uvicorn_server = GracefulServer(server_config, fleet, server.grace_s)

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from fleetctl.console.loadgen.outcome import Outcome
+from fleetctl.console.loadgen.outcome import Outcome, http_error_text
 from fleetctl.console.loadgen.schema_check import violation
 
 
@@ -85,7 +85,7 @@ async def send_chat(http: httpx.AsyncClient, body: dict[str, Any], turn: int) ->
                     out.prompt_tokens = chunk["usage"]["prompt_tokens"]
                     out.completion_tokens = chunk["usage"]["completion_tokens"]
     except httpx.HTTPError as exc:
-        out.error = f"{exc.__class__.__name__}: {exc}"
+        out.error = http_error_text(exc)
     out.e2e_s = time.perf_counter() - sent
     out.tool_calls = tuple(calls[i] for i in sorted(calls))
     if out.constrained and not out.error:

@@ -4,7 +4,21 @@ and their TPOT beside the unconstrained turns'."""
 
 from dataclasses import dataclass
 
+import httpx
+
 from fleetctl.store.queries import percentiles
+
+
+def http_error_text(exc: httpx.HTTPError) -> str:
+    """`ReadError: [Errno 104] Connection reset by peer` — the first message along the exception's causes, since
+    httpx raises a reset connection as `ReadError('')`; with none anywhere, what the error means."""
+    message, cause = str(exc), exc.__cause__ or exc.__context__
+    while not message and cause is not None:
+        message, cause = str(cause), cause.__cause__ or cause.__context__
+    if not message:
+        kind = "reading the answer" if isinstance(exc, httpx.ReadError) else "talking to the fleet"
+        message = f"the connection was closed or reset while {kind}"
+    return f"{exc.__class__.__name__}: {message}"
 
 
 @dataclass

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetctl.console.loadgen.agent_tools import AgentApi, Conversation
 from fleetctl.console.loadgen.chat_stream import send_chat
-from fleetctl.console.loadgen.outcome import Outcome, constrained_summary, percentile_json
+from fleetctl.console.loadgen.outcome import Outcome, constrained_summary, http_error_text, percentile_json
 from fleetctl.console.loadgen.requests import WORDS, TraceRequest
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -58,7 +58,7 @@ async def _send(http: httpx.AsyncClient, model: str, req: TraceRequest) -> Outco
                     out.prompt_tokens = chunk["usage"]["prompt_tokens"]
                     out.completion_tokens = chunk["usage"]["completion_tokens"]
     except httpx.HTTPError as exc:
-        out.error = f"{exc.__class__.__name__}: {exc}"
+        out.error = http_error_text(exc)
     out.e2e_s = time.perf_counter() - sent
     return out
 
