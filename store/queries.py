@@ -9,11 +9,13 @@ each worker was covered by samples, so a worker started 10 s ago is not diluted 
 import math
 import time
 from dataclasses import dataclass
-
-from sqlite_utils import Database
+from typing import TYPE_CHECKING
 
 from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.store.records import WorkerSample, columns
+
+if TYPE_CHECKING:  # sqlite_utils takes 0.1 s to import: `percentiles` is read by the CLI's and the console's start
+    from sqlite_utils import Database
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ GROUP BY w.id ORDER BY w.id
 """
 
 
-def worker_utilization(db: Database, window_s: float, now: float | None = None) -> list[WorkerUtilization]:
+def worker_utilization(db: "Database", window_s: float, now: float | None = None) -> list[WorkerUtilization]:
     now = time.time() if now is None else now
     result = []
     for worker_id, role, secs, steps, busy, mfu, mbu, ptok, dtok, queue, batch, kv in db.execute(
@@ -77,7 +79,7 @@ def worker_utilization(db: Database, window_s: float, now: float | None = None) 
     return result
 
 
-def pool_utilization(db: Database, window_s: float, now: float | None = None) -> dict[WorkerRole, PoolUtilization]:
+def pool_utilization(db: "Database", window_s: float, now: float | None = None) -> dict[WorkerRole, PoolUtilization]:
     return _pools(worker_utilization(db, window_s, now))
 
 
@@ -138,7 +140,7 @@ def percentiles(values: list[float]) -> Percentiles:
     return Percentiles(at(0.5), at(0.9), at(0.99))
 
 
-def request_latency(db: Database, window_s: float, now: float | None = None) -> RequestLatency:
+def request_latency(db: "Database", window_s: float, now: float | None = None) -> RequestLatency:
     now = time.time() if now is None else now
     rows = db.execute(
         "SELECT ttft_s, e2e_s, output_tokens FROM requests WHERE ts >= ? AND ts < ? AND outcome = 'ok'",
@@ -157,7 +159,7 @@ class HandoffTotals:
     share_of_e2e: float  # handoff seconds over e2e seconds, of the requests that finished ok
 
 
-def handoff_totals(db: Database, window_s: float, now: float | None = None) -> HandoffTotals:
+def handoff_totals(db: "Database", window_s: float, now: float | None = None) -> HandoffTotals:
     now = time.time() if now is None else now
     count, nbytes, seconds, ok_handoff, ok_e2e = db.execute(
         "SELECT TOTAL(handoff_bytes > 0), TOTAL(handoff_bytes), TOTAL(handoff_s), "
@@ -197,7 +199,7 @@ SELECT {", ".join("s." + c for c in _SAMPLE_COLUMNS)} FROM workers w CROSS JOIN 
 """
 
 
-def dashboard(db: Database, window_s: float = 60.0, now: float | None = None) -> Dashboard:
+def dashboard(db: "Database", window_s: float = 60.0, now: float | None = None) -> Dashboard:
     """Workers that were running at any point in the window, each with its latest row and its
     utilization over the window, plus the per-pool aggregates."""
     now = time.time() if now is None else now

@@ -7,11 +7,19 @@ They are also the one declaration of the store's columns: `schema.py` builds eac
 record type's fields (names, types, `X | None` for nullable), adding only keys and indexes.
 """
 
+import sqlite3
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import ClassVar
 
 from fleetctl.domain import DeviceKind, EventKind, PeakSource, RequestOutcome, WorkerRole, WorkerState
+
+SCHEMA_VERSION = 4  # the layout these records make (`PRAGMA user_version`; migrations.py steps older files up)
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    """The layout version a store's file says it has (0: a new file)."""
+    return conn.execute("PRAGMA user_version").fetchone()[0]
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,8 +26,6 @@ from fleetctl.store.records import (
     columns,
 )
 
-SCHEMA_VERSION = 4
-
 _SURROGATE_KEY = "id"  # INTEGER rowid key of the tables whose records have no natural one
 
 # Every column the utilization queries sum is in the per-worker index, so that they read the index

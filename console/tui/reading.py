@@ -9,6 +9,8 @@ from fleetctl.engine.api.status import FleetStatus, PoolInfo, TierInfo, WorkerIn
 
 HISTORY_WINDOW_S = 300.0  # five minutes of charts
 HISTORY_BUCKET_S = 5.0
+NO_HISTORY = "no history: the fleet has no metrics store"
+HISTORY_PENDING = "history: reading the store…"
 
 
 @dataclass(frozen=True)
@@ -16,7 +18,8 @@ class FleetReading:
     reachable: bool
     error: str = ""  # why the fleet did not answer (shown in the banner)
     status: FleetStatus | None = None  # None when the fleet did not answer
-    history: FleetHistory | None = None  # None when no history is available
+    history: FleetHistory | None = None  # None when no history is available (yet: `history_note` says which)
+    history_note: str = NO_HISTORY  # what the charts say while `history` is None
     host: dict = field(default_factory=dict)  # this machine's view: {"gpus": [...], "processes": {pid: cpu %}}
 
     @property

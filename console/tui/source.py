@@ -3,7 +3,10 @@ client), with history read from a local store when the console has one (faster, 
 server's `/fleet/history` runs, validated into the same `FleetHistory`) or through `/fleet/history` when it is
 attached from afar.
 
-All I/O is async (the fleet client) or runs in a thread (SQLite, psutil), so the UI thread never waits."""
+All I/O is async (the fleet client) or runs in a thread (SQLite, psutil), so the UI thread never waits. The history
+is read beside the readings, not in them: each reading carries the newest history read so far and starts the next
+read if none is under way, so a slow store (or the first read's imports) never holds the live numbers back — the
+first frame comes as soon as `/fleet/status` answers."""
 
 import asyncio
 from pathlib import Path
@@ -11,7 +14,7 @@ from typing import Protocol
 
 from fleetctl.console.client import AsyncFleetClient, FleetClientError, FleetRefused
 from fleetctl.console.tui.host import GpuSamples, HostProbe
-from fleetctl.console.tui.reading import HISTORY_BUCKET_S, HISTORY_WINDOW_S, FleetReading
+from fleetctl.console.tui.reading import HISTORY_BUCKET_S, HISTORY_PENDING, HISTORY_WINDOW_S, FleetReading
 from fleetctl.engine.api.checkpoints import CheckpointList
 from fleetctl.engine.api.history import FleetHistory
 from fleetctl.engine.api.operation_results import RebalancePreview
@@ -54,6 +57,9 @@ class HttpSource:
         self.url = self._fleet.url
         self._store = store
         self._host = HostProbe(gpus)
+        self._history: FleetHistory | None = None  # the newest history read
+        self._history_read = False  # one has finished (with a history or without one)
+        self._history_task: asyncio.Task[None] | None = None
 
     async def read(self) -> FleetReading:
         try:
@@ -62,11 +68,16 @@ class HttpSource:
             return FleetReading(reachable=False, error=f"{self.url} answered HTTP {exc.status}")
         except FleetClientError as exc:
             return FleetReading(reachable=False, error=str(exc))
-        history = await self._history()
+        if self._history_task is None or self._history_task.done():
+            self._history_task = asyncio.create_task(self._read_history())
         host = await asyncio.to_thread(self._host.sample, [w.pid for w in status.workers if w.pid])
-        return FleetReading(reachable=True, status=status, history=history, host=host)
+        extra = {} if self._history_read else {"history_note": HISTORY_PENDING}
+        return FleetReading(reachable=True, status=status, history=self._history, host=host, **extra)
 
-    async def _history(self) -> FleetHistory | None:
+    async def _read_history(self) -> None:
+        self._history, self._history_read = await self._fetch_history(), True
+
+    async def _fetch_history(self) -> FleetHistory | None:
         if self._store is not None and self._store.exists():
             return await asyncio.to_thread(_local_history, self._store)
         try:
@@ -102,6 +113,8 @@ class HttpSource:
         return await self._fleet.rebalance_preview(split)
 
     async def close(self) -> None:
+        if self._history_task is not None:
+            self._history_task.cancel()
         await self._fleet.close()
         self._host.close()
 

@@ -4,9 +4,11 @@ import sqlite3
 
 import pytest
 
-from fleetctl.store.db import MIGRATIONS, StoreVersionError, open_db, schema_version
-from fleetctl.store.records import RECORD_TYPES, columns
-from fleetctl.store.schema import SCHEMA_VERSION, TABLES
+from fleetctl.store.db import open_db
+from fleetctl.store.errors import StoreVersionError
+from fleetctl.store.migrations import MIGRATIONS
+from fleetctl.store.records import RECORD_TYPES, SCHEMA_VERSION, columns, schema_version
+from fleetctl.store.schema import TABLES
 
 # A version-1 file as the first layout wrote it: worker_samples and gpu_samples had no interval_s.
 V1_DDL = """

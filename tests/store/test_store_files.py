@@ -12,7 +12,7 @@ from support.volumes import fill, tmpfs
 from fleetctl.store import db as store_db
 from fleetctl.store.db import move_aside, open_db
 from fleetctl.store.errors import StoreFileError, StoreProblem
-from fleetctl.store.schema import SCHEMA_VERSION
+from fleetctl.store.records import SCHEMA_VERSION
 
 
 @pytest.fixture

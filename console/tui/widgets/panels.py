@@ -17,7 +17,7 @@ ROUTES_SHOWN = 3  # KV routes listed in the traffic panel, busiest first
 def traffic_text(reading: FleetReading) -> str:
     """The store's last 5 minutes (requests, latencies, the phase split, handoff bytes) and the KV flow's busiest
     prefill → decode routes over the last minute (bytes per second, p99 handoff time)."""
-    lines = [history_lines(reading)] if reading.history is not None else ["no history: the fleet has no metrics store"]
+    lines = [history_lines(reading) if reading.history is not None else reading.history_note]
     flow = reading.status.flow if reading.status else None
     routes = flow.routes if flow else []
     lines += [f"{r.prefill}→{r.decode} {nbytes(r.bytes_per_s)}/s p99 {seconds(r.p99_s)}"

@@ -4,7 +4,7 @@ bucket, over the history window, one line each — a chart scaled to its own pea
 from rich.text import Text
 from textual.widget import Widget
 
-from fleetctl.console.tui.reading import FleetReading
+from fleetctl.console.tui.reading import NO_HISTORY, FleetReading
 from fleetctl.console.tui.widgets.chart import bars
 from fleetctl.console.tui.widgets.format import rate, seconds
 
@@ -51,15 +51,17 @@ class TrendsPanel(Widget):
         super().__init__(id="trends")
         self.border_title = "trends · 5 min"
         self.rows: list[tuple[str, list[float | None], str]] = []
+        self.note = NO_HISTORY  # what it says without rows
 
     def show(self, reading: FleetReading) -> None:
         self.rows = trend_rows(reading)
+        self.note = reading.history_note
         self.styles.height = max(1, len(self.rows)) + 2  # its border
         self.refresh()
 
     def render(self) -> Text:
         if not self.rows:
-            return Text("no history: the fleet has no metrics store", style="dim")
+            return Text(self.note, style="dim")
         width = max(0, self.content_size.width - LABEL - VALUE - 1)
         theme = self.app.current_theme
         # a pool's tokens in its panel's colour (prefill primary, decode secondary), latencies in the accent

@@ -11,7 +11,7 @@ from support.fleet_harness import fleetctl
 
 from fleetctl.console.loadgen.local_fleet import local_fleet
 from fleetctl.store.db import open_db
-from fleetctl.store.schema import SCHEMA_VERSION
+from fleetctl.store.records import SCHEMA_VERSION
 
 COMMANDS = {
     "classify": ["classify"],
