@@ -9,6 +9,7 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal
+from textual.screen import ModalScreen
 from textual.widgets import Header, Input, OptionList, Static
 
 from fleetctl.console.client import FleetClientError
@@ -98,7 +99,10 @@ class FleetConsole(App[None]):
         reading = await self.source.read()
         if not self.is_running:  # the console closed while it asked: its widgets may be gone already
             return
-        self.show(reading)
+        if self.screen is self.screen_stack[0] or isinstance(self.screen, ModalScreen):
+            self.show(reading)
+        else:  # a view covers the dashboard (requests, logs, plan): its widgets wait, the actions see the reading
+            self.reading = reading
         if isinstance(self.screen, WorkerDetail):
             await self.refresh_detail(self.screen)
 

@@ -3,6 +3,9 @@ picture of the screen does not depend on where it was taken)."""
 
 import time
 
+from rich.text import Text
+from textual.widgets import Static
+
 
 def percent(value: float | None) -> str:
     return "—" if value is None else f"{value:.0%}" if value >= 0.1 else f"{value:.1%}"
@@ -35,3 +38,11 @@ def nbytes(value: float) -> str:
 
 def clock(ts: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(ts))
+
+
+def show_text(widget: Static, content: str | Text, layout: bool = True) -> None:
+    """`widget.update(content)` only when the content changed: each update re-renders the widget and, with `layout`
+    (a widget whose size follows its content), lays the screen out again — at 1 Hz that was most of the console's
+    CPU."""
+    if widget.content != content:
+        widget.update(content, layout=layout)

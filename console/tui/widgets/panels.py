@@ -6,7 +6,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from fleetctl.console.tui.reading import FleetReading
-from fleetctl.console.tui.widgets.format import clock, nbytes, percent, rate, seconds
+from fleetctl.console.tui.widgets.format import clock, nbytes, percent, rate, seconds, show_text
 from fleetctl.domain import EventKind
 from fleetctl.engine.api.history import EventRecord
 
@@ -83,7 +83,7 @@ class TrafficPanel(Static):
         self.border_title = "traffic · 5 min"
 
     def show(self, reading: FleetReading) -> None:
-        self.update(traffic_text(reading))
+        show_text(self, traffic_text(reading))
 
 
 class DevicesPanel(Static):
@@ -92,7 +92,7 @@ class DevicesPanel(Static):
         self.border_title = "devices"
 
     def show(self, reading: FleetReading) -> None:
-        self.update(devices_text(reading))
+        show_text(self, devices_text(reading))
 
 
 class EventsPanel(OptionList):

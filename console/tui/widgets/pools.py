@@ -11,7 +11,7 @@ from textual.widgets import Label
 
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.chart import UsageChart
-from fleetctl.console.tui.widgets.format import count, percent
+from fleetctl.console.tui.widgets.format import count, percent, show_text
 from fleetctl.engine.api.status import FlowInfo, PoolInfo, SplitRegretInfo, TierInfo
 
 METRICS = (("busy", "busy"), ("mfu", "MFU (compute)"), ("mbu", "MBU (memory)"))
@@ -116,13 +116,13 @@ class PoolPanel(Vertical):
         self.border_title = f"{self.role} · {count} worker{'s' if count != 1 else ''} · queue {queue}{drafts}"
         for metric, label in METRICS:
             value = percent(getattr(pool, metric) if pool else None)
-            self.query_one(f"#{self.role}-{metric}-label", Label).update(f"{label[:4]:<5}{value:>8}")
+            show_text(self.query_one(f"#{self.role}-{metric}-label", Label), f"{label[:4]:<5}{value:>8}", layout=False)
             self.query_one(f"#{self.role}-{metric}", UsageChart).series = tuple(reading.pool_series(self.role, metric))
-        self.query_one(f"#{self.role}-verdict", Label).update(verdict(self.role, pool))
+        show_text(self.query_one(f"#{self.role}-verdict", Label), verdict(self.role, pool))
         regret = reading.status.split_regret if reading.status else None
         self.query_one(f"#{self.role}-regret-row").display = regret is not None
         if regret is not None:
-            self.query_one(f"#{self.role}-regret-label", Label).update(regret_label(regret))
+            show_text(self.query_one(f"#{self.role}-regret-label", Label), regret_label(regret), layout=False)
             self.query_one(f"#{self.role}-regret", UsageChart).series = tuple(regret.series)
         if self.role == "decode":
             self._flow = (reading.status.flow if reading.status else None, "prefill" in reading.pools)
@@ -147,4 +147,4 @@ class PoolPanel(Vertical):
         tiers, served = self._tiers
         label = self.query_one(f"#{self.role}-tiers", Label)
         label.display = bool(tiers)  # a fleet without tiers keeps its layout
-        label.update(tier_line(tiers, served, self.content_size.width))
+        show_text(label, tier_line(tiers, served, self.content_size.width))

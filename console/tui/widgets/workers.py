@@ -37,6 +37,14 @@ def cells(worker: WorkerInfo, reading: FleetReading) -> tuple[Text | str, ...]:
             percent(worker.mbu), rate(reading.tokens_per_s(worker.id)), worker.weights or "-", worker.kv_dtype or "-")
 
 
+def same(shown: object, value: Text | str) -> bool:
+    """Whether a cell already shows `value` (Rich's Text equality ignores its style: a worker's id is styled by
+    its state)."""
+    if isinstance(value, Text) and isinstance(shown, Text):
+        return (shown.plain, shown.style, shown.spans) == (value.plain, value.style, value.spans)
+    return shown == value
+
+
 def sort_value(worker: WorkerInfo, column: str, reading: FleetReading) -> tuple[str | int | float, int, str]:
     values: dict[str, str | int | float] = {
         "worker": worker.id, "role": ROLE_ORDER.get(worker.role, 9), "device": worker.device,
@@ -90,4 +98,5 @@ class WorkersTable(DataTable):
             return
         for worker in workers:
             for column, value in zip(COLUMNS, cells(worker, reading), strict=True):
-                self.update_cell(worker.id, column, value)
+                if not same(self.get_cell(worker.id, column), value):  # an update re-renders every visible cell
+                    self.update_cell(worker.id, column, value)
