@@ -8,6 +8,8 @@ them."""
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -222,6 +224,18 @@ class FleetClient:
     def start(self, path: str, body: dict[str, object]) -> OperationInfo:
         """POST an operation (its 202)."""
         return self._call(_Calls.start(path, body))
+
+    def follow(self, op: OperationInfo, timeout: float,
+               on_poll: Callable[[OperationInfo], None] | None = None) -> OperationInfo:
+        """Poll /fleet/operations/{id} until `op` ends or `timeout` passes (`on_poll` sees each answer); returns
+        its last state."""
+        deadline = time.monotonic() + timeout
+        while op.state == "running" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            op = self.operation(op.id)
+            if on_poll is not None:
+                on_poll(op)
+        return op
 
     def plan(self, params: Params) -> FleetPlan:
         return self._call(_Calls.plan(params))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -71,20 +70,12 @@ def fail(message: str) -> FleetctlError:
 def follow_operation(client: FleetClient, op: OperationInfo, timeout: float) -> OperationInfo:
     """Poll /fleet/operations/{id} until it ends or `timeout` passes (a status line on a terminal); returns its
     last state."""
-    deadline = time.monotonic() + timeout
     if sys.stderr.isatty():
         from rich.console import Console
 
         with Console(stderr=True).status(f"{op.kind} {op.worker}: {op.stage}") as status:
-            while op.state == "running" and time.monotonic() < deadline:
-                time.sleep(0.1)
-                op = client.operation(op.id)
-                status.update(f"{op.kind} {op.worker}: {op.stage}")
-        return op
-    while op.state == "running" and time.monotonic() < deadline:
-        time.sleep(0.1)
-        op = client.operation(op.id)
-    return op
+            return client.follow(op, timeout, lambda now: status.update(f"{now.kind} {now.worker}: {now.stage}"))
+    return client.follow(op, timeout)
 
 
 def operation_output(op: OperationInfo, as_json: bool, timeout: float) -> str:

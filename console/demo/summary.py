@@ -139,4 +139,9 @@ def render_summary(s: dict) -> list[str]:
               f"KV handoffs {h['count']}  {h['bytes'] / 2**20:.1f} MiB  {h['share_of_e2e']:.3%} of end-to-end time"]
     if s["first_error"]:
         lines.append(f"first error: {s['first_error']}")
+    if s.get("tour") is not None:
+        passed = sum(1 for step in s["tour"] if step["ok"])
+        lines += ["", f"tour: {passed} of {len(s['tour'])} step(s) passed"]
+        lines += [f"{'ok  ' if t['ok'] else 'FAIL'} {t['name']:<22} {t['seconds']:6.1f} s  {t['result']}"
+                  for t in s["tour"]]
     return lines

@@ -3,6 +3,8 @@ every worker action from the keyboard or the command palette. `run_console` is t
 
 import asyncio
 import signal
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from textual import work
@@ -40,6 +42,7 @@ from fleetctl.themes.palettes import THEMES
 NARROW_COLUMNS = 100
 APP_WIDE = ("help", "theme", "quit")  # the actions every view answers to (app.check_action)
 SHORT_LINES = 32  # below it (as below NARROW_COLUMNS) the devices and trends give way to the events
+TOUR_NOTICE_S = 12.0
 
 
 class FleetConsole(App[None]):
@@ -53,7 +56,8 @@ class FleetConsole(App[None]):
                         show=a.id not in ("resume", "sort", "filter", "theme")) for a in ACTIONS]
 
     def __init__(self, source: FleetSource, settings: ConsoleSettings | None = None, *,
-                 readonly: bool = False, title: str = "fleetctl", refresh: bool = True) -> None:
+                 readonly: bool = False, title: str = "fleetctl", refresh: bool = True,
+                 tour: Callable[[Callable[[str], None]], object] | None = None) -> None:
         super().__init__()
         self.source = source
         self.settings = settings = settings or ConsoleSettings()
@@ -63,6 +67,7 @@ class FleetConsole(App[None]):
         self.reading = FleetReading(reachable=False, error="connecting…")
         self.flows = ActionFlows(self)
         self._refresh = refresh
+        self._tour = tour  # `demo --tour`: run in a thread once on screen, its announcements shown as notices
 
     def compose(self) -> ComposeResult:
         yield Header(icon="◆")
@@ -93,6 +98,14 @@ class FleetConsole(App[None]):
         if self._refresh:
             self.refresh_reading()
             self.set_interval(self.settings.interval, self.refresh_reading)
+        if self._tour is not None:
+            threading.Thread(target=self._tour, args=(self.announce_from_thread,), name="demo-tour",
+                             daemon=True).start()
+
+    def announce_from_thread(self, text: str) -> None:
+        """A tour step's announcement, from the tour's thread: a notice that stays long enough to be read."""
+        if self.is_running:
+            self.call_from_thread(self.notify, text, title="tour", timeout=TOUR_NOTICE_S)
 
     @work(exclusive=True, group="refresh")
     async def refresh_reading(self) -> None:
@@ -228,9 +241,11 @@ class FleetConsole(App[None]):
 
 def run_console(url: str, *, embedded: bool = False, store: Path | None = None, readonly: bool = False,
                 title: str = "fleetctl", token: str | None = None, settings: ConsoleSettings | None = None,
-                gpus: GpuSamples | None = None) -> None:
+                gpus: GpuSamples | None = None, tour: Callable[[Callable[[str], None]], object] | None = None) -> None:
     """Attach the console to the fleet at `url` until the operator quits. `embedded` only changes the
     title (the caller owns the fleet's lifetime). The admin token defaults to $FLEET_ADMIN_TOKEN or the
-    token file a local fleet wrote. `gpus` samples this host's GPUs for the devices panel."""
+    token file a local fleet wrote. `gpus` samples this host's GPUs for the devices panel; `tour` (`demo --tour`)
+    runs beside it, its announcements shown as notices."""
     source = HttpSource(url, token, store, gpus=gpus)
-    FleetConsole(source, settings, readonly=readonly, title=title + (" · embedded fleet" if embedded else "")).run()
+    FleetConsole(source, settings, readonly=readonly, title=title + (" · embedded fleet" if embedded else ""),
+                 tour=tour).run()

@@ -11,34 +11,18 @@ from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog, OperationDialog
 from fleetctl.console.tui.source import FleetSource
-from fleetctl.domain import DeviceKind, WorkerRole, WorkerState
+from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.api.bodies import DEFAULT_HOLD_S
-from fleetctl.engine.api.device_names import DeviceName, parse_device_name
+from fleetctl.engine.api.device_names import free_devices
 from fleetctl.engine.api.operations import OperationInfo
-from fleetctl.engine.api.status import WorkerInfo
 
 ScreenResult = TypeVar("ScreenResult")
-LIVE_STATES = ("starting", "running", "draining")
 SPLIT_HINT = "or type a split: P:D, P:D:M or colocated N"
 SWITCH_CHOICES = {WorkerRole.PREFILL: "prefill: takes prompts and hands their KV to the decode pool",
                   WorkerRole.DECODE: "decode: continues handed-off sessions",
                   WorkerRole.MIXED: "mixed: takes prompts and decodes them itself"}
 HOLD_CHOICES = [("60", "60 s"), (f"{DEFAULT_HOLD_S:g}", f"{DEFAULT_HOLD_S / 60:g} minutes (default)"),
                 ("900", "15 minutes")]
-
-
-def free_devices(workers: list[WorkerInfo], count: int = 6) -> list[str]:
-    """Devices no live worker holds, of the kind the fleet uses (cuda when it has GPU workers): up to `count`
-    on each node the fleet's workers are on (a Ray fleet's `node2/cpu:N`; "" is this machine)."""
-    names = [parse_device_name(w.device, indexed=True) for w in workers]
-    used = {str(name) for name, w in zip(names, workers, strict=True) if w.state in LIVE_STATES}
-    kind = DeviceKind.CUDA if any(name.kind is DeviceKind.CUDA for name in names) else DeviceKind.CPU
-    free = []
-    for node in sorted({name.node for name in names}) or [""]:
-        highest = max((name.index for name in names if name.kind is kind and name.node == node), default=-1)
-        candidates = (str(DeviceName(kind, i, node)) for i in range(highest + 1 + count))
-        free += [device for device in candidates if device not in used][:count]
-    return free
 
 
 class ConsoleApp(Protocol):

@@ -8,9 +8,15 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from fleetctl.domain import DeviceKind
+from fleetctl.domain import DeviceKind, WorkerState
 from fleetctl.errors import UserError
+
+if TYPE_CHECKING:
+    from fleetctl.engine.api.status import WorkerInfo
+
+LIVE_STATES = (WorkerState.STARTING.value, WorkerState.RUNNING.value, WorkerState.DRAINING.value)  # hold a device
 
 _NAME = re.compile(r"(?:([A-Za-z0-9][A-Za-z0-9_.-]*)/)?(cpu|cuda)(?::(\d+)(?:#(\d+))?)?")
 
@@ -97,3 +103,17 @@ def gpu_clash(device: str, others: Iterable[str]) -> str | None:
         if peer == name or whole_and_slot:
             return other
     return None
+
+
+def free_devices(workers: "list[WorkerInfo]", count: int = 6) -> list[str]:
+    """Devices no live worker holds, of the kind the fleet uses (cuda when it has GPU workers): up to `count`
+    on each node the fleet's workers are on (a Ray fleet's `node2/cpu:N`; "" is this machine)."""
+    names = [parse_device_name(w.device, indexed=True) for w in workers]
+    used = {str(name) for name, w in zip(names, workers, strict=True) if w.state in LIVE_STATES}
+    kind = DeviceKind.CUDA if any(name.kind is DeviceKind.CUDA for name in names) else DeviceKind.CPU
+    free = []
+    for node in sorted({name.node for name in names}) or [""]:
+        highest = max((name.index for name in names if name.kind is kind and name.node == node), default=-1)
+        candidates = (str(DeviceName(kind, i, node)) for i in range(highest + 1 + count))
+        free += [device for device in candidates if device not in used][:count]
+    return free

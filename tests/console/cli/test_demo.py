@@ -41,6 +41,25 @@ def test_headless_json_shows_model_time_swing_from_prefill_to_decode(tiny_model_
     assert summary["handoffs"]["count"] > 0 and summary["handoffs"]["bytes"] > 0
 
 
+@pytest.mark.fleet
+def test_the_headless_tour_performs_and_checks_every_step(tiny_model_dir: Path) -> None:
+    """`demo --tour --headless --json` on the tiny model: a live migration, a role switch, a checkpoint and
+    restore, a worker killed and restarted, a rebalance to the planner's layout — each done through the API
+    while the traffic streams, each passed, and no request lost to them."""
+    result = fleetctl("demo", "--headless", "--tour", "--tour-pause", "2", "--duration", "10", "--json", "--model",
+                      str(tiny_model_dir), "--phase-seconds", "8", timeout=600)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    tour = summary["tour"]
+    assert [step["name"] for step in tour] == ["live migration", "role switch", "checkpoint and restore",
+                                               "worker killed", "rebalance"]
+    assert all(step["ok"] for step in tour), tour
+    assert "is now mixed-0" in tour[1]["result"] and "runs again as process" in tour[3]["result"]
+    assert summary["errors"] == 0 and summary["completed"] > 0
+    announced = [line for line in result.stderr.splitlines() if line.startswith("fleetctl tour: ")]
+    assert len(announced) == 2 * len(tour)  # what each step is about to do, then how it ended
+
+
 # Runs the CLI with the real console, driven headless (Textual's `run_test`) instead of on the terminal: once
 # it shows the demo's traffic on the fleet it records what it showed, then presses Ctrl-C the way a terminal does.
 HEADLESS_CONSOLE = """

@@ -4,8 +4,8 @@ devices offered for start/restore/migrate are free slots on each of the fleet's 
 from rich.text import Text
 from support.console_fixture import worker
 
-from fleetctl.console.tui.flows import free_devices
 from fleetctl.console.tui.widgets.workers import device_cell
+from fleetctl.engine.api.device_names import free_devices
 
 
 def test_device_cell_names_the_node_and_a_lost_one() -> None:
