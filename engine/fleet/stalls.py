@@ -21,7 +21,7 @@ from fleetctl.engine.fleet.worker_view import WorkerView
 log = logging.getLogger(__name__)
 
 STALL_STEPS = 10.0  # silent this many times its recent step time...
-STALL_FLOOR_S = 2.0  # ...and at least this long: a stall
+STALL_FLOOR_S = 5.0  # ...and at least this long (a CPU fleet's prefill chunk under contention takes seconds): a stall
 WATCHED = (WorkerState.RUNNING, WorkerState.DRAINING)
 PAUSING = (OpKind.CHECKPOINT, OpKind.MIGRATE, OpKind.SWITCH)  # operations that hold a worker's steps on purpose
 

@@ -165,7 +165,7 @@ HISTORY = FleetHistory.model_validate({
         {"ts": NOW - 120, "kind": "migrate", "worker": "decode-1",
          "details": {"from": "cpu:8", "to": "cpu:3", "mode": "restored"}},
         {"ts": NOW - 75, "kind": "stall", "worker": "decode-2",  # in a step that does not end: its heartbeat goes on
-         "details": {"stalled": True, "silent_s": 2.4, "bound_s": 2.0, "sessions": 9}},
+         "details": {"stalled": True, "silent_s": 5.4, "bound_s": 5.0, "sessions": 9}},
         {"ts": NOW - 60, "kind": "restore", "worker": "decode-4",
          "details": {"device": "cpu:6", "mode": "cold-start", "reason": "torch: checkpoint has '2.12'"}},
     ],

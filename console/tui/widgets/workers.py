@@ -99,4 +99,4 @@ class WorkersTable(DataTable):
         for worker in workers:
             for column, value in zip(COLUMNS, cells(worker, reading), strict=True):
                 if not same(self.get_cell(worker.id, column), value):  # an update re-renders every visible cell
-                    self.update_cell(worker.id, column, value)
+                    self.update_cell(worker.id, column, value, update_width=True)  # a state may outgrow its column
