@@ -12,6 +12,7 @@ from fleetctl.engine.api.history import EventRecord
 
 BAR = 14  # characters of the prefill/decode split bar
 ROUTES_SHOWN = 3  # KV routes listed in the traffic panel, busiest first
+LONG_VALUE = 16  # an event detail longer than this (a request id, a path) is cut in the list
 
 
 def traffic_text(reading: FleetReading) -> str:
@@ -64,9 +65,25 @@ def event_line(event: EventRecord) -> str:
     if event.kind == EventKind.STALL.value:
         return f"{clock(event.ts)} {event.kind:<9} {event.worker or '-':<10} {stall_text(details)}"
     moved = f"{details.pop('from')}→{details.pop('to')} " if "from" in details and "to" in details else ""
-    extra = " ".join(f"{v}" if k in ("mode", "device") else f"{k} {len(v)}" if isinstance(v, list) else f"{k} {v}"
-                     for k, v in details.items() if v is not None)
+    extra = " ".join(detail(k, v) for k, v in details.items() if v is not None)
     return f"{clock(event.ts)} {event.kind:<9} {event.worker or '-':<10} {moved}{extra}"
+
+
+def detail(key: str, value: object) -> str:
+    """One detail of an event, short: a mode or device by itself, a list by its length, bytes and seconds in their
+    units, a long id or path cut (the event's own screen has it whole)."""
+    if key in ("mode", "device"):
+        return str(value)
+    if isinstance(value, list):
+        return f"{key} {len(value)}"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if key == "bytes" or key.endswith("_bytes"):
+            return f"{key} {nbytes(value)}"
+        if key.endswith("_s"):
+            return f"{key.removesuffix('_s')} {seconds(value)}"
+    text = str(value)
+    cut = len(text) > LONG_VALUE and " " not in text  # an id or a path; a reason is a sentence, kept whole
+    return f"{key} {text[:LONG_VALUE - 1] + '…' if cut else text}"
 
 
 def stall_text(details: dict) -> str:

@@ -4,8 +4,9 @@ tokens/s is the fleet's live rate, not the store's newest bucket."""
 from support.console_fixture import HISTORY, STATUS, worker
 
 from fleetctl.console.tui.reading import FleetReading
+from fleetctl.console.tui.widgets.panels import event_line
 from fleetctl.console.tui.widgets.pools import flow_line, tier_line
-from fleetctl.engine.api.history import FleetHistory
+from fleetctl.engine.api.history import EventRecord, FleetHistory
 from fleetctl.engine.api.status import FlowInfo, TierInfo
 
 
@@ -53,3 +54,11 @@ def test_the_flow_line_counts_arrivals_and_says_when_the_fleet_does_not_disaggre
     assert flow_line(local, disaggregated=False)[1] is False  # a fleet without a prefill pool is local by design
     few = FlowInfo(window_s=60, handoffs=0, local_prefills=4, colocated=0, recomputes=0, decode_recomputes=0)
     assert flow_line(few, disaggregated=True) == ("last min: 0 handed off · 4 local · 0 recomputed", False)
+
+
+def test_an_event_line_says_each_detail_short() -> None:
+    move = EventRecord(ts=0.0, kind="move", worker="decode-1", details={
+        "from": "decode-1", "to": "mixed-1", "request": "req-32d8de23b2624cfd", "stages": [{}, {}, {}, {}],
+        "bytes": 2580480, "downtime_s": 0.05482, "error": "the destination refused: no room for 12 blocks"})
+    assert event_line(move) == ("00:00:00 move      decode-1   decode-1→mixed-1 request req-32d8de23b26… stages 4 "
+                                "bytes 2.6 MB downtime 55 ms error the destination refused: no room for 12 blocks")
