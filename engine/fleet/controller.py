@@ -123,7 +123,7 @@ class Fleet:
         store, every = config.store_path, config.split_regret_interval_s
         self.split_regret = SplitRegret(self.state, store, every) if store is not None and every > 0 else None
         self.status_view = StatusView(self.state, self.dispatcher, self.split_regret)
-        self.reports = StoreReports(self.state, self.rebalancer)
+        self.reports = StoreReports(self.state, self.rebalancer, self.split_regret)
 
     @property
     def views(self) -> dict[str, WorkerView]:

@@ -18,7 +18,9 @@ from fleetctl.engine.api.reports import FleetPlan, SplitInfo
 from fleetctl.engine.api.reports import layout_label as split_label
 from fleetctl.engine.api.status import SplitRegretInfo
 
-WINDOWS = ("10m", "30m", "1h", "5m")  # `w` steps through them; the first is the default
+# `w` steps through them; the first, the default, is the split regret's window: the fleet answers it with the
+# replay the pool panels show, so the two agree
+WINDOWS = ("5m", "10m", "30m", "1h")
 
 
 def layout_label(layout: SplitInfo) -> str:

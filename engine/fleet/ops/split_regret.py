@@ -2,7 +2,9 @@
 metrics store) the planner replays the window just past in a thread, as `--autoplan` does, and keeps the current
 layout's goodput as a share of the recommended layout's — 1.0 when the current one is the best — with the best
 layout's name; /fleet/status serves the newest and the series (`split_regret`), the console's pool panels draw
-them. A window the planner cannot replay (too few requests, no steps yet) adds no point."""
+them. A window the planner cannot replay (too few requests, no steps yet) adds no point. The newest replay itself
+is kept (`fresh_plan`): `/fleet/plan` asked the same question (the last 5 minutes, the default SLOs, this fleet's
+workers) answers with it, so the plan screen and the pool panels give one answer, not two replays' answers."""
 
 import asyncio
 import time
@@ -50,6 +52,13 @@ class SplitRegret:
         self.clock = clock
         self.request = PlanRequest(limits=EngineLimits(engine.max_num_seqs, engine.max_num_batched_tokens))
         self.points: deque[RegretPoint] = deque(maxlen=KEPT_POINTS)
+        self.latest: tuple[float, Plan] | None = None  # the newest replay and its time.time()
+
+    def fresh_plan(self) -> tuple[float, Plan] | None:
+        """The newest replay while it is the current one (no newer one is due yet), with its time."""
+        if self.latest is None or self.clock() - self.latest[0] > 2 * self.interval_s:
+            return None
+        return self.latest
 
     async def run(self) -> None:
         while True:
@@ -65,6 +74,7 @@ class SplitRegret:
                                            now)
         except UserError:
             return None
+        self.latest = (now, plan)
         point = regret_point(plan, now)
         if point is not None:
             self.points.append(point)

@@ -1,6 +1,7 @@
 """Split regret on a fleet of fakes over a synthetic store: a replay of the last 5 minutes gives the current
 layout's goodput as a share of the best layout's (the planner's own numbers for the same window), kept as a series
-that /fleet/status serves (`split_regret`); a window with no requests adds no point."""
+that /fleet/status serves (`split_regret`); /fleet/plan asked the same question answers with that replay; a window
+with no requests adds no point."""
 
 from pathlib import Path
 
@@ -9,9 +10,11 @@ from support.fake_workers import FakeLauncher, run_fleet
 from support.fleet_checks import shm
 from support.synthetic_fleet import TrueCosts, workload, write_store
 
+from fleetctl.engine.api.reports import layout_label
 from fleetctl.engine.fleet.controller import Fleet
 from fleetctl.engine.fleet.ops.split_regret import REGRET_WINDOW_S
 from fleetctl.engine.planner.plan import plan_from_store
+from fleetctl.errors import UserError
 from fleetctl.store.plan_inputs import LiveWorker
 
 
@@ -33,6 +36,12 @@ def test_the_current_layouts_share_of_the_best_goodput_is_replayed_and_served(ti
         current = plan.candidate(plan.current)
         assert current is not None and point.best == plan.recommended.split.label
         assert point.ratio == pytest.approx(current.goodput / plan.recommended.goodput) and point.ratio < 1
+        shared = await fleet.plan("5m", ("2s", "200ms"), None, False)  # the plan screen's default question
+        best = shared.recommended
+        assert layout_label(best.prefill, best.decode, best.mixed) == point.best
+        assert shared.requests == plan.as_json()["requests"] and shared.notes[-1].startswith("the split regret's")
+        with pytest.raises(UserError, match="no requests to replay"):  # another window: a replay of its own, on
+            await fleet.plan("10m", ("2s", "200ms"), None, False)  # the real clock, long after this store's traffic
         clock[0] += 10
         await regret.step()
         status = fleet.status().split_regret
