@@ -14,7 +14,6 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from fleetctl.domain import WorkerRole, WorkerState
 from fleetctl.engine.api.checkpoints import CheckpointList
@@ -50,6 +49,7 @@ from fleetctl.engine.fleet.ops.switch import RoleSwitches
 from fleetctl.engine.fleet.recorder import FleetRecorder
 from fleetctl.engine.fleet.recovery import Recovery
 from fleetctl.engine.fleet.request import StreamEvent, TrackedRequest
+from fleetctl.engine.fleet.served_model import ServedModel
 from fleetctl.engine.fleet.shutdown_budget import WORKER_EXIT_S
 from fleetctl.engine.fleet.stalls import StallWatch
 from fleetctl.engine.fleet.state import FleetState
@@ -75,7 +75,7 @@ log = logging.getLogger("fleetctl.stats")
 STATS_LOG_S = 10.0
 
 
-class Fleet:
+class Fleet(ServedModel):
     def __init__(self, config: FleetConfig, launcher: Launcher | None = None) -> None:
         self.config = config
         self.model_config = ModelConfig.from_file(config.model_dir / "config.json")
@@ -375,29 +375,3 @@ class Fleet:
 
     def queue_length(self, role: WorkerRole) -> int:
         return self.dispatcher.queue_length(role)
-
-    # ---- the model it serves -----------------------------------------------------------------
-
-    @property
-    def vocab_size(self) -> int:
-        return self.model_config.vocab_size
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text)
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids)
-
-    def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
-        """The messages (and OpenAI tool dicts) through the model's chat template (raises TokenizerError)."""
-        return self.tokenizer.apply_chat_template(messages, tools)
-
-    @property
-    def chat_template(self) -> str | None:
-        return self.tokenizer.chat_template
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return self.tokenizer.token_bytes(token_id)
-
-    def compile_grammar(self, grammar: str) -> float:  # seconds (0.0 cached); GrammarError if workers can't use it
-        return self.grammars.compile(grammar).seconds

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from support.console_fixture import PLAN, POOLS, FixtureSource, pilot_until
 from support.fleet_harness import Stream, generate_json, serve, start_streams
+from textual.pilot import Pilot
 
 from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.console.tui.actions import ACTIONS, READONLY_REASON
@@ -80,6 +81,14 @@ def test_plan_screen_applies_the_best_split_after_a_dry_run() -> None:
                              ("/fleet/rebalance", {"split": "3:3", "apply": True})]
 
 
+async def choices_after(pilot: Pilot, app: FleetConsole, key: str) -> list[str]:
+    """Press `key` on the loaded dashboard: the values its choice dialog offers."""
+    await pilot_until(pilot, lambda: app.reading.reachable)
+    await pilot.press(key)
+    await pilot_until(pilot, lambda: isinstance(app.screen, ChoiceDialog))
+    return [value for value, _ in app.screen.choices]
+
+
 def test_switch_a_worker_from_the_keyboard() -> None:
     """w on decode-1: the roles it does not have, a confirmation, then the switch followed to the CLI's sentence."""
     source = FixtureSource()
@@ -87,11 +96,9 @@ def test_switch_a_worker_from_the_keyboard() -> None:
     async def run() -> tuple[list[str], str]:
         app = FleetConsole(source, ConsoleSettings())
         async with app.run_test(size=(120, 40)) as pilot:
-            await pilot_until(pilot, lambda: app.reading.reachable)
+            await pilot_until(pilot, lambda: app.reading.worker("decode-1") is not None)
             select(app, "decode-1")
-            await pilot.press("w")
-            await pilot_until(pilot, lambda: isinstance(app.screen, ChoiceDialog))
-            offered = [value for value, _ in app.screen.choices]
+            offered = await choices_after(pilot, app, "w")
             await pilot.press("down", "enter")  # mixed
             await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
             await pilot.press("y")
@@ -112,10 +119,7 @@ def test_rebalance_to_a_typed_split_shows_the_dry_run_first() -> None:
     async def run() -> tuple[list[str], str]:
         app = FleetConsole(source, ConsoleSettings())
         async with app.run_test(size=(120, 40)) as pilot:
-            await pilot_until(pilot, lambda: app.reading.reachable)
-            await pilot.press("b")
-            await pilot_until(pilot, lambda: isinstance(app.screen, ChoiceDialog))
-            offered = [value for value, _ in app.screen.choices]
+            offered = await choices_after(pilot, app, "b")
             app.screen.query_one("#free").focus()
             await pilot.press(*"4:2", "enter")
             await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
