@@ -106,16 +106,19 @@ def render_plan(plan: FleetPlan) -> str:
         lines.append(f"fit ({fit['device_kind']}) handoff = {_equation(fit['handoff'], 'handoffs')}; "
                      f"{fit['handoff_bytes_per_token']:g} bytes per prompt token")
     lines += [f"note: {note}" for note in plan.notes]
-    lines.append(f"{'layout':<14} {'goodput/s':>9} {'good':>9} {'TTFT p90':>9} {'TPOT p90':>9}  ")
+    lines.append(f"{'layout':<14} {'goodput/s':>9} {'band/s':>13} {'good':>9} {'TTFT p90':>9} {'TPOT p90':>9}  ")
     current = plan.current
     for c in plan.candidates:
         label = f"colocated {c.mixed}" if c.mixed else f"{c.prefill}:{c.decode}"
         mark = " (current)" if current and (c.prefill, c.decode, c.mixed) == (
             current.prefill, current.decode, current.mixed) else ""
         tpot = "-" if c.tpot_p90_s is None else f"{c.tpot_p90_s:.3f}s"
-        lines.append(f"{label:<14} {c.goodput:>9.3f} {c.good_requests:>4}/{c.requests:<4} "
+        band = f"{c.goodput_band[0]:.3f}–{c.goodput_band[1]:.3f}" if c.goodput_band else "-"
+        lines.append(f"{label:<14} {c.goodput:>9.3f} {band:>13} {c.good_requests:>4}/{c.requests:<4} "
                      f"{c.ttft_p90_s:>8.3f}s {tpot:>9}{mark}")
     lines.append(f"recommended: {plan.reason}")
+    if plan.advice and plan.advice.verdict != "unknown":  # unknown: no current layout to weigh it against
+        lines.append(f"advice: {plan.advice.sentence}")
     return "\n".join(lines)
 
 

@@ -149,8 +149,12 @@ class ActionFlows:
     async def rebalance(self, _: str | None) -> OperationInfo | None:
         """A split the operator picks (the planner's, as the split regret last named it) or types."""
         regret = self.app.reading.status.split_regret if self.app.reading.status else None
-        choices = [(regret.best, f"{regret.best}  (the best of the last replay: {regret.current} serves "
-                                 f"{regret.ratio:.0%} of it)")] if regret and regret.best != regret.current else []
+        choices = []
+        if regret and regret.best != regret.current:
+            judged = {"move": "advised: beyond the error", "keep": "within the error: the advice is to keep"}
+            why = f"; {judged[regret.verdict]}" if regret.verdict in judged else ""
+            choices.append((regret.best, f"{regret.best}  (the best of the last replay: {regret.current} serves "
+                                         f"{regret.ratio:.0%} of it{why})"))
         split = await self._ask("rebalance to which split?", choices, free_text=SPLIT_HINT)
         return None if split is None else await self.rebalance_to(split)
 

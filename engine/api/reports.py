@@ -30,6 +30,16 @@ class PlanCandidate(SplitInfo):
     good_requests: int
     requests: int
     e2e_mean_s: float
+    goodput_band: list[float] | None = None  # [low, high]: replayed at the cost models' error ends (None: older)
+
+
+class PlanAdvice(OpenModel):
+    """What the plan advises (planner/advice.py): move only when a layout's band clears the current one's."""
+
+    verdict: str  # keep, move or unknown
+    layout: str  # the layout to run
+    sentence: str
+    since: float | None = None  # move: time.time() of the replay that first advised it
 
 
 class PlanSlo(OpenModel):
@@ -55,6 +65,7 @@ class FleetPlan(OpenModel):
     fit: dict[str, Any]
     notes: list[str]
     elastic: bool = False  # the candidates use any number of `devices`
+    advice: PlanAdvice | None = None  # None: a fleet from before it
 
 
 class ClassificationBucket(OpenModel):

@@ -33,6 +33,10 @@ class RequestRecord(OpenModel):
     constraint: str = ""  # what its output was held to: json_object, json_schema:NAME, tools:CHOICE ("" none)
     mask_s: float = 0.0  # its grammar masks' compute time (beside its steps' forward passes)
     stage: str = "done"  # a live one's: queued, prefill, handoff, decode (its times so far, up to now)
+    # its tokens after the first over time: how many came in each bucket of token_bucket_s seconds from its first
+    # token (the last bucket runs to its end, or to now); at most 64 buckets, wider as it runs longer
+    token_bucket_s: float = 0.0
+    token_counts: list[int] = Field(default_factory=list)
 
 
 class RecentRequests(OpenModel):

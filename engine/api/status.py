@@ -55,6 +55,9 @@ class PoolInfo(OpenModel):
     spec_acceptance: float | None = None  # its workers' speculative decoding together, as WorkerInfo's
     spec_tokens_per_step: float | None = None
     outlier: str | None = None  # the running worker apart from its peers (busy, sessions), in a sentence
+    # finished requests its workers computed whose output a grammar held, by kind (json_object, json_schema, tools,
+    # grammar), since they started
+    structured_requests: dict[str, int] = Field(default_factory=dict)
 
 
 class TierInfo(OpenModel):
@@ -85,6 +88,9 @@ class SplitRegretInfo(OpenModel):
     best: str
     at: float
     series: list[float]
+    verdict: str = ""  # the replay's advice (planner/advice.py): keep, move or unknown ("": a fleet before it)
+    target: str = ""  # the layout it advises running
+    advice: str = ""  # its sentence, word for word the plan's `advice.sentence` for the same replay
 
 
 class RouteInfo(OpenModel):

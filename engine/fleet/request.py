@@ -8,6 +8,7 @@ from enum import Enum
 
 from fleetctl.engine.core.output import TextStream, TokenLogprobs
 from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.engine.fleet.token_buckets import TokenBuckets
 from fleetctl.engine.worker.protocol import KVHandle
 
 
@@ -91,6 +92,7 @@ class TrackedRequest:
     mask_s: float = 0.0  # its grammar's masks' compute time, summed over its steps (beside the forward passes)
     prefix_chains: dict[tuple[bytes, int], list[bytes]] = field(default_factory=dict)  # (root, block size) -> chain
     times: RequestTimes = field(default_factory=RequestTimes)
+    token_buckets: TokenBuckets = field(default_factory=TokenBuckets)  # its tokens after the first, over time
     moves: list[RequestMove] = field(default_factory=list)  # its session's live moves, as its trace shows them
     # the samples of the same prompt (a request with n > 1), itself included: routed together, so that the
     # prompt's KV is computed once and its full blocks shared through the workers' prefix caches
@@ -151,4 +153,6 @@ class TrackedRequest:
             "local_prefill": self.local_prefill,
             "constraint": self.params.constraint,
             "mask_s": self.mask_s,
+            "token_bucket_s": self.token_buckets.bucket_s,
+            "token_counts": list(self.token_buckets.counts),
         }

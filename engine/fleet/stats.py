@@ -4,6 +4,7 @@ docs/architecture.md, "Metrics")."""
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -68,6 +69,8 @@ class FleetStats:
         self._peaks: dict[str, tuple[float, float]] = {}
         self.prefill_tokens: dict[str, PrefillTokens] = {}  # worker -> its prefills' tokens since it started
         self.drafts: dict[str, Drafts] = {}  # worker -> its speculative decoding since it started
+        # worker -> kind -> finished requests it computed whose output a grammar held, since it started
+        self.structured_by_worker: dict[str, dict[str, int]] = {}
         self.local_prefill_count = 0  # requests prefilled by their decode worker (conditional disaggregation)
         self.flow = KVFlow()  # how prompts reached their decoding worker, over the last minute
         self.records: deque[dict] = deque(maxlen=max_records)
@@ -177,11 +180,12 @@ class FleetStats:
 
     def tier_tokens_of(self, worker_ids: list[str]) -> dict[str, int]:
         """Prompt tokens each KV tier read back for these workers since they started (a part of the cached)."""
-        tokens: dict[str, int] = {}
-        for totals in (self.prefill_tokens[w] for w in worker_ids if w in self.prefill_tokens):
-            for tier, count in totals.tiers.items():
-                tokens[tier] = tokens.get(tier, 0) + count
-        return tokens
+        return _summed(self.prefill_tokens[w].tiers for w in worker_ids if w in self.prefill_tokens)
+
+    def structured_of(self, worker_ids: list[str]) -> dict[str, int]:
+        """Finished requests these workers computed whose output a grammar held, by kind, since they started (a
+        request they shared counts once per worker)."""
+        return _summed(self.structured_by_worker[w] for w in worker_ids if w in self.structured_by_worker)
 
     def utilization(self, worker_id: str, now: float | None = None) -> LiveUtilization:
         """Over the last BUSY_WINDOW_S seconds of wall time: busy share, achieved FLOP/s and bytes/s over the
@@ -220,7 +224,11 @@ class FleetStats:
         self.generation_tokens.inc(record["output_tokens"])
         self._generated += record["output_tokens"]
         if req.params.grammar is not None:
-            self.structured.labels(kind=req.params.constraint.partition(":")[0] or "grammar").inc()
+            kind = req.params.constraint.partition(":")[0] or "grammar"
+            self.structured.labels(kind=kind).inc()
+            for worker_id in {w for w in (req.prefill_worker, req.decode_worker) if w}:
+                kinds = self.structured_by_worker.setdefault(worker_id, {})
+                kinds[kind] = kinds.get(kind, 0) + 1
         if req.error or not req.output_token_ids:
             return
         self.request_success.labels(finished_reason=req.finish_reason or "stop").inc()
@@ -260,6 +268,15 @@ class FleetStats:
         for role in {v.role for v in views}:
             members = [w for w, totals in self.prefill_tokens.items() if totals.role is role]
             self.pool_hit_ratio.labels(role=role.value).set(self.hit_ratio_of(members))
+
+
+def _summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Counts by name, added up."""
+    total: dict[str, int] = {}
+    for by_name in counts:
+        for name, count in by_name.items():
+            total[name] = total.get(name, 0) + count
+    return total
 
 
 def _forget_before(window: deque[tuple[float, float, int, int]], start: float) -> None:

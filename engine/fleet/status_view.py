@@ -98,6 +98,7 @@ class StatusView:
                 spec_acceptance=stats.drafts_of(pool_ids).acceptance,
                 spec_tokens_per_step=stats.drafts_of(pool_ids).tokens_per_step,
                 outlier=outlier([w for w in members if w.stalled_s is None]),
+                structured_requests=stats.structured_of(pool_ids),
             )
         return FleetStatus(model=model, url=url, pid=os.getpid(), window_s=BUSY_WINDOW_S, workers=workers,
                            pools=pools, local_prefills=stats.local_prefill_count, store=self._store(),
@@ -145,8 +146,10 @@ class StatusView:
         if not points:
             return None
         newest = points[-1]
+        advice = newest.advice
         return SplitRegretInfo(ratio=round(newest.ratio, 4), current=newest.current, best=newest.best, at=newest.at,
-                               series=[round(point.ratio, 4) for point in points])
+                               series=[round(point.ratio, 4) for point in points], verdict=advice.verdict.value,
+                               target=advice.target.label, advice=advice.sentence)
 
     def _store(self) -> StoreInfo | None:
         path, recorder = self.state.config.store_path, self.state.recorder

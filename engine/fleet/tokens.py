@@ -66,8 +66,9 @@ class TokenStreams:
         now = time.time()
         if req.times.first_token is None:
             req.times.first_token = now
-        elif req.times.second_token is None:
-            req.times.second_token = now
+        else:
+            req.token_buckets.add(now - req.times.first_token)
+            req.times.second_token = req.times.second_token or now
         delta = req.stream.push(event.token_id)
         if req.stream.stopped:
             self.dispatcher.release_everywhere(req)

@@ -13,10 +13,11 @@ and of those within ENOUGH_PCT of the best goodput the one on the fewest devices
 next to nothing is better left free."""
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fleetctl.domain import WorkerRole
+from fleetctl.engine.planner.advice import Advice, Band, advise, corners
 from fleetctl.engine.planner.costs import DeviceCosts, fit_costs, measured_kinds
 from fleetctl.engine.planner.durations import format_window
 from fleetctl.engine.planner.plan_devices import PlanDevices, parse_devices
@@ -49,6 +50,12 @@ class Candidate:
     ttft_p90_s: float
     tpot_p90_s: float | None  # None when every answer is one token
     e2e_mean_s: float
+    spread: tuple[float, float] | None = None  # the goodput replayed at the cost models' error ends (advice.py)
+
+    @property
+    def band(self) -> Band:
+        low, high = self.spread or (self.goodput, self.goodput)
+        return Band(min(low, self.goodput), max(high, self.goodput))
 
     @property
     def rounded_goodput(self) -> float:
@@ -66,7 +73,8 @@ class Candidate:
     def as_json(self) -> dict[str, object]:
         return {**self.split.as_json(), "goodput": round(self.goodput, 4), "ttft_p90_s": round(self.ttft_p90_s, 4),
                 "tpot_p90_s": None if self.tpot_p90_s is None else round(self.tpot_p90_s, 5),
-                "good_requests": self.good, "requests": self.requests, "e2e_mean_s": round(self.e2e_mean_s, 4)}
+                "good_requests": self.good, "requests": self.requests, "e2e_mean_s": round(self.e2e_mean_s, 4),
+                "goodput_band": [round(self.band.low, 4), round(self.band.high, 4)]}
 
 
 def score(split: Split, timings: list[Timing], slo: Slo) -> Candidate:
@@ -89,6 +97,7 @@ class Plan:
     candidates: list[Candidate]  # best first
     notes: list[str]  # assumptions the numbers rest on
     elastic: bool = False  # the candidates use any number of the devices
+    advice: Advice | None = None  # what to do, as far as the bands tell (advice.py)
 
     @property
     def recommended(self) -> Candidate:
@@ -143,7 +152,13 @@ class Plan:
             "fit": self.costs.as_json(),
             "notes": self.notes,
             "elastic": self.elastic,
+            "advice": self.advice.as_json() if self.advice else None,
         }
+
+    def advised(self, held: Split | None = None, held_since: float | None = None, at: float | None = None) -> "Plan":
+        """This plan with its advice, given the layout a previous advice held (hysteresis); `at`: when replayed."""
+        current = self.candidate(self.current)
+        return replace(self, advice=advise(self.candidates, current, self.elastic, held, held_since, at))
 
 
 def current_split(workers: list[LiveWorker]) -> Split | None:
@@ -187,8 +202,11 @@ def make_plan(inputs: PlanInputs, request: PlanRequest, workers: list[LiveWorker
     current = current_split(workers)
     layouts = splits_up_to(len(devices.names)) if request.elastic else splits_of(len(devices.names))
     candidates = [score(split, simulate(replay, split, costs, request.limits), request.slo) for split in layouts]
+    ends = [[score(split, simulate(replay, split, end, request.limits), request.slo).goodput for end in corners(costs)]
+            for split in layouts]
+    candidates = [replace(c, spread=(min(e), max(e))) for c, e in zip(candidates, ends, strict=True)]
     return Plan(inputs.window_s, source, request.slo, devices, costs, current,
-                rank(candidates, request.slo, current, request.elastic), notes, request.elastic)
+                rank(candidates, request.slo, current, request.elastic), notes, request.elastic).advised()
 
 
 def rank(candidates: list[Candidate], slo: Slo, current: Split | None, elastic: bool = False) -> list[Candidate]:

@@ -1,5 +1,6 @@
 """The controller's live utilization window: steps count for their part inside the window, so busy,
-MFU and MBU stay within [0, 1] for any honest step reports; the window's memory stays bounded."""
+MFU and MBU stay within [0, 1] for any honest step reports; the window's memory stays bounded. And what it counts
+per worker and pool: prefix hits, KV tier reads, speculative drafts, structured-output requests."""
 
 from dataclasses import replace
 
@@ -7,6 +8,8 @@ import pytest
 
 from fleetctl.domain import Phase, WorkerRole, WorkerState
 from fleetctl.engine.core.kv_tiers.file_tier import TierStats
+from fleetctl.engine.core.sequence import SamplingParams
+from fleetctl.engine.fleet.request import TrackedRequest
 from fleetctl.engine.fleet.stats import BUSY_WINDOW_S, FleetStats
 from fleetctl.engine.fleet.worker_view import WorkerView
 from fleetctl.engine.worker.protocol import StepReport
@@ -140,3 +143,18 @@ def test_speculative_decoding_counts_per_worker_and_pool() -> None:
                                            {"worker": "decode-0", "role": "decode"}) == 16
     assert stats.registry.get_sample_value("vllm:spec_decode_num_drafts_total",
                                            {"worker": "decode-1", "role": "decode"}) == 1
+
+
+def test_structured_requests_count_per_worker_they_ran_on_and_per_pool() -> None:
+    stats = FleetStats()
+    ran = [("json_schema:person", "prefill-0", "decode-0"), ("tools:required", "prefill-0", "decode-1"),
+           ("json_schema:city", None, "decode-0"), ("", "prefill-0", "decode-0")]  # a local prefill; no grammar
+    for constraint, prefill, decode in ran:
+        params = SamplingParams(grammar="start: /x/" if constraint else None, constraint=constraint)
+        req = TrackedRequest("r", [1], params, seed=1, stream=None)  # type: ignore[arg-type]
+        req.prefill_worker, req.decode_worker = prefill, decode
+        stats.on_request_done(req)
+    assert stats.structured_of(["prefill-0"]) == {"json_schema": 1, "tools": 1}
+    assert stats.structured_of(["decode-0", "decode-1"]) == {"json_schema": 2, "tools": 1}
+    assert stats.structured_of(["decode-9"]) == {}
+    assert stats.registry.get_sample_value("fleet_structured_output_requests_total", {"kind": "json_schema"}) == 2

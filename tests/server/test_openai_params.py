@@ -1,5 +1,6 @@
 """The OpenAI parameters beyond one prompt and one answer, on a real fleet (tiny model, deterministic fp32):
-logprobs (completions and chat, streamed and not), `n` parallel samples, a list of prompts, `echo`."""
+logprobs (completions and chat, streamed and not), `n` parallel samples, a list of prompts, `echo`; a structured
+request counted in the pools that computed it."""
 
 import json
 from pathlib import Path
@@ -200,6 +201,20 @@ def test_json_cut_by_max_tokens_ends_with_length_and_json_object_is_any_object(u
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=60, temperature=1.0, seed=seed,
             response_format={"type": "json_object"}).choices[0]
         assert anything.finish_reason == "stop" and isinstance(json.loads(anything.message.content), dict)
+
+
+def test_a_structured_request_counts_in_each_pool_that_computed_it(url: str) -> None:
+    def counted() -> dict[str, int]:
+        pools = httpx.get(f"{url}/fleet/status", timeout=10).json()["pools"]
+        return {role: pool["structured_requests"].get("json_object", 0) for role, pool in pools.items()}
+
+    before = counted()
+    done = api(url).completions.create(model=MODEL, prompt="Who?", max_tokens=4, temperature=1.0, seed=5,
+                                       extra_body={"response_format": {"type": "json_object"}})
+    record = next(r for r in httpx.get(f"{url}/fleet/requests", timeout=10).json()["requests"]
+                  if r["request_id"] == done.id)
+    ran = {worker.split("-")[0] for worker in (record["prefill_worker"], record["decode_worker"]) if worker}
+    assert ran and counted() == {role: n + (role in ran) for role, n in before.items()}
 
 
 def test_logit_bias_and_min_tokens_steer_greedy_decoding(url: str) -> None:

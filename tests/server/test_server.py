@@ -184,6 +184,16 @@ def test_workers_are_pinned_to_their_cpu_slots(fleet_url: str) -> None:
     assert records and all(r["handoff_bytes"] > 0 or r["local_prefill"] for r in records if r["output_tokens"] > 1)
 
 
+def test_a_records_token_counts_hold_its_tokens_after_the_first_over_its_decode(fleet_url: str) -> None:
+    done = client(fleet_url).completions.create(model="tiny-llama0", prompt=PROMPTS[3], max_tokens=24, temperature=0,
+                                                extra_body={"ignore_eos": True})
+    records = httpx.get(f"{fleet_url}/fleet/requests", timeout=10).json()["requests"]
+    record = next(r for r in records if r["request_id"] == done.id)
+    counts, bucket = record["token_counts"], record["token_bucket_s"]
+    assert sum(counts) == record["output_tokens"] - 1 == 23 and counts[-1] > 0  # the last token in the last bucket
+    assert (len(counts) - 1) * bucket <= record["e2e_s"] - record["ttft_s"]  # its buckets start at the first
+
+
 def test_killed_decode_worker_loses_no_stream(tiny_model_dir: Path, reference: list[dict]) -> None:
     """SIGKILL a decode worker mid-stream: its sequences are recomputed on the other decode worker
     (deterministic numerics) and every client stream completes with the unchanged greedy output. Without

@@ -103,9 +103,26 @@ WORKERS = [worker(wid, role, device, pid, tokens_per_s=_WORKER_SERIES[wid][-1]["
 POOLS = {"prefill": PoolInfo(workers=2, busy=0.385, mfu=0.29, mbu=0.015, queue=0, prefix_hit_ratio=0.0),
          "decode": PoolInfo(workers=4, busy=0.805, mfu=0.1375, mbu=0.125, queue=0, prefix_hit_ratio=0.0,
                             spec_acceptance=0.62, spec_tokens_per_step=1.91)}
+def _token_counts(tokens: int, span: float, gap: float) -> tuple[float, list[int]]:
+    """(bucket seconds, counts) as the fleet keeps them (engine/fleet/token_buckets.py) for `tokens` after the first
+    over `span` seconds: none for `gap` seconds (the handoff), a warm-up, an even pace and a crowded stretch at a
+    third of the pace halfway."""
+    bucket = 0.01
+    while span / bucket >= 64:
+        bucket *= 2
+    n = math.ceil(span / bucket)
+    weights = [0.0 if (i + 1) * bucket <= gap else 0.3 if 0.45 < i / n < 0.6 else min(1.0, (i + 1) / 6) * (
+        1.15 if i % 3 == 0 else 0.9) * min(1.0, span / bucket - i) for i in range(n)]  # the last bucket cut short
+    ends = [round(tokens * sum(weights[: i + 1]) / sum(weights)) for i in range(n)]
+    return bucket, [end - start for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+
+
 def _request(rid: str, stage: str, arrival: float, queue: float, prefill: float, e2e: float, output: int,
              decode: str | None, **more: object) -> RequestRecord:
     handed = decode is not None
+    if output > 1:
+        bucket, counts = _token_counts(output - 1, e2e - queue - prefill, 0.063)
+        more = {"token_bucket_s": bucket, "token_counts": counts, **more}
     return RequestRecord(request_id=rid, arrival=NOW - arrival, queue_s=queue, prefill_s=prefill,
                          ttft_s=queue + prefill, handoff_s=0.004, handoff_bytes=1_474_560 if handed else 0,
                          handoff_wall_s=0.011 if handed else 0, first_decode_s=0.052 if handed else 0,
@@ -141,8 +158,11 @@ KV_TIERS = {"host": TierInfo(used_bytes=13_421_772, capacity_bytes=268_435_456),
             "disk": TierInfo(used_bytes=107_374_182, capacity_bytes=10_737_418_240)}
 TIER_TOKENS = {"prefill": {"host": 1104, "disk": 240}, "decode": {"host": 336}}
 # the planner's replays every 30 s: the 2:4 layout fell behind 3:3 as the traffic turned prompt-heavy (PLAN's numbers)
+ADVICE = ("move to 3:3: it serves +18.1 % against the current 2:4, beyond the error (1.21–1.35 req/s against "
+          "1.02–1.15 req/s)")
 SPLIT_REGRET = SplitRegretInfo(ratio=0.847, current="2:4", best="3:3", at=NOW - 12,
-                               series=[round(min(1.0, 1.02 - 0.006 * max(0, i - 10)), 3) for i in range(40)])
+                               series=[round(min(1.0, 1.02 - 0.006 * max(0, i - 10)), 3) for i in range(40)],
+                               verdict="move", target="3:3", advice=ADVICE)
 FLOW = FlowInfo(window_s=60.0, handoffs=38, local_prefills=2, colocated=0, recomputes=1, decode_recomputes=0,
                 routes=[RouteInfo(prefill=p, decode=d, handoffs=n, bytes_per_s=b, p99_s=t) for p, d, n, b, t in (
                     ("prefill-0", "decode-0", 12, 2_457_600.0, 0.0041), ("prefill-1", "decode-1", 11, 2_252_800.0,
@@ -172,21 +192,27 @@ HISTORY = FleetHistory.model_validate({
 })
 HOST = {"host": "lab-node", "gpus": [], "processes": {4101: 41.0, 4102: 35.0, 4103: 97.0, 4104: 95.0, 4105: 90.0,
                                                       4106: 40.0, 4107: None, 4108: None}}
-def _layout(prefill: int, decode: int, goodput: float, good: int, ttft: float, tpot: float | None) -> dict:
+def _layout(prefill: int, decode: int, goodput: float, good: int, ttft: float, tpot: float | None,
+            band: tuple[float, float]) -> dict:
     return {"prefill": prefill, "decode": decode, "mixed": 0, "layout": f"{prefill}:{decode}", "goodput": goodput,
-            "ttft_p90_s": ttft, "tpot_p90_s": tpot, "good_requests": good, "requests": 412, "e2e_mean_s": 3.1}
+            "ttft_p90_s": ttft, "tpot_p90_s": tpot, "good_requests": good, "requests": 412, "e2e_mean_s": 3.1,
+            "goodput_band": list(band)}
 
 
 PLAN = FleetPlan.model_validate({  # /fleet/plan (engine/planner/plan.py) for the fixture's 2:4 fleet
     "recommended": {"prefill": 3, "decode": 3, "mixed": 0, "layout": "3:3"},
     "current": {"prefill": 2, "decode": 4, "mixed": 0, "layout": "2:4"},
-    "candidates": [_layout(3, 3, 1.284, 385, 0.912, 0.081), _layout(2, 4, 1.087, 326, 2.43, 0.064),
-                   _layout(4, 2, 0.958, 287, 0.51, 0.212), _layout(1, 5, 0.402, 120, 9.7, 0.058)],
+    "candidates": [_layout(3, 3, 1.284, 385, 0.912, 0.081, (1.21, 1.35)),
+                   _layout(2, 4, 1.087, 326, 2.43, 0.064, (1.02, 1.15)),
+                   _layout(4, 2, 0.958, 287, 0.51, 0.212, (0.88, 1.04)),
+                   _layout(1, 5, 0.402, 120, 9.7, 0.058, (0.35, 0.46))],
     "reason": "3:3 serves 385 of 412 requests within the SLOs against 326 at 2:4: a third prompt worker "
               "brings the TTFT p90 from 2.43 s to 0.91 s while the TPOT p90 stays at 81 ms",
     "best_split": {"prefill": 3, "decode": 3, "mixed": 0, "layout": "3:3"}, "gain_pct": 18.1,
-    "window_s": 600.0, "source": "store", "requests": 412, "slo": {"ttft_s": 2.0, "tpot_s": 0.2},
-    "devices": [f"cpu:{i}" for i in range(6)], "what_if": None, "fit": {}, "notes": [],
+    "window_s": 300.0, "source": "store", "requests": 412, "slo": {"ttft_s": 2.0, "tpot_s": 0.2},
+    "devices": [f"cpu:{i}" for i in range(6)], "what_if": None, "fit": {},
+    "notes": ["the split regret's replay of 07:06:28 UTC (every 30 s): the answer the pool panels show"],
+    "advice": {"verdict": "move", "layout": "3:3", "sentence": ADVICE, "since": NOW - 72},
 })
 SESSIONS = [SessionInfo(id=f"req-{i:04d}", stage="decode", prompt_tokens=100 + i, output_tokens=10 * i, age_s=1.5 * i)
             for i in range(3)]

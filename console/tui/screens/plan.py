@@ -1,6 +1,8 @@
 """`p`: the planner's view of the fleet (`GET /fleet/plan`), opening on the split regret the fleet keeps (the
 current layout's share of the best layout's goodput, replayed every 30 s): then the current split, the recommended
-one, the predicted gain and the reason, every layout it replayed — and `a` to rebalance to the recommended layout,
+one, the advice (move only when a layout's goodput band clears the current one's; on the 5 min window the same
+replay and the same words as the split regret), the predicted gain and the reason, every layout it replayed with its
+band, and a picture of each one's TTFT and TPOT p90 against the SLOs — and `a` to rebalance to the advised layout,
 colocated included (a dry run first, listed in the confirmation; disabled in read-only consoles)."""
 
 from textual import work
@@ -14,6 +16,7 @@ from fleetctl.console.client import FleetClientError
 from fleetctl.console.tui.actions import READONLY_REASON
 from fleetctl.console.tui.widgets.footer import FittingFooter
 from fleetctl.console.tui.widgets.format import percent
+from fleetctl.console.tui.widgets.slo_bars import SloBars
 from fleetctl.engine.api.reports import FleetPlan, SplitInfo
 from fleetctl.engine.api.reports import layout_label as split_label
 from fleetctl.engine.api.status import SplitRegretInfo
@@ -38,6 +41,8 @@ def gain_text(gain: float | str | None) -> str:
 def regret_text(regret: SplitRegretInfo | None) -> str:
     if regret is None:
         return "split regret: not replayed yet (it needs a metrics store and 30 s of traffic)"
+    if regret.advice:  # the replay's advice, word for word the plan's for the same replay
+        return f"split regret (last 5 min): {regret.advice}"
     if regret.current == regret.best:
         return f"split regret: none — {regret.current} is the best layout over the last 5 min"
     return (f"split regret: the current layout {regret.current} serves {percent(regret.ratio)} of the best "
@@ -54,6 +59,8 @@ def summary_lines(plan: FleetPlan) -> list[str]:
              f"TPOT ≤ {slo.tpot_s * 1000:g} ms",
              f"current      {layout_label(current) if current else '-'}",
              f"recommended  {layout_label(recommended)}"]
+    if plan.advice and plan.advice.verdict != "unknown":  # unknown: no current layout to weigh it against
+        lines.append(f"advice       {plan.advice.sentence}")
     if best and layout_label(best) != layout_label(recommended):
         lines.append(f"best split   {layout_label(best)} (the best prefill:decode split)")
     lines.append(f"gain         {gain_text(plan.gain_pct)}")
@@ -64,7 +71,7 @@ def summary_lines(plan: FleetPlan) -> list[str]:
 
 class PlanScreen(Screen[None]):
     BINDINGS = [Binding("escape,backspace", "back", "Back"),
-                Binding("a", "apply", "apply recommended"),
+                Binding("a", "apply", "apply advice"),
                 Binding("r", "replan", "plan again"),
                 Binding("w", "window", "window")]
 
@@ -81,11 +88,14 @@ class PlanScreen(Screen[None]):
         table = DataTable(id="plan-candidates", cursor_type="row")
         table.border_title = "layouts replayed, best first"
         yield table
+        bars = SloBars(id="plan-slo")
+        bars.border_title = "latency against the SLOs"
+        yield bars
         yield FittingFooter()
 
     def on_mount(self) -> None:
         self.query_one("#plan-candidates", DataTable).add_columns(
-            "layout", "goodput/s", "good", "TTFT p90", "TPOT p90", "")
+            "layout", "goodput/s", "band/s", "good", "TTFT p90", "TPOT p90", "")
         self.action_replan()
 
     @work(exclusive=True, group="plan")
@@ -99,19 +109,22 @@ class PlanScreen(Screen[None]):
             self.plan = None
             self.query_one("#plan-text", Label).update(f"no plan: {exc}")
             self.query_one("#plan-candidates", DataTable).clear()
+            self.query_one(SloBars).show(None)
             return
         self.show(plan)
 
     def show(self, plan: FleetPlan) -> None:
         self.plan = plan
         self.query_one("#plan-text", Label).update("\n".join(summary_lines(plan)))
+        self.query_one(SloBars).show(plan)
         table = self.query_one("#plan-candidates", DataTable)
         table.clear()
         current = layout_label(plan.current) if plan.current else None
         for c in plan.candidates:
             label = layout_label(c)
             tpot = "-" if c.tpot_p90_s is None else f"{c.tpot_p90_s:.3f} s"
-            table.add_row(label, f"{c.goodput:.3f}", f"{c.good_requests}/{c.requests}",
+            band = f"{c.goodput_band[0]:.3f}–{c.goodput_band[1]:.3f}" if c.goodput_band else "-"
+            table.add_row(label, f"{c.goodput:.3f}", band, f"{c.good_requests}/{c.requests}",
                           f"{c.ttft_p90_s:.3f} s", tpot, "current" if label == current else "")
 
     def action_back(self) -> None:
@@ -130,4 +143,10 @@ class PlanScreen(Screen[None]):
         if not self.plan:
             self.notify("no layout to apply: plan first (r)", severity="warning")
             return
-        self.app.flows.launch("rebalance", self.app.flows.rebalance_to(layout_label(self.plan.recommended)))
+        advice = self.plan.advice
+        if advice and advice.verdict == "keep":
+            self.notify(f"the advice is to {advice.sentence} — nothing to apply (b rebalances to any split)",
+                        title="plan", timeout=8)
+            return
+        target = advice.layout if advice and advice.verdict == "move" else layout_label(self.plan.recommended)
+        self.app.flows.launch("rebalance", self.app.flows.rebalance_to(target))

@@ -18,6 +18,7 @@ from fleetctl.console.tui.screens.filtering import FilterField, Filtering
 from fleetctl.console.tui.screens.timeline import TimelineScreen
 from fleetctl.console.tui.widgets.footer import FittingFooter
 from fleetctl.console.tui.widgets.format import seconds
+from fleetctl.console.tui.widgets.line_table import LineTable
 from fleetctl.engine.api.requests import RequestRecord
 
 RECENT = 200  # finished requests listed under the live ones
@@ -50,6 +51,8 @@ def short_id(request_id: str) -> str:
 
 
 def matches(record: RequestRecord, words: str, now: float) -> bool:
+    if not words:
+        return True
     extra = f" {record.request_id} {record.session} {record.constraint}"
     haystack = " ".join(cells(record, now)).lower() + extra.lower()
     return all(word in haystack for word in words.lower().split())
@@ -73,7 +76,7 @@ class RequestsScreen(Filtering, Screen[None]):
         self.shown: dict[str, tuple[str, ...]] = {}  # each row's cells as last drawn
 
     def compose(self) -> ComposeResult:
-        table = DataTable(id="requests", cursor_type="row", zebra_stripes=True)
+        table = LineTable(id="requests", zebra_stripes=True)
         yield table
         yield FilterField("requests-filter")
         yield FittingFooter()

@@ -1,19 +1,30 @@
 """One request's timeline (from the requests view): queue → prefill → handoff → first decode → decode, each
 drawn to scale against the whole request, with the workers, what the prefix cache (and the KV tiers) served,
-the KV bytes its handoff moved — where a slow TTFT went — and what its output was held to (tools, a format)."""
+the KV bytes its handoff moved — where a slow TTFT went — and what its output was held to (tools, a format);
+below, its output tokens/s from its first token to its end, as tall as the screen has room for (a handoff, a
+move or a crowded batch shows as a dip)."""
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Label
 
+from fleetctl.console.tui.widgets.chart import tall_bars
 from fleetctl.console.tui.widgets.footer import FittingFooter
-from fleetctl.console.tui.widgets.format import nbytes, seconds
+from fleetctl.console.tui.widgets.format import nbytes, rate, seconds
 from fleetctl.engine.api.requests import RequestRecord
 
 BAR = "█"
+GUTTER = 24  # a row's name and seconds before its plot: "first decode     52 ms  "
+
+
+def plot_width(content_width: int) -> int:
+    """The cells a plot gets on a line of `content_width`: the gutter, its two edges and some room to their right."""
+    return max(10, content_width - GUTTER - 8)
 
 
 def phases(record: RequestRecord) -> list[tuple[str, float, float]]:
@@ -64,6 +75,59 @@ def summary(record: RequestRecord) -> list[str]:
     return lines
 
 
+def token_rates(counts: list[int], bucket_s: float, span_s: float, columns: int) -> list[float]:
+    """Tokens/s in each of `columns` equal slices of `span_s` seconds (its first token to its end) from `counts`
+    tokens per `bucket_s` seconds: a bucket's tokens spread evenly over its time, shared by the slices it overlaps.
+    The last bucket, cut short by the end (or still filling), joins the one before it: a token or two in its last
+    milliseconds is no burst."""
+    if columns < 1 or span_s <= 0 or bucket_s <= 0 or not counts:
+        return []
+    merged = [*counts[:-2], sum(counts[-2:])]
+    buckets = [(i * bucket_s, (i + 1) * bucket_s, count) for i, count in enumerate(merged)]
+    buckets[-1] = (buckets[-1][0], span_s, merged[-1])
+    slice_s = span_s / columns
+    tokens = [0.0] * columns
+    for start, end, count in buckets:
+        for column in range(min(columns - 1, int(start / slice_s)), min(columns - 1, int(end / slice_s)) + 1):
+            overlap = min(end, (column + 1) * slice_s) - max(start, column * slice_s)
+            tokens[column] += count * max(0.0, overlap) / max(end - start, 1e-9)
+    return [t / slice_s for t in tokens]
+
+
+class TokenRateChart(Widget):
+    """The request's output tokens/s over its life after its first token, on the bars' gutter and width, its
+    scale the peak slice's."""
+
+    DEFAULT_CSS = "TokenRateChart { height: 1fr; }"
+
+    def __init__(self, record: RequestRecord) -> None:
+        super().__init__(id="timeline-rate")
+        self.record = record
+
+    def render(self) -> Text:
+        record, width, height = self.record, plot_width(self.size.width), self.size.height - 3
+        span = record.e2e_s - record.ttft_s
+        rates = token_rates(record.token_counts, record.token_bucket_s, span, width)
+        if not any(rates):
+            why = f"no tokens after its first{' yet' if record.stage != 'done' else ''}"
+            if record.output_tokens > 1 and not record.token_counts:  # a fleet from before the counts
+                why = "the fleet sent no token times"
+            return Text(f"\n{why}", style="dim")
+        if height < 1:  # no room for a row
+            return Text()
+        peak, mean = max(rates), sum(record.token_counts) / span
+        text = Text(f"\noutput tokens/s from its first token to its end · mean {rate(mean)} · peak {rate(peak)}\n")
+        colour = self.app.current_theme.secondary or ""  # the decode pool's colour
+        for row, drawn in enumerate(tall_bars([r / peak for r in rates], height)):
+            label = ("tok/s", rate(peak)) if row == 0 else ("", "0") if row == height - 1 else ("", "")
+            text.append(f"{label[0]:<13}{label[1]:>9}  │")
+            text.append(drawn, style=colour)
+            text.append("│\n")
+        first, end = seconds(record.ttft_s), seconds(record.e2e_s)
+        text.append(f"{'':<{GUTTER}}{first}{end:>{width + 2 - len(first)}}")
+        return text
+
+
 class TimelineScreen(Screen[None]):
     BINDINGS = [Binding("escape,backspace", "app.pop_screen", "Back")]
 
@@ -75,6 +139,7 @@ class TimelineScreen(Screen[None]):
         with Vertical(id="timeline"):
             yield Label("\n".join(summary(self.record)), id="timeline-summary")
             yield Label("", id="timeline-bars")
+            yield TokenRateChart(self.record)
         yield FittingFooter()
 
     def on_mount(self) -> None:
@@ -88,7 +153,7 @@ class TimelineScreen(Screen[None]):
         """The bars, to the width the screen has now (nothing once it is closing)."""
         try:
             label = self.query_one("#timeline-bars", Label)
-            width = max(10, self.query_one("#timeline", Vertical).content_size.width - 32)
+            width = plot_width(self.query_one("#timeline", Vertical).content_size.width)
         except NoMatches:
             return
         total = self.record.e2e_s

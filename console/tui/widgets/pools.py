@@ -1,7 +1,8 @@
 """One pool (prefill, decode or mixed): busy, MFU and MBU now, five minutes of each as a sparkline,
 and a one-line verdict, so that an underfed or saturated phase shows at a glance; with a metrics store, the split
 regret (the current layout's share of the best layout's goodput, replayed every interval) and its sparkline; with
-KV tiers under the pools, a line of what each tier read back for this pool and how full it is. The decode pool says
+KV tiers under the pools, a line of what each tier read back for this pool and how full it is; once its workers
+finished requests whose output a grammar held (a JSON schema, tool calls), a line counting them. The decode pool says
 how its prompts arrived over the last minute (handoffs, local prefills, recomputes) and, in a fleet with prefill
 and decode pools, says plainly when most did not come by handoff: the fleet is not disaggregating."""
 
@@ -18,6 +19,8 @@ METRICS = (("busy", "busy"), ("mfu", "MFU (compute)"), ("mbu", "MBU (memory)"))
 # which metric a pool is judged by: prefill reads the prompt (compute), decode writes tokens (bandwidth)
 BOUND_BY = {"prefill": "mfu", "decode": "mbu", "mixed": "mfu"}
 MOSTLY_LOCAL_MIN = 5  # arrivals in the window before a share of them is called "mostly"
+STRUCTURED_KINDS = {"json_schema": "json schema", "json_object": "json object", "tools": "tool calls"}
+SHORT_KINDS = {"json_schema": "schema", "json_object": "json", "tools": "tools"}
 
 
 def verdict(role: str, pool: PoolInfo | None) -> str:
@@ -36,10 +39,16 @@ def verdict(role: str, pool: PoolInfo | None) -> str:
 
 
 def regret_label(regret: SplitRegretInfo) -> str:
-    """`layout 85% of 3:3` (the current layout's goodput over the best one's), or `layout 2:4 is best`."""
+    """`layout 2:4 is best`, or the current layout's goodput over the best one's and what the advice makes of it:
+    `layout 85% of 3:3: move`, `layout 97% of 3:3, within error` (keep)."""
     if regret.current == regret.best:
         return f"layout {regret.current} is best"
-    return f"layout {percent(regret.ratio)} of {regret.best}"
+    share = f"layout {percent(regret.ratio)} of {regret.best}"
+    if regret.verdict == "keep":
+        return f"{share}, within error"
+    if regret.verdict == "move":
+        return f"{share}: move" if regret.target == regret.best else f"{share}: move to {regret.target}"
+    return share
 
 
 def flow_line(flow: FlowInfo, disaggregated: bool, width: int = 80) -> tuple[str, bool]:
@@ -74,6 +83,17 @@ def tier_line(tiers: dict[str, TierInfo], served: dict[str, int], width: int) ->
     return next((form for form in forms if len(form) <= width), forms[-1])
 
 
+def structured_line(structured: dict[str, int], width: int) -> str:
+    """`structured output: 9 json schema · 5 tool calls`: the finished requests this pool's workers computed whose
+    output a grammar held, by kind, most first; shorter where `width` is less."""
+    kinds = sorted(structured.items(), key=lambda kind: (-kind[1], kind[0]))
+    named = " · ".join(f"{n} {STRUCTURED_KINDS.get(kind, kind)}" for kind, n in kinds)
+    short = ", ".join(f"{n} {SHORT_KINDS.get(kind, kind)}" for kind, n in kinds)
+    total = sum(structured.values())
+    forms = [f"structured output: {named}", f"structured {total}: {short}", f"{total} structured"]
+    return next((form for form in forms if len(form) <= width), forms[-1])
+
+
 class PoolPanel(Vertical):
     def __init__(self, role: str) -> None:
         super().__init__(id=f"pool-{role}", classes=role)
@@ -83,6 +103,7 @@ class PoolPanel(Vertical):
         self._pending: FleetReading | None = None  # a reading that came before its rows were composed
         self._tiers: tuple[dict[str, TierInfo], dict[str, int]] = ({}, {})  # the last reading's, for a resize
         self._flow: tuple[FlowInfo | None, bool] = (None, False)  # the last reading's, and whether P and D pools
+        self._structured: dict[str, int] = {}  # the last reading's, for a resize
 
     def on_mount(self) -> None:
         # a pool that appears while the console runs (a switch to mixed) is shown a reading as it is mounted,
@@ -102,9 +123,10 @@ class PoolPanel(Vertical):
             yield Label("", classes="regret-label", id=f"{self.role}-regret-label")
             yield UsageChart(id=f"{self.role}-regret", classes="regret")
         yield Label("", classes="verdict", id=f"{self.role}-verdict")
-        tiers = Label("", classes="tiers", id=f"{self.role}-tiers")
-        tiers.display = False  # shown once a reading says the fleet has KV tiers
-        yield tiers
+        for line in ("tiers", "structured"):  # shown once the fleet has KV tiers / the pool a structured request
+            label = Label("", classes=line, id=f"{self.role}-{line}")
+            label.display = False
+            yield label
 
     def show(self, reading: FleetReading) -> None:
         if not self._composed:
@@ -128,7 +150,8 @@ class PoolPanel(Vertical):
             self._flow = (reading.status.flow if reading.status else None, "prefill" in reading.pools)
             self._show_flow()
         self._tiers = (reading.kv_tiers, pool.tier_tokens if pool else {})
-        self._show_tiers()
+        self._structured = pool.structured_requests if pool else {}
+        self._show_lines()
 
     def _show_flow(self) -> None:
         """The decode pool's arrivals over the last minute on its bottom border (no line of its own)."""
@@ -139,12 +162,16 @@ class PoolPanel(Vertical):
 
     def on_resize(self) -> None:
         if self._composed:
-            self._show_tiers()  # the line's form depends on the width: a reading may come before the layout
+            self._show_lines()  # their form depends on the width: a reading may come before the layout
             if self.role == "decode":
                 self._show_flow()
 
-    def _show_tiers(self) -> None:
-        tiers, served = self._tiers
-        label = self.query_one(f"#{self.role}-tiers", Label)
-        label.display = bool(tiers)  # a fleet without tiers keeps its layout
-        show_text(label, tier_line(tiers, served, self.content_size.width))
+    def _show_lines(self) -> None:
+        """The tiers' line and the structured requests', each hidden while it has nothing to say: a fleet without
+        tiers, a pool without structured output, keeps its layout."""
+        (tiers, served), structured, width = self._tiers, self._structured, self.content_size.width
+        for line, text in (("tiers", tier_line(tiers, served, width) if tiers else ""),
+                           ("structured", structured_line(structured, width) if structured else "")):
+            label = self.query_one(f"#{self.role}-{line}", Label)
+            label.display = bool(text)
+            show_text(label, text)

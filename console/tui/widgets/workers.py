@@ -2,10 +2,10 @@
 their keys, so the cursor stays on the worker the operator selected)."""
 
 from rich.text import Text
-from textual.widgets import DataTable
 
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.format import percent, rate
+from fleetctl.console.tui.widgets.line_table import LineTable
 from fleetctl.engine.api.status import WorkerInfo
 
 # the weight and KV formats last: at 80 columns the live figures come first
@@ -59,9 +59,9 @@ def matches(worker: WorkerInfo, reading: FleetReading, words: str) -> bool:
     return all(word in line for word in words.lower().split())
 
 
-class WorkersTable(DataTable):
+class WorkersTable(LineTable):
     def __init__(self) -> None:
-        super().__init__(id="workers", cursor_type="row", zebra_stripes=True)
+        super().__init__(id="workers", zebra_stripes=True)
         self.border_title = "workers"
         self.sort_column = "role"
         self.words = ""  # the filter: only rows whose cells hold every word (any case)

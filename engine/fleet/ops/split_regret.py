@@ -4,7 +4,11 @@ layout's goodput as a share of the recommended layout's — 1.0 when the current
 layout's name; /fleet/status serves the newest and the series (`split_regret`), the console's pool panels draw
 them. A window the planner cannot replay (too few requests, no steps yet) adds no point. The newest replay itself
 is kept (`fresh_plan`): `/fleet/plan` asked the same question (the last 5 minutes, the default SLOs, this fleet's
-workers) answers with it, so the plan screen and the pool panels give one answer, not two replays' answers."""
+workers) answers with it, so the plan screen and the pool panels give one answer, not two replays' answers.
+
+Each replay's advice (planner/advice.py: move only when a layout's goodput band clears the current one's) is given
+the layout the previous advice held, so a move once advised holds until the evidence says otherwise: the advice
+does not flip with each replay's noise."""
 
 import asyncio
 import time
@@ -15,8 +19,10 @@ from pathlib import Path
 
 from fleetctl.domain import WorkerState
 from fleetctl.engine.fleet.state import FleetState
+from fleetctl.engine.planner.advice import Advice, Verdict
 from fleetctl.engine.planner.plan import Plan, PlanRequest, plan_from_store
 from fleetctl.engine.planner.simulator import EngineLimits
+from fleetctl.engine.planner.split import Split
 from fleetctl.errors import UserError
 from fleetctl.store.plan_inputs import LiveWorker
 
@@ -30,16 +36,17 @@ class RegretPoint:
     ratio: float  # the current layout's goodput over the best layout's (0 when the current one serves nothing)
     current: str  # layout labels, as `plan` names them ("2:1", "colocated 3")
     best: str
+    advice: Advice  # the replay's advice, word for word what the plan screen shows
 
 
 def regret_point(plan: Plan, at: float) -> RegretPoint | None:
-    """The point of one replay, or None when the current layout was not among those replayed."""
+    """The point of one advised replay, or None when the current layout was not among those replayed."""
     now = plan.candidate(plan.current)
-    if now is None or plan.current is None:
+    if now is None or plan.current is None or plan.advice is None:
         return None
     best = plan.recommended
     ratio = 1.0 if best.goodput <= 0 else min(1.0, now.goodput / best.goodput)
-    return RegretPoint(at, ratio, plan.current.label, best.split.label)
+    return RegretPoint(at, ratio, plan.current.label, best.split.label, plan.advice)
 
 
 class SplitRegret:
@@ -53,6 +60,7 @@ class SplitRegret:
         self.request = PlanRequest(limits=EngineLimits(engine.max_num_seqs, engine.max_num_batched_tokens))
         self.points: deque[RegretPoint] = deque(maxlen=KEPT_POINTS)
         self.latest: tuple[float, Plan] | None = None  # the newest replay and its time.time()
+        self.held: tuple[Split, float] | None = None  # the layout the advice says to move to, since when
 
     def fresh_plan(self) -> tuple[float, Plan] | None:
         """The newest replay while it is the current one (no newer one is due yet), with its time."""
@@ -74,6 +82,10 @@ class SplitRegret:
                                            now)
         except UserError:
             return None
+        plan = plan.advised(*(self.held or (None, None)), at=now)
+        advice = plan.advice
+        moving = advice is not None and advice.verdict is Verdict.MOVE
+        self.held = (advice.target, advice.since) if advice and moving and advice.since else None
         self.latest = (now, plan)
         point = regret_point(plan, now)
         if point is not None:

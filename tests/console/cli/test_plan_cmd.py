@@ -39,9 +39,11 @@ def test_plan_prints_the_fit_the_candidates_and_the_reason(store: Path) -> None:
                         r"s·tokens²", lines[1])
     assert re.fullmatch(r"fit \(cpu\) decode step = \d+ decodes, error \d+\.\d%: .*", lines[2])
     assert lines[3].startswith("fit (cpu) handoff = 60 handoffs")
-    assert lines[4].split() == ["layout", "goodput/s", "good", "TTFT", "p90", "TPOT", "p90"]
+    assert lines[4].split() == ["layout", "goodput/s", "band/s", "good", "TTFT", "p90", "TPOT", "p90"]
     assert {line.split()[0] for line in lines[5:-1]} == {"2:1", "1:2", "colocated"}
-    assert lines[-1].startswith("recommended: ") and "req/s" in lines[-1]
+    assert lines[-1].startswith("recommended: ") and "req/s" in lines[-1]  # no advice: 1:1 was not replayed
+    own = fleetctl("plan", "--store", str(store), "--since", "1h").stdout.splitlines()  # the store's 1:1 fleet
+    assert re.fullmatch(r"advice: (keep 1:1|move to [^:]+): .* req/s\)", own[-1]), own[-1]
 
 
 def test_plan_json_and_a_what_if_fleet(store: Path) -> None:

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.console_fixture import PLAN, POOLS, FixtureSource, pilot_until
+from support.console_fixture import PLAN, POOLS, SPLIT_REGRET, FixtureSource, pilot_until
 from support.fleet_harness import Stream, generate_json, serve, start_streams
 from textual.pilot import Pilot
+from textual.widgets import Label
 
 from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.console.tui.actions import ACTIONS, READONLY_REASON
@@ -22,7 +23,7 @@ from fleetctl.console.tui.widgets.workers import WorkersTable
 from fleetctl.engine.api.admin_token import read_admin_token
 from fleetctl.engine.api.operation_results import LiveMigrateResult
 from fleetctl.engine.api.operations import OperationInfo, OpState
-from fleetctl.engine.api.reports import FleetPlan, SplitInfo
+from fleetctl.engine.api.reports import FleetPlan, PlanAdvice, SplitInfo
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was a small model", "def add(a, b):"]
 TOKENS = 200
@@ -136,12 +137,35 @@ def test_rebalance_to_a_typed_split_shows_the_dry_run_first() -> None:
 
 
 def test_plan_screen_applies_a_colocated_recommendation() -> None:
-    """Rebalance reaches colocated live: `a` applies the recommended layout, not the best prefill:decode split."""
+    """Rebalance reaches colocated live: `a` applies the advised layout, not the best prefill:decode split."""
     colocated = {"prefill": 0, "decode": 0, "mixed": 6, "layout": "colocated"}
-    source = FixtureSource(plan=PLAN.model_copy(update={"recommended": SplitInfo.model_validate(colocated)}))
+    advice = PlanAdvice(verdict="move", layout="colocated 6", sentence="move to colocated 6: …")
+    source = FixtureSource(plan=PLAN.model_copy(update={"recommended": SplitInfo.model_validate(colocated),
+                                                        "advice": advice}))
     apply_from_the_plan_screen(source)
     assert source.posted == [("/fleet/rebalance", {"split": "colocated 6", "apply": False}),
                              ("/fleet/rebalance", {"split": "colocated 6", "apply": True})]
+
+
+def test_the_plan_screen_says_the_split_regrets_words_and_applies_nothing_when_the_advice_is_to_keep() -> None:
+    keep = PlanAdvice(verdict="keep", layout="2:4", sentence="keep 2:4: 3:3 serves +18.1 %, within the error (…)")
+    source = FixtureSource(plan=PLAN.model_copy(update={"advice": keep}))
+
+    async def run() -> tuple[str, str, list[str]]:
+        app = FleetConsole(source, ConsoleSettings())
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot_until(pilot, lambda: app.reading.reachable)
+            await pilot.press("p")
+            await pilot_until(pilot, lambda: isinstance(app.screen, PlanScreen) and app.screen.plan is not None)
+            texts = [str(app.screen.query_one(f"#plan-{part}", Label).render()) for part in ("regret", "text")]
+            await pilot.press("a")
+            await pilot.pause(0.1)
+            return texts[0], texts[1], [n.message for n in app._notifications]
+
+    regret, text, notices = asyncio.run(run())
+    assert regret == f"split regret (last 5 min): {SPLIT_REGRET.advice}"  # the fixture's regret: the 5 min replay
+    assert f"advice       {keep.sentence}" in text
+    assert source.posted == [] and any(n.startswith("the advice is to keep 2:4") for n in notices)
 
 
 def test_plan_screen_in_readonly_mode_shows_the_plan_but_applies_nothing() -> None:

@@ -1,13 +1,13 @@
 """The dashboard's layout and what it answers to beyond the action keys: the workers table as tall as its rows,
 `/` filtering it, the events across the screen — `enter` or a click opening one — the trends charts spanning the
 whole history window, and a click selecting a worker; at 80×24, 120×40 and 200×60 every panel fits the screen;
-worker actions off on views that do not show the worker."""
+worker actions off on views that do not show the worker; a pool's structured-output line as its width allows."""
 
 import asyncio
 
 import pytest
-from support.console_fixture import HISTORY, WORKERS, FixtureSource, footer_fitted, pilot_until
-from textual.widgets import Input
+from support.console_fixture import HISTORY, POOLS, WORKERS, FixtureSource, footer_fitted, pilot_until
+from textual.widgets import Input, Label
 
 from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.console.tui.app import FleetConsole
@@ -154,3 +154,26 @@ def test_worker_actions_answer_on_the_dashboard_and_a_workers_detail_only() -> N
 
     on_requests, question, after = asyncio.run(run())
     assert on_requests == "RequestsScreen" and "prefill-1" in question and after == "WorkerDetail"
+
+
+def test_a_pools_structured_requests_line_shows_once_it_has_one_and_fits_its_width_after_a_resize() -> None:
+    source = FixtureSource()
+    source.more_pools = {"decode": POOLS["decode"].model_copy(update={"structured_requests": {"json_object": 3,
+                                                                                              "tools": 11}})}
+
+    def shown(app: FleetConsole) -> tuple[bool, str]:
+        """Whether the prefill pool shows the line, and the decode pool's."""
+        prefill, decode = (app.query_one(f"#{role}-structured", Label) for role in ("prefill", "decode"))
+        return prefill.display, str(decode.render()) if decode.display else ""
+
+    async def run() -> list[tuple[bool, str]]:
+        app = FleetConsole(source, ConsoleSettings(theme="fleet-dark"))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await loaded(pilot)
+            wide = shown(app)
+            await pilot.resize_terminal(80, 24)
+            await pilot.pause(0.2)
+            return [wide, shown(app)]
+
+    assert asyncio.run(run()) == [(False, "structured output: 11 tool calls · 3 json object"),
+                                  (False, "structured 14: 11 tools, 3 json")]

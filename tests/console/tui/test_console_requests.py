@@ -1,7 +1,7 @@
 """The requests view (`R`) on the fixture fleet: live requests first, then the finished ones, each with its
 stage and workers; `s` sorts by TTFT (the request that waited 4.6 s in the queue first), `/` filters by words,
-`enter` opens a request's timeline with each phase to scale, `m` on a decoding request asks where to move it
-and posts the move; and their pictures."""
+`enter` opens a request's timeline with each phase to scale and its tokens/s over its life below, `m` on a
+decoding request asks where to move it and posts the move; and their pictures."""
 
 import asyncio
 
@@ -13,7 +13,8 @@ from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.console.tui.app import FleetConsole
 from fleetctl.console.tui.screens.dialogs import ChoiceDialog, ConfirmDialog
 from fleetctl.console.tui.screens.requests import RequestsScreen, short_id
-from fleetctl.console.tui.screens.timeline import TimelineScreen, bar
+from fleetctl.console.tui.screens.timeline import TimelineScreen, TokenRateChart, bar, token_rates
+from fleetctl.console.tui.widgets.chart import tall_bars
 
 WIDE = (120, 40)
 
@@ -56,6 +57,7 @@ def test_requests_listed_sorted_filtered_and_one_opened_and_moved() -> None:
             await pilot.pause(0.2)
             seen["timeline"] = str(app.screen.query_one("#timeline-summary", Label).render())
             seen["bars"] = str(app.screen.query_one("#timeline-bars", Label).render())
+            seen["rate"] = str(app.screen.query_one(TokenRateChart).render())
             await pilot.press("escape")
             await pilot.press("m")
             await pilot_until(pilot, lambda: isinstance(app.screen, ChoiceDialog), "where to move it")
@@ -76,7 +78,26 @@ def test_requests_listed_sorted_filtered_and_one_opened_and_moved() -> None:
     assert "output held to tools:required · its grammar's masks took 12 ms" in seen["timeline"]
     assert [line.split()[0] for line in seen["bars"].strip().splitlines()[:5]] == [
         "queue", "prefill", "handoff", "first", "decode"]
+    rate = seen["rate"].strip().splitlines()  # its 70 tokens after the first over 5.78 s, the slowest stretch 3.8/s
+    assert rate[0] == "output tokens/s from its first token to its end · mean 12.1 · peak 18.8"
+    assert rate[1].startswith("tok/s             18.8  │") and rate[-2].startswith(f"{'0':>22}  │")
+    assert rate[-1].split() == ["220", "ms", "6.00", "s"]
+    assert len(rate) == 40 - 1 - 2 - 5 - 7 - 1  # the rows the footer, the border, the summary and the bars leave
     assert source.posted[-1] == ("/fleet/requests/req-0020/move", {"to": "decode-2"})
+
+
+def test_token_rates_spread_each_bucket_over_its_time_the_last_joining_the_one_before() -> None:
+    assert token_rates([2, 3, 3, 4], 1.0, 4.0, 4) == [2.0, 3.0, 3.5, 3.5]
+    assert token_rates([2, 3, 3, 4], 1.0, 4.0, 8) == [2.0, 2.0, 3.0, 3.0, 3.5, 3.5, 3.5, 3.5]  # a bucket, 2 slices
+    assert token_rates([2, 3, 3, 4], 1.0, 4.0, 2) == [2.5, 3.5]  # slices of two buckets
+    # the last bucket cut short by the end (0.1 s of it): its token and the 10 before it over their 1.1 s
+    assert token_rates([4, 10, 1], 1.0, 2.1, 3) == pytest.approx([4.0, (4 * 0.3 + 11 * 0.4 / 1.1) / 0.7, 10.0])
+    assert token_rates([], 0.01, 3.0, 10) == [] == token_rates([3], 0.01, 0.0, 10)
+
+
+def test_tall_bars_draw_each_level_in_eighths_of_a_row_from_the_bottom() -> None:
+    assert tall_bars([1.0, 0.6, 0.0, 0.01], 2) == ["█▂  ", "██ ▁"]  # 16, 10, 0 and (at least) 1 eighth of 16
+    assert tall_bars([0.75], 4) == [" ", "█", "█", "█"]
 
 
 def test_a_bar_is_to_scale_and_never_empty_when_its_phase_lasted() -> None:

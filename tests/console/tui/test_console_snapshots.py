@@ -1,7 +1,7 @@
 """Pictures of the console (pytest-textual-snapshot) on a deterministic fixture fleet: the dashboard
 at 120×40, 80×24 and 200×60, both themes, read-only, help (at 120×40 and 80×24), a worker's detail, an event's
-details, the migrate dialog with its progress bar, and the plan screen; and the 80-column layout following a
-live resize. Update them with
+details, the migrate dialog with its progress bar, the switch and rebalance dialogs and the plan screen (at 120×40,
+80×24 and 200×60); and the 80-column layout following a live resize. Update them with
 `pytest tests/console --snapshot-update` after a deliberate change."""
 
 import asyncio
@@ -151,11 +151,26 @@ def test_migrate_dialog_with_progress(snap_compare) -> None:
     assert snap_compare(console(FixtureSource(hold_at=1)), terminal_size=WIDE, run_before=migrate)
 
 
-def test_plan_screen(snap_compare) -> None:
+@pytest.mark.parametrize("size", PICTURE_SIZES, ids=PICTURE_IDS)
+def test_plan_screen(snap_compare, size: tuple[int, int]) -> None:
+    """The split regret and the plan's advice in the same words, the bands, the latency bars against the SLOs."""
     async def open_plan(pilot) -> None:
         await loaded(pilot)
         await pilot.press("p")
         for _ in range(20):
             await pilot.pause(0.05)
 
-    assert snap_compare(console(), terminal_size=WIDE, run_before=open_plan)
+    assert snap_compare(console(), terminal_size=size, run_before=open_plan)
+
+
+@pytest.mark.parametrize("key", ["w", "b"], ids=["switch", "rebalance"])
+@pytest.mark.parametrize("size", PICTURE_SIZES, ids=PICTURE_IDS)
+def test_switch_and_rebalance_dialogs(snap_compare, size: tuple[int, int], key: str) -> None:
+    """`w` on decode-0: the roles it can take, each with what it does; `b`: the split regret's best or a typed one."""
+    async def open_dialog(pilot) -> None:
+        await loaded(pilot)
+        await pilot.press("down", "down", key)
+        for _ in range(10):
+            await pilot.pause(0.05)
+
+    assert snap_compare(console(), terminal_size=size, run_before=open_dialog)

@@ -1,11 +1,11 @@
 """What the console draws from a reading: charts end at the last bucket the store has settled, and a worker's
-tokens/s is the fleet's live rate, not the store's newest bucket."""
+tokens/s is the fleet's live rate, not the store's newest bucket; a pool's lines in the form that fits."""
 
 from support.console_fixture import HISTORY, STATUS, worker
 
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.panels import event_line
-from fleetctl.console.tui.widgets.pools import flow_line, tier_line
+from fleetctl.console.tui.widgets.pools import flow_line, structured_line, tier_line
 from fleetctl.engine.api.history import EventRecord, FleetHistory
 from fleetctl.engine.api.status import FlowInfo, TierInfo
 
@@ -43,6 +43,13 @@ def test_the_tier_line_takes_the_longest_form_that_fits() -> None:
     assert tier_line(tiers, served, 38) == "tiers host 1.1k tok 5% · disk 0 tok 0%"
     assert tier_line(tiers, served, 30) == "tiers host 1.1k 5% · disk 0 0%"
     assert tier_line(tiers, served, 10) == "host 1.1k 5% · disk 0 0%"
+
+
+def test_the_structured_line_counts_by_kind_most_first_in_the_form_that_fits() -> None:
+    structured = {"tools": 5, "json_schema": 9, "grammar": 1}
+    assert structured_line(structured, 80) == "structured output: 9 json schema · 5 tool calls · 1 grammar"
+    assert structured_line(structured, 56) == "structured 15: 9 schema, 5 tools, 1 grammar"  # 120 columns
+    assert structured_line(structured, 30) == "15 structured"
 
 
 def test_the_flow_line_counts_arrivals_and_says_when_the_fleet_does_not_disaggregate() -> None:
