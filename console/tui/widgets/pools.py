@@ -18,6 +18,7 @@ from fleetctl.engine.api.status import FlowInfo, PoolInfo, SplitRegretInfo, Tier
 METRICS = (("busy", "busy"), ("mfu", "MFU (compute)"), ("mbu", "MBU (memory)"))
 # which metric a pool is judged by: prefill reads the prompt (compute), decode writes tokens (bandwidth)
 BOUND_BY = {"prefill": "mfu", "decode": "mbu", "mixed": "mfu"}
+REGRET_LABEL_W = 24  # .regret-label's width in the theme
 MOSTLY_LOCAL_MIN = 5  # arrivals in the window before a share of them is called "mostly"
 STRUCTURED_KINDS = {"json_schema": "json schema", "json_object": "json object", "tools": "tool calls"}
 SHORT_KINDS = {"json_schema": "schema", "json_object": "json", "tools": "tools"}
@@ -39,16 +40,23 @@ def verdict(role: str, pool: PoolInfo | None) -> str:
 
 
 def regret_label(regret: SplitRegretInfo) -> str:
-    """`layout 2:4 is best`, or the current layout's goodput over the best one's and what the advice makes of it:
-    `layout 85% of 3:3: move`, `layout 97% of 3:3, within error` (keep)."""
+    """`layout 2:4 is best`, or the current layout's goodput over the best one's and what the advice makes of it
+    (`layout 85% of 3:3: move`, `keep 2:4 (97% of 3:3)` within the error, `move to 2:1 (held)` where a move advised
+    earlier holds), the longest form that fits the label's REGRET_LABEL_W cells."""
     if regret.current == regret.best:
         return f"layout {regret.current} is best"
-    share = f"layout {percent(regret.ratio)} of {regret.best}"
+    share = f"{percent(regret.ratio)} of {regret.best}"
     if regret.verdict == "keep":
-        return f"{share}, within error"
-    if regret.verdict == "move":
-        return f"{share}: move" if regret.target == regret.best else f"{share}: move to {regret.target}"
-    return share
+        forms = [f"layout {share}, within error", f"keep {regret.current} ({share})",
+                 f"keep {regret.current} (within error)"]
+    elif regret.verdict == "move" and regret.target == regret.best:
+        forms = [f"layout {share}: move", f"move to {regret.target} ({percent(regret.ratio)})",
+                 f"move to {regret.target}"]
+    elif regret.verdict == "move":
+        forms = [f"move to {regret.target} (held)"]
+    else:
+        forms = [f"layout {share}"]
+    return next((form for form in forms if len(form) <= REGRET_LABEL_W), forms[-1])
 
 
 def flow_line(flow: FlowInfo, disaggregated: bool, width: int = 80) -> tuple[str, bool]:

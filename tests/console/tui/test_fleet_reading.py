@@ -5,9 +5,9 @@ from support.console_fixture import HISTORY, STATUS, worker
 
 from fleetctl.console.tui.reading import FleetReading
 from fleetctl.console.tui.widgets.panels import event_line
-from fleetctl.console.tui.widgets.pools import flow_line, structured_line, tier_line
+from fleetctl.console.tui.widgets.pools import REGRET_LABEL_W, flow_line, regret_label, structured_line, tier_line
 from fleetctl.engine.api.history import EventRecord, FleetHistory
-from fleetctl.engine.api.status import FlowInfo, TierInfo
+from fleetctl.engine.api.status import FlowInfo, SplitRegretInfo, TierInfo
 
 
 def point(ts: float, busy: float, tokens_per_s: float) -> dict:
@@ -69,3 +69,19 @@ def test_an_event_line_says_each_detail_short() -> None:
         "bytes": 2580480, "downtime_s": 0.05482, "error": "the destination refused: no room for 12 blocks"})
     assert event_line(move) == ("00:00:00 move      decode-1   decode-1→mixed-1 request req-32d8de23b26… stages 4 "
                                 "bytes 2.6 MB downtime 55 ms error the destination refused: no room for 12 blocks")
+
+
+def test_the_regret_label_puts_the_advice_in_the_cells_it_has() -> None:
+    def label(current: str, best: str, verdict: str, target: str = "") -> str:
+        return regret_label(SplitRegretInfo(ratio=0.85, current=current, best=best, at=0.0, series=[0.85],
+                                            verdict=verdict, target=target or best))
+
+    assert label("2:4", "2:4", "keep") == "layout 2:4 is best"
+    assert label("2:4", "3:3", "move") == "layout 85% of 3:3: move"
+    assert label("1:2", "colocated 3", "move") == "move to colocated 3"
+    assert label("2:4", "3:3", "keep", "2:4") == "keep 2:4 (85% of 3:3)"
+    assert label("1:2", "colocated 3", "keep", "1:2") == "keep 1:2 (within error)"
+    assert label("1:2", "colocated 3", "move", "2:1") == "move to 2:1 (held)"  # the move advised before holds
+    assert label("2:4", "3:3", "") == "layout 85% of 3:3"  # a fleet from before the advice
+    assert all(len(label("1:2", best, verdict)) <= REGRET_LABEL_W for best in ("3:3", "colocated 3")
+               for verdict in ("keep", "move"))
