@@ -1,8 +1,8 @@
 """`fleetctl demo --tour`: the demo performs, one step at a time and at a pace a room can follow, what makes the
 fleet different — a live migration, a role switch under streams, a checkpoint and its restore, a worker killed
-and its streams going on, a rebalance to the planner's layout — while its traffic streams. Each step is announced
-(a line on stderr, or a notice in the console), done through the fleet's API as an operator would, and checked:
-a step that fails says why and the tour goes on. Runs in a thread of its own beside the traffic."""
+and its streams going on, a rebalance to the layout the planner advises — while its traffic streams. Each step is
+announced (a line on stderr, or the console's tour banner), done through the fleet's API as an operator would, and
+checked: a step that fails says why and the tour goes on. Runs in a thread of its own beside the traffic."""
 
 import os
 import signal
@@ -114,15 +114,19 @@ class Tour:
         raise TourFailed(f"{worker.id} was not running again within {STEP_TIMEOUT_S:g} s of its kill")
 
     def _rebalance(self) -> str:
-        plan = self.client.plan({"since": "10m"})
+        """To the layout the plan advises (the split regret's replay, its 5 min window; a fleet from before the
+        advice: the recommended one): none when the advice is to keep the current one."""
+        plan = self.client.plan({"since": "5m"})
         running = [w.role for w in self._workers() if w.state == RUNNING]
         current = layout_label(*(running.count(role.value) for role in WorkerRole))
+        advice = plan.advice if plan.advice and plan.advice.verdict != "unknown" else None
         best = plan.recommended
-        target = layout_label(best.prefill, best.decode, best.mixed)
+        target = advice.layout if advice else layout_label(best.prefill, best.decode, best.mixed)
+        why = f"the advice: {advice.sentence}" if advice else f"its reason: {plan.reason}"
         if target == current:
-            self.announce(f"Rebalance: the planner keeps {current} (its reason: {plan.reason})")
+            self.announce(f"Rebalance: the planner keeps {current} ({why})")
             return f"the fleet is at the planner's layout {current} already: nothing to move"
-        self.announce(f"Rebalance: {current} → {target}, the planner's layout ({plan.reason})")
+        self.announce(f"Rebalance: {current} → {target}, the planner's layout ({why})")
         return self._operation("/fleet/rebalance", {"split": target, "apply": True})
 
     # ---- helpers ----------------------------------------------------------------------------------------------

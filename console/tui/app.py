@@ -10,7 +10,7 @@ from pathlib import Path
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Grid, Horizontal
+from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Header, Input, OptionList, Static
 
@@ -42,7 +42,6 @@ from fleetctl.themes.palettes import THEMES
 NARROW_COLUMNS = 100
 APP_WIDE = ("help", "theme", "quit")  # the actions every view answers to (app.check_action)
 SHORT_LINES = 32  # below it (as below NARROW_COLUMNS) the devices and trends give way to the events
-TOUR_NOTICE_S = 12.0
 
 
 class FleetConsole(App[None]):
@@ -67,11 +66,13 @@ class FleetConsole(App[None]):
         self.reading = FleetReading(reachable=False, error="connecting…")
         self.flows = ActionFlows(self)
         self._refresh = refresh
-        self._tour = tour  # `demo --tour`: run in a thread once on screen, its announcements shown as notices
+        self._tour = tour  # `demo --tour`: run in a thread once on screen, its announcements shown in a banner
 
     def compose(self) -> ComposeResult:
         yield Header(icon="◆")
-        yield Static("", id="banner")
+        with Vertical(id="banners"):  # docked under the header: in sight where a small terminal scrolls the panels
+            yield Static("", id="banner")
+            yield Static("", id="tour-banner")
         with Horizontal(id="top"):
             yield PoolPanel("prefill")
             yield PoolPanel("decode")
@@ -103,9 +104,15 @@ class FleetConsole(App[None]):
                              daemon=True).start()
 
     def announce_from_thread(self, text: str) -> None:
-        """A tour step's announcement, from the tour's thread: a notice that stays long enough to be read."""
+        """A tour step's announcement, from the tour's thread: the tour banner says it until the next one."""
         if self.is_running:
-            self.call_from_thread(self.notify, text, title="tour", timeout=TOUR_NOTICE_S)
+            self.call_from_thread(self.announce, text)
+
+    def announce(self, text: str) -> None:
+        banner = self.query_one("#tour-banner", Static)
+        banner.set_class(True, "shown")
+        banner.set_class(text.startswith("failed:"), "failed")
+        banner.update(f"tour · {text}")
 
     @work(exclusive=True, group="refresh")
     async def refresh_reading(self) -> None:
@@ -245,7 +252,7 @@ def run_console(url: str, *, embedded: bool = False, store: Path | None = None, 
     """Attach the console to the fleet at `url` until the operator quits. `embedded` only changes the
     title (the caller owns the fleet's lifetime). The admin token defaults to $FLEET_ADMIN_TOKEN or the
     token file a local fleet wrote. `gpus` samples this host's GPUs for the devices panel; `tour` (`demo --tour`)
-    runs beside it, its announcements shown as notices."""
+    runs beside it, its announcements shown in the tour banner."""
     source = HttpSource(url, token, store, gpus=gpus)
     FleetConsole(source, settings, readonly=readonly, title=title + (" · embedded fleet" if embedded else ""),
                  tour=tour).run()

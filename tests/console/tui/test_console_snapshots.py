@@ -1,7 +1,7 @@
 """Pictures of the console (pytest-textual-snapshot) on a deterministic fixture fleet: the dashboard
 at 120×40, 80×24 and 200×60, both themes, read-only, help (at 120×40 and 80×24), a worker's detail, an event's
-details, the migrate dialog with its progress bar, the switch and rebalance dialogs and the plan screen (at 120×40,
-80×24 and 200×60); and the 80-column layout following a live resize. Update them with
+details, the migrate dialog with its progress bar, the switch and rebalance dialogs, the plan screen and the tour
+banner (at 120×40, 80×24 and 200×60); and the 80-column layout following a live resize. Update them with
 `pytest tests/console --snapshot-update` after a deliberate change."""
 
 import asyncio
@@ -16,7 +16,7 @@ from support.console_fixture import (
     footer_fitted,
     pilot_until,
 )
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Static
 
 from fleetctl.console.console_settings import ConsoleSettings
 from fleetctl.console.tui.app import FleetConsole
@@ -174,3 +174,39 @@ def test_switch_and_rebalance_dialogs(snap_compare, size: tuple[int, int], key: 
             await pilot.pause(0.05)
 
     assert snap_compare(console(), terminal_size=size, run_before=open_dialog)
+
+
+def tour_of(*texts: str):
+    """A tour that announces `texts` at once (`demo --tour`'s announcements, from its thread)."""
+    def tour(announce) -> None:
+        for text in texts:
+            announce(text)
+    return tour
+
+
+TOUR_STEP = ("Live migration: decode-0 moves from cpu:2 to cpu:8 while it decodes — its 12 streams go on, "
+             "each paused for about one step")
+
+
+@pytest.mark.parametrize("size", PICTURE_SIZES, ids=PICTURE_IDS)
+def test_tour_banner(snap_compare, size: tuple[int, int]) -> None:
+    """`demo --tour`: the step under way in a banner under the title, over the panels that show its effect."""
+    async def announced(pilot) -> None:
+        await loaded(pilot)
+        await pilot_until(pilot, lambda: pilot.app.query_one("#tour-banner").has_class("shown"), "the banner")
+        await pilot.pause(0.1)
+
+    app = FleetConsole(FixtureSource(), ConsoleSettings(theme="fleet-dark"), tour=tour_of(TOUR_STEP))
+    assert snap_compare(app, terminal_size=size, run_before=announced)
+
+
+def test_a_failed_tour_step_turns_the_banner_red() -> None:
+    async def run() -> tuple[str, bool]:
+        app = FleetConsole(FixtureSource(), ConsoleSettings(), tour=tour_of(TOUR_STEP, "failed: no free device"))
+        async with app.run_test(size=WIDE) as pilot:
+            banner = app.query_one("#tour-banner", Static)
+            await pilot_until(pilot, lambda: banner.has_class("failed"), "the failed step")
+            return str(banner.render()), banner.display
+
+    text, shown = asyncio.run(run())
+    assert text == "tour · failed: no free device" and shown
