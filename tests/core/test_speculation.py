@@ -133,7 +133,7 @@ def test_right_drafts_stand_and_wrong_ones_change_nothing(tiny_model_dir: Path, 
 
     def oracle(_self: Speculator, seq: Sequence, limit: int) -> list[int]:
         done = len(seq.output_token_ids)
-        draft = list(expected[tuple(seq.prompt_token_ids)][done + 1:done + 1 + limit])
+        draft = list(expected[tuple(seq.prompt_token_ids)][done:done + limit])  # from the token the step draws
         calls[0] += 1
         if draft and calls[0] % 2:
             draft[-1] = (draft[-1] + 1) % 300
