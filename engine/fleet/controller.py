@@ -88,7 +88,8 @@ class Fleet(ServedModel):
         specs = {s.worker_id: s for s in worker_specs(config)}
         self.state = FleetState(
             config=config, specs=specs, views={wid: WorkerView(wid, s.role, s.device) for wid, s in specs.items()},
-            stats=FleetStats(), recorder=FleetRecorder(config.store_path) if config.store_path else None,
+            stats=FleetStats(config.kept_requests),
+            recorder=FleetRecorder(config.store_path) if config.store_path else None,
             # workers on this machine write their output to files the controller reads (a Ray actor's stays there)
             logs=FleetLogs(fleet_home() / "logs" / f"fleet-{os.getpid()}" if launcher is None else None),
             tracer=RequestTracer(config.otlp_endpoint) if config.otlp_endpoint else None,

@@ -122,6 +122,9 @@ class FleetConfig:
     max_queue: Annotated[int, CliOption(  # beyond it a request is "busy"
         "--max-queue", min=0, help="Requests waiting to generate (queued, prefilling, KV awaiting a decode worker) "
                                    "beyond this get HTTP 429 with Retry-After.")] = 256
+    kept_requests: Annotated[int, CliOption(  # the controller's memory of finished requests is bounded by it
+        "--kept-requests", min=1, help="Finished requests kept in memory, newest first, for /fleet/requests and "
+                                       "the console's requests view (the store keeps every one).")] = 10_000
     ready_timeout_s: float = 300.0
     # the SQLite metrics store (None: keep metrics in memory only; a command line always names one)
     store_path: Annotated[Path | None, CliOption(
