@@ -69,6 +69,11 @@ class Advice:
     sentence: str
     since: float | None = None  # MOVE: time.time() of the replay that first advised it
 
+    @property
+    def held(self) -> tuple[Split, float] | None:
+        """A move's target and since when, for the next replay's advice (hysteresis); None for keep or unknown."""
+        return (self.target, self.since) if self.verdict is Verdict.MOVE and self.since is not None else None
+
     def as_json(self) -> dict[str, object]:
         return {"verdict": self.verdict.value, "layout": self.target.label, "sentence": self.sentence,
                 "since": self.since}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from fleetctl.domain import WorkerState
 from fleetctl.engine.fleet.state import FleetState
-from fleetctl.engine.planner.advice import Advice, Verdict
+from fleetctl.engine.planner.advice import Advice
 from fleetctl.engine.planner.plan import Plan, PlanRequest, plan_from_store
 from fleetctl.engine.planner.simulator import EngineLimits
 from fleetctl.engine.planner.split import Split
@@ -83,9 +83,7 @@ class SplitRegret:
         except UserError:
             return None
         plan = plan.advised(*(self.held or (None, None)), at=now)
-        advice = plan.advice
-        moving = advice is not None and advice.verdict is Verdict.MOVE
-        self.held = (advice.target, advice.since) if advice and moving and advice.since else None
+        self.held = plan.advice.held if plan.advice else None
         self.latest = (now, plan)
         point = regret_point(plan, now)
         if point is not None:
